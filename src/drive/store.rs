@@ -1,0 +1,76 @@
+//! `PageStore`: the narrow view of one page blob that the drive engine needs.
+//!
+//! Two implementations: the REST client bound to one blob (`BlobPageStore`,
+//! in `blob_store.rs`) and an in-memory store (`MemoryStore`, in `memory.rs`)
+//! that is the reference model for property tests. All offsets are in bytes
+//! and must be 512-byte aligned where the method says so; the store does not
+//! know about the VHD footer (the drive keeps writes away from it).
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::blob::error::Result;
+
+/// A half-open byte range `[start, end)` of a blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ByteRange {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+}
+
+impl ByteRange {
+    /// A range from `start` (inclusive) to `end` (exclusive).
+    pub fn new(start: u64, end: u64) -> Self {
+        debug_assert!(start <= end, "range start {start} after end {end}");
+        ByteRange { start, end }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    /// True when the range holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+}
+
+/// One page blob (or one snapshot of it), as the drive engine sees it.
+#[async_trait]
+pub trait PageStore: Send + Sync + 'static {
+    /// Size of the whole blob in bytes, footer included.
+    async fn size_bytes(&self) -> Result<u64>;
+
+    /// The ranges within `within` that hold data (page ranges), sorted,
+    /// non-overlapping, clipped to `within`. Implementations may query the
+    /// service in several segments.
+    async fn page_ranges(&self, within: ByteRange) -> Result<Vec<ByteRange>>;
+
+    /// Read `range` (any alignment). Returns exactly `range.len()` bytes.
+    async fn read(&self, range: ByteRange) -> Result<Bytes>;
+
+    /// Write `data` at `offset_bytes` (both 512-aligned, at most 4 MiB)
+    /// with the lease id, when one is held.
+    async fn write_pages(
+        &self,
+        offset_bytes: u64,
+        data: Bytes,
+        lease_id: Option<&str>,
+    ) -> Result<()>;
+
+    /// Clear (zero and deallocate) the 512-aligned `range`.
+    async fn clear_pages(&self, range: ByteRange, lease_id: Option<&str>) -> Result<()>;
+
+    /// Acquire an infinite lease with `proposed_id`. Acquiring again with the
+    /// id already held succeeds (retry-safe).
+    async fn acquire_lease(&self, proposed_id: &str) -> Result<()>;
+
+    /// Release the lease `lease_id`.
+    async fn release_lease(&self, lease_id: &str) -> Result<()>;
+
+    /// Break whatever lease is held, immediately.
+    async fn break_lease(&self) -> Result<()>;
+}

@@ -1,0 +1,1 @@
+//! Fixed VHD footer: build, parse and validate (see REFERENCE.md).
