@@ -12,3 +12,30 @@ pub const MAX_PUT_PAGE_BYTES: u64 = 4 * 1024 * 1024;
 pub const VHD_FOOTER_BYTES: u64 = 512;
 /// Largest page blob the service accepts (8 TiB).
 pub const MAX_PAGE_BLOB_BYTES: u64 = 8 * 1024 * 1024 * 1024 * 1024;
+
+/// A half-open byte range `[start, end)` of a blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ByteRange {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+}
+
+impl ByteRange {
+    /// A range from `start` (inclusive) to `end` (exclusive).
+    pub fn new(start: u64, end: u64) -> Self {
+        debug_assert!(start <= end, "range start {start} after end {end}");
+        ByteRange { start, end }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    /// True when the range holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+}

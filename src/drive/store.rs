@@ -10,33 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::blob::error::Result;
-
-/// A half-open byte range `[start, end)` of a blob.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ByteRange {
-    /// First byte.
-    pub start: u64,
-    /// One past the last byte.
-    pub end: u64,
-}
-
-impl ByteRange {
-    /// A range from `start` (inclusive) to `end` (exclusive).
-    pub fn new(start: u64, end: u64) -> Self {
-        debug_assert!(start <= end, "range start {start} after end {end}");
-        ByteRange { start, end }
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> u64 {
-        self.end - self.start
-    }
-
-    /// True when the range holds no byte.
-    pub fn is_empty(&self) -> bool {
-        self.start == self.end
-    }
-}
+pub use crate::units::ByteRange;
 
 /// One page blob (or one snapshot of it), as the drive engine sees it.
 #[async_trait]
