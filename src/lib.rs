@@ -4,6 +4,7 @@
 //! with `vhd` (the fixed VHD footer) and `units` (page arithmetic) beside them.
 //! See DESIGN.md in the shared folder for the architecture.
 
+pub mod attach;
 pub mod blob;
 pub mod cli;
 pub mod drive;

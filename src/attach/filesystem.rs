@@ -1,0 +1,147 @@
+//! The filesystem inside a drive: detect its type, make one, mount it at the
+//! user's directory, freeze it for a consistent snapshot, unmount it.
+//!
+//! A read-only mount of a snapshot taken while the filesystem was live must not
+//! replay the journal (the device is read-only): ext4 gets `noload` and xfs
+//! `norecovery`, so any number of machines can mount the same snapshot.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::tool::{run, ToolError};
+
+/// A filesystem type blobdrive knows how to make and mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FsType {
+    /// ext4 (also ext2/ext3, mounted as found).
+    Ext4,
+    /// XFS.
+    Xfs,
+    /// Any other type `blkid` reports, mounted with generic options.
+    Other(String),
+}
+
+impl FsType {
+    /// Parse a name given by a user or by `blkid`.
+    pub fn from_name(name: &str) -> FsType {
+        match name {
+            "ext4" => FsType::Ext4,
+            "xfs" => FsType::Xfs,
+            other => FsType::Other(other.to_string()),
+        }
+    }
+
+    /// The name `mount -t` and `mkfs.` use.
+    pub fn name(&self) -> &str {
+        match self {
+            FsType::Ext4 => "ext4",
+            FsType::Xfs => "xfs",
+            FsType::Other(n) => n,
+        }
+    }
+
+    /// Options that let a read-only device mount without replaying a journal.
+    fn read_only_options(&self) -> &'static [&'static str] {
+        match self {
+            FsType::Ext4 => &["ro", "noload"],
+            FsType::Xfs => &["ro", "norecovery"],
+            FsType::Other(_) => &["ro"],
+        }
+    }
+}
+
+impl fmt::Display for FsType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The filesystem type on `device`, or `None` when it holds no filesystem.
+pub fn detect(device: &Path) -> Result<Option<FsType>, ToolError> {
+    // blkid exits 2 when it finds nothing: that is an answer, not a failure.
+    match run(
+        "blkid",
+        [
+            "-p".as_ref(),
+            "-o".as_ref(),
+            "value".as_ref(),
+            "-s".as_ref(),
+            "TYPE".as_ref(),
+            device.as_os_str(),
+        ],
+    ) {
+        Ok(t) if t.is_empty() => Ok(None),
+        Ok(t) => Ok(Some(FsType::from_name(&t))),
+        Err(e) if e.code == Some(2) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Make a filesystem of `fs` on `device` (a loop device or a drive file).
+/// Discards are skipped: a new drive is already all zeros and stores nothing.
+pub fn make(device: &Path, fs: &FsType) -> Result<(), ToolError> {
+    let program = format!("mkfs.{}", fs.name());
+    let mut args: Vec<&std::ffi::OsStr> = Vec::new();
+    match fs {
+        FsType::Ext4 => args.extend(["-q", "-F", "-E", "nodiscard"].map(std::ffi::OsStr::new)),
+        FsType::Xfs => args.extend(["-q", "-f", "-K"].map(std::ffi::OsStr::new)),
+        FsType::Other(_) => {}
+    }
+    args.push(device.as_os_str());
+    run(&program, args).map(|_| ())
+}
+
+/// A filesystem mounted at a directory. Unmount it explicitly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountedFs {
+    /// Where it is mounted.
+    pub dir: PathBuf,
+    /// Its type.
+    pub fs: FsType,
+}
+
+impl MountedFs {
+    /// Mount the filesystem on `device` at `dir`. `extra` are user options
+    /// passed through (`-o`); read-only mounts add the no-journal-replay option.
+    pub fn mount(
+        device: &Path,
+        dir: &Path,
+        fs: FsType,
+        read_only: bool,
+        extra: &[String],
+    ) -> Result<MountedFs, ToolError> {
+        let mut opts: Vec<String> = Vec::new();
+        if read_only {
+            opts.extend(fs.read_only_options().iter().map(|s| s.to_string()));
+        }
+        opts.extend(extra.iter().filter(|o| !o.is_empty()).cloned());
+        let mut args: Vec<std::ffi::OsString> = vec!["-t".into(), fs.name().into()];
+        if !opts.is_empty() {
+            args.push("-o".into());
+            args.push(opts.join(",").into());
+        }
+        args.push(device.into());
+        args.push(dir.into());
+        run("mount", args)?;
+        Ok(MountedFs {
+            dir: dir.to_path_buf(),
+            fs,
+        })
+    }
+
+    /// Unmount; fails (and keeps the mount) while files on it are open.
+    pub fn unmount(&self) -> Result<(), ToolError> {
+        run("umount", [self.dir.as_os_str()]).map(|_| ())
+    }
+}
+
+/// Freeze the filesystem mounted at `dir`: writes block and everything is on
+/// the device, so a snapshot taken now is consistent. Always [`thaw`] after.
+pub fn freeze(dir: &Path) -> Result<(), ToolError> {
+    run("fsfreeze", ["--freeze".as_ref(), dir.as_os_str()]).map(|_| ())
+}
+
+/// Thaw a filesystem frozen by [`freeze`].
+pub fn thaw(dir: &Path) -> Result<(), ToolError> {
+    run("fsfreeze", ["--unfreeze".as_ref(), dir.as_os_str()]).map(|_| ())
+}

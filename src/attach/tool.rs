@@ -1,0 +1,53 @@
+//! Running one system tool and turning its failure into one readable line.
+
+use std::ffi::OsStr;
+use std::process::Command;
+
+/// A system tool that failed or could not be started.
+#[derive(Debug, thiserror::Error)]
+#[error("{tool} failed: {detail}")]
+pub struct ToolError {
+    /// The program, e.g. `losetup`.
+    pub tool: String,
+    /// Its last line of stderr, or why it could not run.
+    pub detail: String,
+    /// Its exit code, when it ran and exited.
+    pub code: Option<i32>,
+}
+
+/// Run `program args...`, returning its trimmed stdout on success.
+pub(crate) fn run<I, S>(program: &str, args: I) -> Result<String, ToolError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+    tracing::debug!(program, ?args, "running");
+    let out = Command::new(program)
+        .args(&args)
+        .output()
+        .map_err(|e| ToolError {
+            tool: program.to_string(),
+            detail: if e.kind() == std::io::ErrorKind::NotFound {
+                format!("{program} is not installed")
+            } else {
+                e.to_string()
+            },
+            code: None,
+        })?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let detail = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_string())
+        .unwrap_or_else(|| format!("exited with {}", out.status));
+    Err(ToolError {
+        tool: program.to_string(),
+        detail,
+        code: out.status.code(),
+    })
+}
