@@ -6,6 +6,8 @@
 
 pub mod blob;
 pub mod cli;
+pub mod daemon;
 pub mod drive;
+pub mod fs;
 pub mod units;
 pub mod vhd;
