@@ -318,11 +318,10 @@ async fn run_until_shutdown(
                 match shut_down(&core, &mountpoint, &mut ended, OnBusy::Refuse).await {
                     Err(ShutdownError::Refused(reason)) => {
                         tracing::warn!(%reason, "unmount refused; still serving");
-                        let _ = request.reply.send(Err(reason));
+                        request.answer(Err(reason)).await;
                     }
                     result => {
-                        let answer = result.as_ref().map_err(|e| e.to_string()).copied();
-                        let _ = request.reply.send(answer);
+                        request.answer(result.as_ref().map_err(|e| e.to_string()).copied()).await;
                         break result;
                     }
                 }

@@ -106,10 +106,25 @@ pub fn request_unmount(mountpoint: &Path) -> anyhow::Result<()> {
     }
 }
 
-/// An unmount request waiting for its answer.
+/// An unmount request waiting for its answer; the daemon answers on the
+/// requester's connection itself, so the answer is written before it exits.
 pub(crate) struct UnmountRequest {
-    /// Where the answer goes: `Ok` or the reason.
-    pub reply: tokio::sync::oneshot::Sender<Result<(), String>>,
+    stream: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl UnmountRequest {
+    /// Sends `ok` or `error <reason>` to the requester.
+    pub async fn answer(mut self, result: Result<(), String>) {
+        use tokio::io::AsyncWriteExt;
+        let line = match result {
+            Ok(()) => "ok\n".to_string(),
+            Err(reason) => format!("error {}\n", reason.replace('\n', " ")),
+        };
+        if let Err(err) = self.stream.write_all(line.as_bytes()).await {
+            tracing::debug!(%err, "the unmount requester went away before the answer");
+        }
+        let _ = self.stream.shutdown().await;
+    }
 }
 
 /// Binds the control socket at `path`, replacing a stale one; fails if a live
@@ -174,18 +189,12 @@ pub(crate) async fn serve(
                 })
                 .to_string(),
                 Some(Command::Unmount) => {
-                    let (reply, answer) = tokio::sync::oneshot::channel();
-                    let answer = if unmounts.send(UnmountRequest { reply }).await.is_err() {
-                        Err("the daemon is already shutting down".to_string())
-                    } else {
-                        answer.await.unwrap_or_else(|_| {
-                            Err("the daemon ended without an answer".to_string())
-                        })
-                    };
-                    match answer {
-                        Ok(()) => "ok".to_string(),
-                        Err(reason) => format!("error {}", reason.replace('\n', " ")),
+                    let request = UnmountRequest { stream: write };
+                    if let Err(refused) = unmounts.send(request).await {
+                        let reason = "the daemon is already shutting down".to_string();
+                        refused.0.answer(Err(reason)).await;
                     }
+                    return;
                 }
                 None => format!("error unknown command {:?}", line.trim()),
             };
