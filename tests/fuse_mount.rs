@@ -171,6 +171,19 @@ fn writes_reach_the_device_and_fsync_makes_them_durable() {
         "written, not yet durable"
     );
 
+    // max_write is negotiated at 1 MiB: one aligned 1 MiB direct write is one request.
+    let writes = disk.counters().writes;
+    let mut big = AlignedBuf::new(MIB as usize);
+    big.as_mut().copy_from_slice(&pattern(MIB as usize, 11));
+    file.write_all_at(big.as_ref(), 0)
+        .expect("1 MiB direct write");
+    assert_eq!(
+        disk.counters().writes,
+        writes + 1,
+        "1 MiB arrived in one FUSE write"
+    );
+    assert_eq!(&disk.current_bytes()[..MIB as usize], big.as_ref());
+
     let flushes = disk.counters().flushes;
     file.sync_all().expect("fsync");
     assert!(

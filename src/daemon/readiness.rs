@@ -54,21 +54,23 @@ pub fn notify_systemd(state: &str) {
         return;
     };
     let target = target.to_string_lossy().into_owned();
-    let result = (|| -> std::io::Result<()> {
-        let socket = UnixDatagram::unbound()?;
-        if let Some(name) = target.strip_prefix('@') {
-            use std::os::linux::net::SocketAddrExt;
-            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-            socket.send_to_addr(state.as_bytes(), &addr)?;
-        } else {
-            socket.send_to(state.as_bytes(), &target)?;
-        }
-        Ok(())
-    })();
-    match result {
+    match send_notify(&target, state) {
         Ok(()) => tracing::debug!(state, "notified systemd"),
         Err(err) => tracing::warn!(%err, socket = %target, "cannot notify systemd"),
     }
+}
+
+/// Sends one sd_notify datagram to `target` (a path, or `@name` for an abstract socket).
+fn send_notify(target: &str, state: &str) -> std::io::Result<()> {
+    let socket = UnixDatagram::unbound()?;
+    if let Some(name) = target.strip_prefix('@') {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+        socket.send_to_addr(state.as_bytes(), &addr)?;
+    } else {
+        socket.send_to(state.as_bytes(), target)?;
+    }
+    Ok(())
 }
 
 /// What the parent of a background daemon learns.
@@ -105,4 +107,48 @@ pub fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_datagram_reaches_path_and_abstract_notify_sockets() {
+        let dir = std::env::temp_dir().join(format!("blobdrive-notify-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("notify.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixDatagram::bind(&path).unwrap();
+        send_notify(path.to_str().unwrap(), "READY=1").unwrap();
+        let mut buf = [0u8; 64];
+        let n = listener.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"READY=1");
+
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("blobdrive-notify-test-{}", std::process::id());
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let abstract_listener = UnixDatagram::bind_addr(&addr).unwrap();
+        send_notify(&format!("@{name}"), "STOPPING=1").unwrap();
+        let n = abstract_listener.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"STOPPING=1");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn parent_sees_ready_or_the_error_line() {
+        let (read, write) = pipe().unwrap();
+        let mut readiness = Readiness::pipe(write);
+        readiness.failed("cannot mount FUSE at /x: busy\nsecond line");
+        drop(readiness);
+        match wait_in_parent(read) {
+            ParentView::Failed(reason) => {
+                assert_eq!(reason, "cannot mount FUSE at /x: busy second line")
+            }
+            _ => panic!("expected a failure line"),
+        }
+        let (read, write) = pipe().unwrap();
+        drop(write);
+        assert!(matches!(wait_in_parent(read), ParentView::Vanished));
+    }
 }

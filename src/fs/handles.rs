@@ -223,3 +223,69 @@ async fn close_devices(
     }
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::memory::MemoryCatalog;
+
+    fn disk_path() -> EntryPath {
+        EntryPath {
+            container: "c".into(),
+            blob: "disk.vhd".into(),
+            snapshot: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn writable_open_upgrades_readers_and_last_release_closes_with_the_lease() {
+        let catalog = MemoryCatalog::new();
+        let disk = catalog.add_drive("c", "disk.vhd", 4096);
+        let handles = Handles::default();
+        let reader = handles
+            .open(&*catalog, 7, &disk_path(), false)
+            .await
+            .unwrap();
+        assert!(!disk.is_leased(), "read-only opens take no lease");
+        let writer = handles
+            .open(&*catalog, 7, &disk_path(), true)
+            .await
+            .unwrap();
+        assert!(disk.is_leased());
+        let (_, seen_by_reader) = handles.get(reader).unwrap();
+        assert!(
+            seen_by_reader.writable,
+            "readers move to the read-write device"
+        );
+
+        let (_, device) = handles.get(writer).unwrap();
+        device.device.write_at(0, &[1; 512]).await.unwrap();
+        handles.release(writer).await.unwrap();
+        assert!(disk.is_leased(), "a reader still holds the file open");
+        handles.release(reader).await.unwrap();
+        assert!(!disk.is_leased(), "the last release releases the lease");
+        assert_eq!(disk.dirty_pages(), 0, "and flushed first");
+        assert_eq!(disk.durable_bytes()[..512], [1; 512]);
+        assert_eq!(
+            disk.counters().closes,
+            2,
+            "the replaced read-only device is closed too"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_writable_open_leaves_no_handle() {
+        let catalog = MemoryCatalog::new();
+        catalog.add_drive("c", "disk.vhd", 4096);
+        let first = Handles::default();
+        let second = Handles::default();
+        first.open(&*catalog, 2, &disk_path(), true).await.unwrap();
+        let err = second
+            .open(&*catalog, 2, &disk_path(), true)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.errno, libc::EBUSY);
+        assert!(second.stats().is_empty());
+    }
+}
