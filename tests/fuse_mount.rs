@@ -621,8 +621,8 @@ fn daemon_child_entry() {
     });
     match result {
         Ok(()) => println!("CHILD-OK"),
+        Err(err) => println!("CHILD-ERROR: {err:#}"),
     }
-    let _ = path;
 }
 
 /// A 4 KiB-aligned buffer for O_DIRECT.
