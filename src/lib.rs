@@ -7,6 +7,8 @@
 pub mod attach;
 pub mod blob;
 pub mod cli;
+pub mod daemon;
 pub mod drive;
+pub mod fs;
 pub mod units;
 pub mod vhd;

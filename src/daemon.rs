@@ -1,0 +1,445 @@
+//! The mount daemon's life: start (background by default, returning only when the
+//! mount is ready), serve, and stop cleanly on SIGTERM/SIGINT, on
+//! `blobdrive unmount DIR` or when someone unmounts DIR.
+//!
+//! The fork happens before any tokio runtime or thread exists, which is why
+//! [`run_mount`] takes a closure that builds the [`Catalog`] inside the daemon.
+//!
+//! Shutdown order (REFERENCE.md): flush every writable device (so a failure
+//! leaves the mount up and the data cached, never lost silently), unmount FUSE,
+//! wait for the session thread to end and for the last in-flight request, then
+//! close every device (flush + release the lease). On a signal, a mount still held
+//! by a loop device or an open file is detached lazily and the daemon waits for
+//! its last user; an `unmount` request answers "busy" instead.
+
+pub mod control;
+pub mod readiness;
+
+use std::ffi::CString;
+use std::future::Future;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use fuser::{MountOption, SessionACL};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, oneshot};
+
+pub use control::{request_stats, request_unmount};
+use readiness::{ParentView, Readiness};
+
+use crate::fs::{BlobFs, Catalog, FsConfig, FsCore};
+
+/// `prctl` option that marks the process as serving I/O for the block layer.
+const PR_SET_IO_FLUSHER: libc::c_int = 57;
+
+/// How a namespace mount runs.
+#[derive(Debug, Clone, Default)]
+pub struct MountOptions {
+    /// Refuse writes and writable opens with `EROFS`.
+    pub read_only: bool,
+    /// Stay attached to the terminal (for systemd `Type=notify`).
+    pub foreground: bool,
+    /// Let other users than the mounting one use the mount.
+    pub allow_other: bool,
+    /// Mount one container instead of the whole account.
+    pub container: Option<String>,
+    /// Where a background daemon's stderr (its logs) goes; `/dev/null` if unset.
+    pub log_file: Option<PathBuf>,
+    /// Source shown in `/proc/mounts` (default `blobdrive`).
+    pub source: Option<String>,
+}
+
+/// Mounts the namespace of the catalog that `make_catalog` builds at `mountpoint`
+/// and serves it until unmounted.
+///
+/// In the background (the default) the process forks first; the parent returns
+/// `Ok(())` once the mount is ready, or the daemon's error line; the daemon
+/// process never returns from this function (it exits 0 after a clean unmount, 1
+/// otherwise). With `foreground` it returns when the mount ends. Call it before
+/// starting any thread or runtime: forking a threaded process is unsound.
+pub fn run_mount<F, Fut>(
+    mountpoint: &Path,
+    opts: &MountOptions,
+    make_catalog: F,
+) -> anyhow::Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = anyhow::Result<Arc<dyn Catalog>>>,
+{
+    let mountpoint = mountpoint
+        .canonicalize()
+        .with_context(|| format!("mountpoint {} does not exist", mountpoint.display()))?;
+    if !mountpoint.is_dir() {
+        bail!("mountpoint {} is not a directory", mountpoint.display());
+    }
+    if opts.foreground {
+        return serve(&mountpoint, opts, make_catalog, Readiness::foreground());
+    }
+    let (read_end, write_end) = readiness::pipe().context("cannot create the readiness pipe")?;
+    // SAFETY: no runtime or helper thread exists yet (documented precondition), so
+    // the child may run arbitrary code after fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error()).context("cannot fork the daemon");
+    }
+    if pid > 0 {
+        drop(write_end);
+        return match readiness::wait_in_parent(read_end) {
+            ParentView::Ready => Ok(()),
+            ParentView::Failed(reason) => {
+                reap(pid);
+                Err(anyhow!(reason))
+            }
+            ParentView::Vanished => {
+                let status = reap(pid);
+                bail!("the mount daemon exited before the mount was ready ({status})")
+            }
+        };
+    }
+    drop(read_end);
+    let mut ready = Readiness::pipe(write_end);
+    if let Err(err) = detach_from_terminal(opts.log_file.as_deref()) {
+        ready.failed(&format!("cannot start the daemon: {err:#}"));
+        std::process::exit(1);
+    }
+    let code = match serve(&mountpoint, opts, make_catalog, ready) {
+        Ok(()) => 0,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn reap(pid: libc::pid_t) -> String {
+    let mut status = 0;
+    // SAFETY: `pid` is our child and `status` a valid out-pointer.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+        return "status unknown".into();
+    }
+    if libc::WIFEXITED(status) {
+        format!("exit status {}", libc::WEXITSTATUS(status))
+    } else {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    }
+}
+
+/// New session, `/` as working directory, stdin/stdout on `/dev/null`, stderr on
+/// the log file (or `/dev/null`).
+fn detach_from_terminal(log_file: Option<&Path>) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscalls on this process; the descriptors come from files we opened.
+    unsafe {
+        libc::setsid();
+    }
+    std::env::set_current_dir("/")?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    let log = match log_file {
+        Some(path) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open log file {}", path.display()))?,
+        None => null.try_clone()?,
+    };
+    for (from, to) in [
+        (null.as_raw_fd(), 0),
+        (null.as_raw_fd(), 1),
+        (log.as_raw_fd(), 2),
+    ] {
+        // SAFETY: `from` is open; dup2 onto the standard descriptors is what daemons do.
+        if unsafe { libc::dup2(from, to) } < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+    }
+    Ok(())
+}
+
+/// Marks this process as an I/O flusher, so memory reclaim does not recurse into
+/// the loop device it serves. Needs CAP_SYS_RESOURCE and Linux 5.6.
+fn set_io_flusher() {
+    // SAFETY: prctl with integer arguments has no memory effects.
+    let rc = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        tracing::debug!(%err, "PR_SET_IO_FLUSHER not set");
+    }
+}
+
+fn fuse_config(opts: &MountOptions) -> fuser::Config {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(opts.source.clone().unwrap_or_else(|| "blobdrive".into())),
+        MountOption::Subtype("blobdrive".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::NoAtime,
+        if opts.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
+    ];
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config
+}
+
+/// Mounts, reports readiness, serves until the end; the daemon's whole life.
+fn serve<F, Fut>(
+    mountpoint: &Path,
+    opts: &MountOptions,
+    make_catalog: F,
+    mut ready: Readiness,
+) -> anyhow::Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = anyhow::Result<Arc<dyn Catalog>>>,
+{
+    let result = serve_inner(mountpoint, opts, make_catalog, &mut ready);
+    if let Err(err) = &result {
+        if ready.pending() {
+            ready.failed(&format!("{err:#}"));
+        }
+    }
+    result
+}
+
+fn serve_inner<F, Fut>(
+    mountpoint: &Path,
+    opts: &MountOptions,
+    make_catalog: F,
+    ready: &mut Readiness,
+) -> anyhow::Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = anyhow::Result<Arc<dyn Catalog>>>,
+{
+    set_io_flusher();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("blobdrive-io")
+        .build()
+        .context("cannot start the async runtime")?;
+    let catalog = runtime.block_on(make_catalog())?;
+    let socket_path = control::socket_path_of_canonical(mountpoint);
+    let listener = {
+        let _entered = runtime.enter();
+        control::bind(&socket_path)?
+    };
+    let config = FsConfig {
+        read_only: opts.read_only,
+        container: opts.container.clone(),
+        // SAFETY: getuid/getgid cannot fail.
+        uid: unsafe { libc::getuid() },
+        gid: unsafe { libc::getgid() },
+    };
+    let core = Arc::new(FsCore::new(catalog, config));
+    let fs = BlobFs::new(core.clone(), runtime.handle().clone());
+    let session = match fuser::Session::new(fs, mountpoint, &fuse_config(opts)) {
+        Ok(session) => session,
+        Err(err) => {
+            let _ = std::fs::remove_file(&socket_path);
+            return Err(err)
+                .with_context(|| format!("cannot mount FUSE at {}", mountpoint.display()));
+        }
+    };
+    let background = session
+        .spawn()
+        .context("cannot start the FUSE session thread")?;
+    let (ended_tx, ended_rx) = oneshot::channel();
+    let joiner = std::thread::Builder::new()
+        .name("fuse-join".into())
+        .spawn(move || {
+            let result = background.join();
+            let _ = ended_tx.send(result);
+        })
+        .context("cannot start the session watcher thread")?;
+
+    tracing::info!(mountpoint = %mountpoint.display(), "mounted");
+    ready.ready();
+    let result = runtime.block_on(run_until_shutdown(
+        core,
+        mountpoint.to_path_buf(),
+        listener,
+        ended_rx,
+    ));
+    readiness::notify_systemd("STOPPING=1");
+    let _ = std::fs::remove_file(&socket_path);
+    let _ = joiner.join();
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    match &result {
+        Ok(()) => tracing::info!(mountpoint = %mountpoint.display(), "unmounted cleanly"),
+        Err(err) => tracing::error!(mountpoint = %mountpoint.display(), "unmount: {err:#}"),
+    }
+    result
+}
+
+type SessionEnd = oneshot::Receiver<std::io::Result<()>>;
+
+async fn run_until_shutdown(
+    core: Arc<FsCore>,
+    mountpoint: PathBuf,
+    listener: tokio::net::UnixListener,
+    mut ended: SessionEnd,
+) -> anyhow::Result<()> {
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let (unmount_tx, mut unmount_rx) = mpsc::channel(4);
+    let control = tokio::spawn(control::serve(
+        listener,
+        core.clone(),
+        mountpoint.clone(),
+        unmount_tx,
+    ));
+    let result = loop {
+        tokio::select! {
+            _ = sigterm.recv() => {
+                tracing::info!("SIGTERM: unmounting");
+                break shut_down(&core, &mountpoint, &mut ended, OnBusy::DetachLazily).await;
+            }
+            _ = sigint.recv() => {
+                tracing::info!("SIGINT: unmounting");
+                break shut_down(&core, &mountpoint, &mut ended, OnBusy::DetachLazily).await;
+            }
+            Some(request) = unmount_rx.recv() => {
+                tracing::info!("unmount requested over the control socket");
+                match shut_down(&core, &mountpoint, &mut ended, OnBusy::Refuse).await {
+                    Err(ShutdownError::Refused(reason)) => {
+                        tracing::warn!(%reason, "unmount refused; still serving");
+                        request.answer(Err(reason)).await;
+                    }
+                    result => {
+                        request.answer(result.as_ref().map_err(|e| e.to_string()).copied()).await;
+                        break result;
+                    }
+                }
+            }
+            end = &mut ended => {
+                if let Ok(Err(err)) = end {
+                    tracing::warn!(%err, "FUSE session ended with an error");
+                }
+                tracing::info!("unmounted from outside; closing devices");
+                break close_everything(&core).await;
+            }
+        }
+    };
+    control.abort();
+    result.map_err(|e| anyhow!(e.to_string()))
+}
+
+/// What to do when the kernel says the mount is busy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnBusy {
+    /// Detach lazily and wait for the last user (signals).
+    DetachLazily,
+    /// Answer why and keep serving (unmount request).
+    Refuse,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ShutdownError {
+    /// Nothing changed; the mount keeps serving.
+    #[error("{0}")]
+    Refused(String),
+    /// The mount is gone, but some data may not be durable.
+    #[error("{0}")]
+    Failed(String),
+}
+
+async fn shut_down(
+    core: &FsCore,
+    mountpoint: &Path,
+    ended: &mut SessionEnd,
+    on_busy: OnBusy,
+) -> Result<(), ShutdownError> {
+    let flush_errors = core.flush_all().await;
+    if !flush_errors.is_empty() && on_busy == OnBusy::Refuse {
+        return Err(ShutdownError::Refused(format!(
+            "data could not be flushed, the mount stays up: {}",
+            join_errors(&flush_errors)
+        )));
+    }
+    match umount(mountpoint, 0).await {
+        Ok(()) => {}
+        Err(err) if err.raw_os_error() == Some(libc::EBUSY) => match on_busy {
+            OnBusy::Refuse => {
+                return Err(ShutdownError::Refused(format!(
+                    "{} is busy (an open file, a loop device or a mount inside it); \
+                     detach those first",
+                    mountpoint.display()
+                )))
+            }
+            OnBusy::DetachLazily => {
+                tracing::warn!("mount busy; detaching lazily and waiting for its last user");
+                umount(mountpoint, libc::MNT_DETACH)
+                    .await
+                    .map_err(|e| ShutdownError::Failed(format!("lazy unmount failed: {e}")))?;
+            }
+        },
+        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
+            tracing::debug!("already unmounted");
+        }
+        Err(err) => {
+            return Err(ShutdownError::Refused(format!(
+                "unmount of {} failed: {err}",
+                mountpoint.display()
+            )));
+        }
+    }
+    if let Ok(Err(err)) = ended.await {
+        tracing::warn!(%err, "FUSE session ended with an error");
+    }
+    close_everything(core).await?;
+    if flush_errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ShutdownError::Failed(join_errors(&flush_errors)))
+    }
+}
+
+async fn close_everything(core: &FsCore) -> Result<(), ShutdownError> {
+    let errors = core.close_all().await;
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ShutdownError::Failed(format!(
+            "data may not be durable: {}",
+            join_errors(&errors)
+        )))
+    }
+}
+
+fn join_errors(errors: &[crate::fs::FsError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+async fn umount(mountpoint: &Path, flags: libc::c_int) -> std::io::Result<()> {
+    let path = CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    tokio::task::spawn_blocking(move || {
+        // SAFETY: `path` is a valid NUL-terminated string for the call's duration.
+        if unsafe { libc::umount2(path.as_ptr(), flags) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}

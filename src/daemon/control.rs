@@ -1,0 +1,204 @@
+//! The control socket of a mount: how `blobdrive stats DIR` and
+//! `blobdrive unmount DIR` reach the daemon serving DIR.
+//!
+//! One Unix stream socket per mount, `$BLOBDRIVE_RUN_DIR/<hash>.sock` (default
+//! run dir `/run/blobdrive`, mode 0700), where `<hash>` is the first 16 hex digits
+//! of the SHA-256 of the canonical mountpoint path. Protocol: the client sends
+//! one line, `stats` or `unmount`; the daemon answers one line: the stats JSON, or
+//! `ok` / `error <reason>` once the unmount has finished (flush, close, unmount).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use sha2::{Digest, Sha256};
+
+/// Default directory of the control sockets.
+pub const DEFAULT_RUN_DIR: &str = "/run/blobdrive";
+/// Environment variable that overrides [`DEFAULT_RUN_DIR`] (tests, non-root users).
+pub const RUN_DIR_ENV: &str = "BLOBDRIVE_RUN_DIR";
+/// How long `stats` waits for an answer.
+const STATS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The directory holding control sockets.
+pub fn run_dir() -> PathBuf {
+    std::env::var_os(RUN_DIR_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
+}
+
+/// The control socket of the mount at `mountpoint` (which must exist).
+pub fn socket_path(mountpoint: &Path) -> anyhow::Result<PathBuf> {
+    let canonical = mountpoint
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", mountpoint.display()))?;
+    Ok(socket_path_of_canonical(&canonical))
+}
+
+pub(crate) fn socket_path_of_canonical(canonical: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let digest = Sha256::digest(canonical.as_os_str().as_bytes());
+    let name: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    run_dir().join(format!("{name}.sock"))
+}
+
+/// A command sent over the control socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Counters of all open devices, as JSON.
+    Stats,
+    /// Flush, close and unmount.
+    Unmount,
+}
+
+impl Command {
+    /// Parses one request line.
+    pub fn parse(line: &str) -> Option<Self> {
+        match line.trim() {
+            "stats" => Some(Command::Stats),
+            "unmount" => Some(Command::Unmount),
+            _ => None,
+        }
+    }
+}
+
+fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyhow::Result<String> {
+    let path = socket_path(mountpoint)?;
+    let mut stream = UnixStream::connect(&path).with_context(|| {
+        format!(
+            "no blobdrive daemon answers for {} (socket {})",
+            mountpoint.display(),
+            path.display()
+        )
+    })?;
+    stream.set_read_timeout(timeout)?;
+    stream.write_all(format!("{command}\n").as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .with_context(|| format!("no answer from the daemon of {}", mountpoint.display()))?;
+    if line.is_empty() {
+        bail!(
+            "the daemon of {} closed the control socket without an answer",
+            mountpoint.display()
+        );
+    }
+    Ok(line.trim_end().to_string())
+}
+
+/// Live counters of the mount at `mountpoint`:
+/// `{"mountpoint": .., "pid": .., "devices": {"container/blob": counters}}`.
+pub fn request_stats(mountpoint: &Path) -> anyhow::Result<serde_json::Value> {
+    let line = request(mountpoint, "stats", Some(STATS_TIMEOUT))?;
+    serde_json::from_str(&line).with_context(|| format!("bad stats answer: {line}"))
+}
+
+/// Asks the daemon of `mountpoint` to flush everything, close its drives
+/// (releasing leases) and unmount; returns once it has, or with its reason why not.
+pub fn request_unmount(mountpoint: &Path) -> anyhow::Result<()> {
+    let line = request(mountpoint, "unmount", None)?;
+    match line.strip_prefix("error ") {
+        None if line == "ok" => Ok(()),
+        None => bail!("unexpected answer from the daemon: {line}"),
+        Some(reason) => bail!("cannot unmount {}: {reason}", mountpoint.display()),
+    }
+}
+
+/// An unmount request waiting for its answer; the daemon answers on the
+/// requester's connection itself, so the answer is written before it exits.
+pub(crate) struct UnmountRequest {
+    stream: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl UnmountRequest {
+    /// Sends `ok` or `error <reason>` to the requester.
+    pub async fn answer(mut self, result: Result<(), String>) {
+        use tokio::io::AsyncWriteExt;
+        let line = match result {
+            Ok(()) => "ok\n".to_string(),
+            Err(reason) => format!("error {}\n", reason.replace('\n', " ")),
+        };
+        if let Err(err) = self.stream.write_all(line.as_bytes()).await {
+            tracing::debug!(%err, "the unmount requester went away before the answer");
+        }
+        let _ = self.stream.shutdown().await;
+    }
+}
+
+/// Binds the control socket at `path`, replacing a stale one; fails if a live
+/// daemon already answers there.
+pub(crate) fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+    let dir = path
+        .parent()
+        .context("control socket path has no directory")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            bail!(
+                "another blobdrive daemon already serves this mountpoint ({})",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove stale {}", path.display()))?;
+    }
+    tokio::net::UnixListener::bind(path).with_context(|| format!("cannot bind {}", path.display()))
+}
+
+/// Answers control connections until the task is aborted.
+pub(crate) async fn serve(
+    listener: tokio::net::UnixListener,
+    core: std::sync::Arc<crate::fs::FsCore>,
+    mountpoint: PathBuf,
+    unmounts: tokio::sync::mpsc::Sender<UnmountRequest>,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                tracing::warn!(%err, "control socket accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let core = core.clone();
+        let mountpoint = mountpoint.clone();
+        let unmounts = unmounts.clone();
+        tokio::spawn(async move {
+            let (read, mut write) = stream.into_split();
+            let mut line = String::new();
+            if tokio::io::BufReader::new(read)
+                .read_line(&mut line)
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let answer = match Command::parse(&line) {
+                Some(Command::Stats) => serde_json::json!({
+                    "mountpoint": mountpoint,
+                    "pid": std::process::id(),
+                    "devices": core.stats(),
+                })
+                .to_string(),
+                Some(Command::Unmount) => {
+                    let request = UnmountRequest { stream: write };
+                    if let Err(refused) = unmounts.send(request).await {
+                        let reason = "the daemon is already shutting down".to_string();
+                        refused.0.answer(Err(reason)).await;
+                    }
+                    return;
+                }
+                None => format!("error unknown command {:?}", line.trim()),
+            };
+            let _ = write.write_all(format!("{answer}\n").as_bytes()).await;
+        });
+    }
+}

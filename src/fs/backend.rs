@@ -1,0 +1,170 @@
+//! The two narrow traits the FUSE layer is written against: [`Catalog`] (what
+//! exists: containers, blobs, snapshots) and [`Device`] (one opened drive or blob).
+//!
+//! The real implementations are thin adapters over `blob::BlobClient` and
+//! `drive::Drive`; `fs::memory` holds in-memory ones for tests. Every error that
+//! crosses into `fs` is an [`FsError`] that already carries the errno the kernel
+//! will see: the mapping happens in the adapter, once, and nowhere else.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+/// An error with the errno the FUSE reply will carry and a message for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsError {
+    /// Positive errno (`libc::EIO`, `libc::EBUSY`, ...).
+    pub errno: i32,
+    /// What failed, for logs and control-socket answers.
+    pub message: String,
+}
+
+impl FsError {
+    /// An error with an explicit errno.
+    pub fn new(errno: i32, message: impl Into<String>) -> Self {
+        FsError {
+            errno,
+            message: message.into(),
+        }
+    }
+
+    /// `ENOENT`: no such container, blob or snapshot.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(libc::ENOENT, message)
+    }
+
+    /// `EBUSY`: the drive is leased by another writer (the mount lock).
+    pub fn busy(message: impl Into<String>) -> Self {
+        Self::new(libc::EBUSY, message)
+    }
+
+    /// `EROFS`: a write on a read-only mount, snapshot or block blob.
+    pub fn read_only(message: impl Into<String>) -> Self {
+        Self::new(libc::EROFS, message)
+    }
+
+    /// `EIO`: the backend failed after its retries.
+    pub fn io(message: impl Into<String>) -> Self {
+        Self::new(libc::EIO, message)
+    }
+}
+
+impl fmt::Display for FsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let errno = std::io::Error::from_raw_os_error(self.errno);
+        write!(f, "{} ({errno})", self.message)
+    }
+}
+
+impl std::error::Error for FsError {}
+
+/// Result type of the FUSE layer and its backend traits.
+pub type FsResult<T> = Result<T, FsError>;
+
+/// One opened drive (or raw page blob, or block blob): a fixed-size run of bytes.
+///
+/// Offsets and lengths are in bytes of the disk (the VHD footer is not part of it).
+/// Implementations are shared between file handles and used concurrently.
+#[async_trait]
+pub trait Device: Send + Sync {
+    /// Size of the disk in bytes; constant while the device is open.
+    fn size_bytes(&self) -> u64;
+    /// Reads up to `len` bytes at `offset_bytes`, clipped at the end of the disk.
+    async fn read_at(&self, offset_bytes: u64, len: usize) -> FsResult<Bytes>;
+    /// Writes `data` at `offset_bytes`; the caller keeps the range inside the disk.
+    async fn write_at(&self, offset_bytes: u64, data: &[u8]) -> FsResult<()>;
+    /// Makes the range read as zeros and frees its storage (Clear Pages).
+    async fn discard(&self, offset_bytes: u64, len_bytes: u64) -> FsResult<()>;
+    /// Returns when every write accepted before the call is durable in the blob.
+    async fn flush(&self) -> FsResult<()>;
+    /// Flushes, then releases what the open took (the lease of a writable open).
+    /// No other method is called after `close`.
+    async fn close(&self) -> FsResult<()>;
+    /// Live counters for `blobdrive stats` (the drive engine's `Counters`).
+    fn stats(&self) -> serde_json::Value;
+}
+
+/// What a listed name is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A virtual directory (a blob-name prefix ending in `/`).
+    Dir,
+    /// A page blob with a fixed VHD footer; `size_bytes` is the disk size
+    /// (blob size − 512).
+    Drive {
+        /// Disk size in bytes.
+        size_bytes: u64,
+    },
+    /// A page blob without a VHD footer, exposed whole.
+    RawPageBlob {
+        /// Blob size in bytes.
+        size_bytes: u64,
+    },
+    /// A block blob, exposed read-only.
+    BlockBlob {
+        /// Blob size in bytes.
+        size_bytes: u64,
+    },
+}
+
+impl EntryKind {
+    /// The file size this entry shows, or `None` for a directory.
+    pub fn file_size(&self) -> Option<u64> {
+        match *self {
+            EntryKind::Dir => None,
+            EntryKind::Drive { size_bytes }
+            | EntryKind::RawPageBlob { size_bytes }
+            | EntryKind::BlockBlob { size_bytes } => Some(size_bytes),
+        }
+    }
+}
+
+/// One entry of a container listing at some prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// The name relative to the listed prefix, without a trailing `/`.
+    pub name: String,
+    /// Directory, drive, raw page blob or block blob.
+    pub kind: EntryKind,
+    /// The snapshot time (as the service prints it) for a snapshot entry.
+    pub snapshot: Option<String>,
+    /// Last-modified time, when the listing gives one.
+    pub modified: Option<SystemTime>,
+}
+
+/// Where a blob lives: the address [`Catalog::open`] takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EntryPath {
+    /// Container name.
+    pub container: String,
+    /// Full blob name inside the container (`dir/sub/disk.vhd`).
+    pub blob: String,
+    /// Snapshot time, for a read-only snapshot.
+    pub snapshot: Option<String>,
+}
+
+impl fmt::Display for EntryPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.container, self.blob)?;
+        if let Some(snapshot) = &self.snapshot {
+            write!(f, "?snapshot={snapshot}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The account as the namespace mount sees it.
+#[async_trait]
+pub trait Catalog: Send + Sync {
+    /// Names of all containers of the account (every page of the listing).
+    async fn list_containers(&self) -> FsResult<Vec<String>>;
+    /// Blobs, snapshots and virtual directories directly under `prefix` (empty,
+    /// or ending in `/`) in `container`, with `/` as delimiter, every page of it.
+    async fn list_dir(&self, container: &str, prefix: &str) -> FsResult<Vec<DirEntry>>;
+    /// Opens a blob. `writable` takes the drive's lease and fails with `EBUSY`
+    /// while another writer holds it; snapshots and block blobs refuse it (`EROFS`).
+    async fn open(&self, path: &EntryPath, writable: bool) -> FsResult<Arc<dyn Device>>;
+}

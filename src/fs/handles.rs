@@ -1,0 +1,291 @@
+//! Open file handles and the devices behind them.
+//!
+//! One device per open file (inode), shared by all its handles. The first open
+//! opens the device; the first *writable* open of a file already open read-only
+//! opens it again read-write (taking the lease) and every handle moves to that
+//! device, so readers see the writer's cached data. The last release flushes and
+//! closes the device (releasing the lease). Opens and releases of one file are
+//! serialized by an async gate; reads and writes only take a short lock to find
+//! the current device.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use super::backend::{Catalog, Device, EntryPath, FsError, FsResult};
+
+/// The device of an open file, and whether it was opened read-write.
+#[derive(Clone)]
+pub struct OpenDevice {
+    /// The device.
+    pub device: Arc<dyn Device>,
+    /// True when it holds the lease.
+    pub writable: bool,
+}
+
+#[derive(Default)]
+struct Gate {
+    handles: usize,
+    /// Read-only devices replaced by a read-write one; closed at the last release.
+    retired: Vec<Arc<dyn Device>>,
+}
+
+struct OpenFile {
+    path: EntryPath,
+    gate: tokio::sync::Mutex<Gate>,
+    current: RwLock<Option<OpenDevice>>,
+}
+
+impl OpenFile {
+    fn current(&self) -> Option<OpenDevice> {
+        self.current
+            .read()
+            .expect("device slot lock poisoned: a panic happened while holding it")
+            .clone()
+    }
+
+    fn set_current(&self, device: Option<OpenDevice>) -> Option<OpenDevice> {
+        let mut slot = self
+            .current
+            .write()
+            .expect("device slot lock poisoned: a panic happened while holding it");
+        std::mem::replace(&mut *slot, device)
+    }
+}
+
+/// What an open handle is.
+#[derive(Debug, Clone, Copy)]
+pub struct Handle {
+    /// Inode of the file.
+    pub ino: u64,
+    /// Opened for writing.
+    pub writable: bool,
+}
+
+/// All open handles and files of a mount.
+#[derive(Default)]
+pub struct Handles {
+    next_fh: AtomicU64,
+    handles: Mutex<HashMap<u64, Handle>>,
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+}
+
+impl Handles {
+    fn handles(&self) -> MutexGuard<'_, HashMap<u64, Handle>> {
+        self.handles
+            .lock()
+            .expect("handle table lock poisoned: a panic happened while holding it")
+    }
+
+    fn files(&self) -> MutexGuard<'_, HashMap<u64, Arc<OpenFile>>> {
+        self.files
+            .lock()
+            .expect("open file table lock poisoned: a panic happened while holding it")
+    }
+
+    /// Opens a handle on file `ino` (blob `path`), opening or upgrading its device.
+    pub async fn open(
+        &self,
+        catalog: &dyn Catalog,
+        ino: u64,
+        path: &EntryPath,
+        writable: bool,
+    ) -> FsResult<u64> {
+        let file = self
+            .files()
+            .entry(ino)
+            .or_insert_with(|| {
+                Arc::new(OpenFile {
+                    path: path.clone(),
+                    gate: tokio::sync::Mutex::new(Gate::default()),
+                    current: RwLock::new(None),
+                })
+            })
+            .clone();
+        let mut gate = file.gate.lock().await;
+        let current = file.current();
+        let needs_open = match &current {
+            None => true,
+            Some(open) => writable && !open.writable,
+        };
+        if needs_open {
+            let device = catalog.open(path, writable).await?;
+            tracing::debug!(%path, writable, "device opened");
+            let replaced = file.set_current(Some(OpenDevice { device, writable }));
+            if let Some(old) = replaced {
+                gate.retired.push(old.device);
+            }
+        }
+        gate.handles += 1;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed) + 1;
+        self.handles().insert(fh, Handle { ino, writable });
+        Ok(fh)
+    }
+
+    /// The handle `fh` and the current device of its file.
+    pub fn get(&self, fh: u64) -> FsResult<(Handle, OpenDevice)> {
+        let bad = || FsError::new(libc::EBADF, format!("no open handle {fh}"));
+        let handle = *self.handles().get(&fh).ok_or_else(bad)?;
+        let file = self.files().get(&handle.ino).cloned().ok_or_else(bad)?;
+        let device = file.current().ok_or_else(bad)?;
+        Ok((handle, device))
+    }
+
+    /// Releases handle `fh`; the last handle of a file flushes and closes its device.
+    pub async fn release(&self, fh: u64) -> FsResult<()> {
+        let handle = self
+            .handles()
+            .remove(&fh)
+            .ok_or_else(|| FsError::new(libc::EBADF, format!("no open handle {fh}")))?;
+        let Some(file) = self.files().get(&handle.ino).cloned() else {
+            return Ok(());
+        };
+        let mut gate = file.gate.lock().await;
+        gate.handles = gate.handles.saturating_sub(1);
+        if gate.handles > 0 {
+            return Ok(());
+        }
+        let retired = std::mem::take(&mut gate.retired);
+        let current = file.set_current(None);
+        close_devices(&file.path, current, retired).await
+    }
+
+    /// Flushes every device opened read-write; returns the failures.
+    pub async fn flush_all(&self) -> Vec<FsError> {
+        let mut errors = Vec::new();
+        for file in self.open_files() {
+            if let Some(open) = file.current().filter(|open| open.writable) {
+                if let Err(err) = open.device.flush().await {
+                    tracing::error!(path = %file.path, %err, "flush failed");
+                    errors.push(err);
+                }
+            }
+        }
+        errors
+    }
+
+    /// Closes every open device, whatever handles remain (at unmount, after the
+    /// kernel is gone); returns the failures.
+    pub async fn close_all(&self) -> Vec<FsError> {
+        let mut errors = Vec::new();
+        for file in self.open_files() {
+            let mut gate = file.gate.lock().await;
+            gate.handles = 0;
+            let retired = std::mem::take(&mut gate.retired);
+            let current = file.set_current(None);
+            if let Err(err) = close_devices(&file.path, current, retired).await {
+                errors.push(err);
+            }
+        }
+        self.handles().clear();
+        errors
+    }
+
+    /// Counters of every open device, by blob path.
+    pub fn stats(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut map = serde_json::Map::new();
+        for file in self.open_files() {
+            if let Some(open) = file.current() {
+                let mut stats = open.device.stats();
+                if let Some(object) = stats.as_object_mut() {
+                    object.insert("writable".into(), open.writable.into());
+                }
+                map.insert(file.path.to_string(), stats);
+            }
+        }
+        map
+    }
+
+    fn open_files(&self) -> Vec<Arc<OpenFile>> {
+        self.files().values().cloned().collect()
+    }
+}
+
+async fn close_devices(
+    path: &EntryPath,
+    current: Option<OpenDevice>,
+    retired: Vec<Arc<dyn Device>>,
+) -> FsResult<()> {
+    let mut result = Ok(());
+    for device in retired {
+        if let Err(err) = device.close().await {
+            tracing::warn!(%path, %err, "closing a replaced read-only device failed");
+        }
+    }
+    if let Some(open) = current {
+        match open.device.close().await {
+            Ok(()) => tracing::debug!(%path, writable = open.writable, "device closed"),
+            Err(err) => {
+                tracing::error!(%path, %err, "closing the device failed; its data may not be durable");
+                result = Err(err);
+            }
+        }
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::memory::MemoryCatalog;
+
+    fn disk_path() -> EntryPath {
+        EntryPath {
+            container: "c".into(),
+            blob: "disk.vhd".into(),
+            snapshot: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn writable_open_upgrades_readers_and_last_release_closes_with_the_lease() {
+        let catalog = MemoryCatalog::new();
+        let disk = catalog.add_drive("c", "disk.vhd", 4096);
+        let handles = Handles::default();
+        let reader = handles
+            .open(&*catalog, 7, &disk_path(), false)
+            .await
+            .unwrap();
+        assert!(!disk.is_leased(), "read-only opens take no lease");
+        let writer = handles
+            .open(&*catalog, 7, &disk_path(), true)
+            .await
+            .unwrap();
+        assert!(disk.is_leased());
+        let (_, seen_by_reader) = handles.get(reader).unwrap();
+        assert!(
+            seen_by_reader.writable,
+            "readers move to the read-write device"
+        );
+
+        let (_, device) = handles.get(writer).unwrap();
+        device.device.write_at(0, &[1; 512]).await.unwrap();
+        handles.release(writer).await.unwrap();
+        assert!(disk.is_leased(), "a reader still holds the file open");
+        handles.release(reader).await.unwrap();
+        assert!(!disk.is_leased(), "the last release releases the lease");
+        assert_eq!(disk.dirty_pages(), 0, "and flushed first");
+        assert_eq!(disk.durable_bytes()[..512], [1; 512]);
+        assert_eq!(
+            disk.counters().closes,
+            2,
+            "the replaced read-only device is closed too"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_writable_open_leaves_no_handle() {
+        let catalog = MemoryCatalog::new();
+        catalog.add_drive("c", "disk.vhd", 4096);
+        let first = Handles::default();
+        let second = Handles::default();
+        first.open(&*catalog, 2, &disk_path(), true).await.unwrap();
+        let err = second
+            .open(&*catalog, 2, &disk_path(), true)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.errno, libc::EBUSY);
+        assert!(second.stats().is_empty());
+    }
+}
