@@ -1,6 +1,335 @@
-//! Command-line interface: one file per command, thin.
+//! Command-line interface: parse (clap derive), call the library, print.
+//!
+//! One file per command, each thin. This module owns what they share: the
+//! global flags, logging to stderr (`-v`), and the exit contract: every failure
+//! ends in exactly one line `blobdrive: <message>` on stderr, exit code 1 for a
+//! failed operation and 2 for a usage error (bad flag, bad size, a command that
+//! is not available yet). Nothing here panics on user input.
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+
+use clap::{Parser, Subcommand};
+
+pub mod break_lease;
+pub mod create;
+pub mod delete;
+pub mod download;
+pub mod info;
+pub mod list;
+pub mod mount;
+pub mod output;
+pub mod snapshot;
+pub mod stats;
+pub mod unmount;
+pub mod upload;
+pub mod values;
+
+/// Exit code of a successful command.
+pub const EXIT_OK: i32 = 0;
+/// Exit code of a command that failed (service error, lease held, ...).
+pub const EXIT_FAILED: i32 = 1;
+/// Exit code of a usage error: bad arguments, or a command not available yet.
+pub const EXIT_USAGE: i32 = 2;
+
+/// Azure page blobs holding fixed VHDs, as Linux disks.
+#[derive(Debug, Parser)]
+#[command(name = "blobdrive", version, about, long_about = None)]
+#[command(
+    after_help = "Account: --connection-string, else AZURE_STORAGE_CONNECTION_STRING, \
+else AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, \
+else the local Azurite development storage."
+)]
+pub struct Cli {
+    /// Storage account connection string (default: from the environment, else Azurite).
+    #[arg(long, global = true, value_name = "S", hide_env_values = true)]
+    pub connection_string: Option<String>,
+
+    /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands of the DESIGN.md contract.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a new drive: a page blob with a fixed VHD footer (never overwrites).
+    Create(create::CreateArgs),
+    /// Show a drive: sizes, disk type, lease, bytes stored, snapshots.
+    Info(info::InfoArgs),
+    /// List the drives of the account or of one container.
+    List(list::ListArgs),
+    /// Attach a drive (C/B DIR) or the account/container namespace ([C] DIR).
+    Mount(mount::MountArgs),
+    /// Flush everything, release the lease and detach a mount.
+    Unmount(unmount::UnmountArgs),
+    /// Take a snapshot of a drive and print its time.
+    Snapshot(snapshot::SnapshotArgs),
+    /// Break a stale mount lock (the blob's lease) after a crash.
+    BreakLease(break_lease::BreakLeaseArgs),
+    /// Delete a drive (refused while it is leased).
+    Delete(delete::DeleteArgs),
+    /// Upload a raw or VHD image into a page blob.
+    Upload(upload::UploadArgs),
+    /// Download a page blob into a raw or VHD image.
+    Download(download::DownloadArgs),
+    /// Live counters of a mount.
+    Stats(stats::StatsArgs),
+}
+
+impl Command {
+    /// The command's name as typed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Create(_) => "create",
+            Command::Info(_) => "info",
+            Command::List(_) => "list",
+            Command::Mount(_) => "mount",
+            Command::Unmount(_) => "unmount",
+            Command::Snapshot(_) => "snapshot",
+            Command::BreakLease(_) => "break-lease",
+            Command::Delete(_) => "delete",
+            Command::Upload(_) => "upload",
+            Command::Download(_) => "download",
+            Command::Stats(_) => "stats",
+        }
+    }
+}
+
+/// What every command gets besides its own arguments.
+#[derive(Debug, Clone, Default)]
+pub struct Context {
+    /// `--connection-string`, when given (the account code reads the environment).
+    pub connection_string: Option<String>,
+}
+
+/// An error that carries its own exit code (usage errors, commands not available).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CodedError {
+    /// Process exit code.
+    pub code: i32,
+    /// The one line shown after `blobdrive: `.
+    pub message: String,
+}
+
+impl CodedError {
+    /// A usage error (exit code 2).
+    pub fn usage(message: impl Into<String>) -> Self {
+        CodedError {
+            code: EXIT_USAGE,
+            message: message.into(),
+        }
+    }
+
+    /// A command that is part of the contract but not built yet (exit code 2).
+    pub fn not_available(command: &str) -> Self {
+        CodedError::usage(format!("'{command}' is not available yet"))
+    }
+}
+
+/// The result of a command.
+pub type CmdResult = anyhow::Result<()>;
 
 /// Entry point of the `blobdrive` binary; returns the process exit code.
 pub fn main() -> i32 {
-    0
+    run_with_args(std::env::args_os())
+}
+
+/// Parse `args` (program name first), run the command, report; returns the exit code.
+pub fn run_with_args<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(err) => return report_clap_error(&err),
+    };
+    init_logging(cli.verbose);
+    let ctx = Context {
+        connection_string: cli.connection_string.clone(),
+    };
+    tracing::debug!(command = cli.command.name(), "starting");
+    let result = match &cli.command {
+        Command::Create(a) => create::run(&ctx, a),
+        Command::Info(a) => info::run(&ctx, a),
+        Command::List(a) => list::run(&ctx, a),
+        Command::Mount(a) => mount::run(&ctx, a),
+        Command::Unmount(a) => unmount::run(&ctx, a),
+        Command::Snapshot(a) => snapshot::run(&ctx, a),
+        Command::BreakLease(a) => break_lease::run(&ctx, a),
+        Command::Delete(a) => delete::run(&ctx, a),
+        Command::Upload(a) => upload::run(&ctx, a),
+        Command::Download(a) => download::run(&ctx, a),
+        Command::Stats(a) => stats::run(&ctx, a),
+    };
+    match result {
+        Ok(()) => EXIT_OK,
+        Err(err) => report_error(&err),
+    }
+}
+
+/// Print a command's error as one line and pick its exit code.
+pub fn report_error(err: &anyhow::Error) -> i32 {
+    let code = err
+        .downcast_ref::<CodedError>()
+        .map_or(EXIT_FAILED, |e| e.code);
+    // `{:#}` joins the context chain with ": " on one line.
+    print_error_line(&format!("{err:#}"));
+    code
+}
+
+/// Help and version go to stdout with exit 0; every other parse error becomes
+/// one line on stderr with exit 2.
+fn report_clap_error(err: &clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    match err.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            // A closed stdout (`| head`) is not an error worth reporting.
+            let _ = err.print();
+            EXIT_OK
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = write!(std::io::stderr(), "{}", err.render());
+            EXIT_USAGE
+        }
+        _ => {
+            print_error_line(&clap_error_line(err));
+            EXIT_USAGE
+        }
+    }
+}
+
+/// Clap's message on one line, without its `error: ` prefix and usage block,
+/// plus which `--help` to read.
+fn clap_error_line(err: &clap::Error) -> String {
+    let text = err.render().to_string();
+    let mut parts = Vec::new();
+    let mut help = "blobdrive --help".to_string();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(usage) = line.strip_prefix("Usage:") {
+            // `Usage: blobdrive create [OPTIONS] ...` names the command to ask about.
+            let words: Vec<&str> = usage
+                .split_whitespace()
+                .take_while(|w| !w.starts_with(['[', '<', '-']))
+                .collect();
+            if !words.is_empty() {
+                help = format!("{} --help", words.join(" "));
+            }
+        } else if !line.starts_with("For more information") {
+            parts.push(line.strip_prefix("error: ").unwrap_or(line));
+        }
+    }
+    if parts.is_empty() {
+        parts.push("invalid arguments");
+    }
+    let mut line = String::new();
+    for part in parts {
+        if !line.is_empty() {
+            line.push_str(if line.ends_with(':') { " " } else { "; " });
+        }
+        line.push_str(part);
+    }
+    format!("{line} (see '{help}')")
+}
+
+/// Write `blobdrive: <message>` on stderr, folding any newline into the one line.
+fn print_error_line(message: &str) {
+    let one_line = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let _ = writeln!(std::io::stderr(), "blobdrive: {one_line}");
+}
+
+/// Logs go to stderr: warnings by default, more with each `-v`; `RUST_LOG`
+/// overrides. Calling it twice (tests) keeps the first setup.
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(verbose >= 2)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_contract_command_parses() {
+        let lines: [&[&str]; 13] = [
+            &["create", "c/b", "--size", "10G", "--mkfs", "ext4"],
+            &[
+                "info",
+                "c/b",
+                "--snapshot",
+                "2024-01-01T00:00:00.0000000Z",
+                "--json",
+            ],
+            &["list", "--json"],
+            &["list", "c"],
+            &[
+                "mount",
+                "c/b",
+                "/mnt/x",
+                "--read-only",
+                "--cache-size",
+                "1G",
+                "--foreground",
+                "--break-lease",
+            ],
+            &["mount", "/mnt/ns"],
+            &["unmount", "/mnt/x"],
+            &["snapshot", "c/b"],
+            &["break-lease", "c/b"],
+            &["delete", "c/b", "--include-snapshots"],
+            &["upload", "disk.vhd", "c/b"],
+            &["download", "c/b", "disk.vhd"],
+            &["stats", "/mnt/x", "--json"],
+        ];
+        for line in lines {
+            let argv = std::iter::once("blobdrive").chain(line.iter().copied());
+            if let Err(e) = Cli::try_parse_from(argv) {
+                panic!("{line:?}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn connection_string_is_global() {
+        let cli = Cli::try_parse_from(["blobdrive", "list", "--connection-string", "X=1"])
+            .expect("parses");
+        assert_eq!(cli.connection_string.as_deref(), Some("X=1"));
+    }
+
+    #[test]
+    fn not_available_exits_2_with_the_command_name() {
+        let err = anyhow::Error::new(CodedError::not_available("list"));
+        assert_eq!(err.to_string(), "'list' is not available yet");
+        assert_eq!(report_error(&err), EXIT_USAGE);
+        assert_eq!(report_error(&anyhow::anyhow!("boom")), EXIT_FAILED);
+    }
 }

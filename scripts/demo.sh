@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The main job, end to end on one machine: build blobdrive, start a persistent
+# Azurite (data kept in .azurite/data across runs), and use it.
+#
+#   scripts/demo.sh
+#
+# Today it lists the drives; it grows into create + mount as those land.
+# Port: BLOBDRIVE_AZURITE_PORT (default 10000). An account configured in the
+# environment (AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_ACCOUNT) is used
+# instead of Azurite; Azurite is still started so the demo has a fallback.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+port=${BLOBDRIVE_AZURITE_PORT:-10000}
+
+say() { echo "demo: $*" >&2; }
+
+say "building blobdrive"
+cargo build --quiet
+bin="${CARGO_TARGET_DIR:-$root/target}/debug/blobdrive"
+
+scripts/azurite.sh start
+
+if [ -z "${AZURE_STORAGE_CONNECTION_STRING:-}${AZURE_STORAGE_ACCOUNT:-}" ] && [ "$port" != 10000 ]; then
+  # Development storage on another port: the well-known (public) dev account.
+  export AZURE_STORAGE_CONNECTION_STRING="DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;BlobEndpoint=http://127.0.0.1:$port/devstoreaccount1;"
+fi
+
+say "blobdrive list"
+"$bin" list

@@ -1,0 +1,21 @@
+//! `blobdrive unmount DIR`: flush everything, release the lease, detach the loop
+//! device, unmount FUSE; fails and says why if any data could not be flushed.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::{CmdResult, CodedError, Context};
+
+/// Arguments of `unmount`.
+#[derive(Debug, Args)]
+pub struct UnmountArgs {
+    /// The mount point given to `mount`.
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+}
+
+/// Run `unmount`.
+pub fn run(_ctx: &Context, _args: &UnmountArgs) -> CmdResult {
+    Err(CodedError::not_available("unmount").into())
+}
