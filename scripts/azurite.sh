@@ -64,7 +64,15 @@ start() {
 stop() {
   local pidfile="$dir/azurite-$port.pid"
   if [ -f "$pidfile" ]; then
-    kill "$(cat "$pidfile")" 2>/dev/null || true
+    local pid
+    pid=$(cat "$pidfile")
+    kill "$pid" 2>/dev/null || true
+    # Azurite closes its port on SIGTERM but its node process can linger.
+    for _ in $(seq 1 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
     rm -f "$pidfile"
   fi
 }
