@@ -323,6 +323,14 @@ impl BlobClient {
             })?;
             map.insert(name, value);
         }
+        if req.body.is_empty() && req.method == Method::PUT {
+            // hyper omits a zero Content-Length; the service requires it on
+            // Put Blob (411) and Azurite answers 400 without it.
+            map.insert(
+                reqwest::header::CONTENT_LENGTH,
+                HeaderValue::from_static("0"),
+            );
+        }
         let started = Instant::now();
         let sent = self
             .inner

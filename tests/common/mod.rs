@@ -3,6 +3,8 @@
 //! its own uniquely named container, deleted when the guard drops.
 #![allow(dead_code)]
 
+pub mod fault_proxy;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use blobdrive::blob::{Account, BlobClient};
