@@ -207,3 +207,59 @@ impl Cache {
         self.table().len() as u64 * CHUNK_BYTES
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eviction_takes_only_clean_unpinned_chunks_in_lru_order() {
+        let cache = Cache::new(3);
+        let pins = cache.try_pin_all(&[0, 1, 2]).expect("room for three");
+        // Chunk 1 becomes dirty; chunk 2 stays pinned.
+        {
+            let mut c = pins[1].lock();
+            let delta = c.write(0, &[1u8; 512]);
+            cache.note(1, delta);
+        }
+        let keep2 = pins[2].clone();
+        drop(pins);
+        assert_eq!(cache.dirty_chunks(), vec![1]);
+        // Only chunk 0 can go: it is clean and unpinned.
+        let p3 = cache.try_pin_all(&[3]).expect("chunk 0 is evictable");
+        assert!(!cache.contains(0) && cache.contains(1) && cache.contains(2));
+        // Now nothing is evictable: 1 dirty, 2 and 3 pinned.
+        assert!(cache.try_pin_all(&[4]).is_none());
+        assert_eq!(cache.cache_bytes(), 3 * CHUNK_BYTES);
+        drop(keep2);
+        drop(p3);
+        let p = cache.try_pin_all(&[4, 5]).expect("2 and 3 are clean now");
+        assert_eq!(p.len(), 2);
+        assert!(cache.contains(1), "the dirty chunk is never evicted");
+    }
+
+    #[test]
+    fn a_page_rewritten_after_its_copy_does_not_settle() {
+        let cache = Cache::new(1);
+        let pins = cache.try_pin_all(&[0]).unwrap();
+        let mut c = pins[0].lock();
+        // Partly covered pages are filled first (here: never-written zeros).
+        c.fill(0, None);
+        c.fill(2, None);
+        cache.note(0, c.write(100, &[1u8; 1000]));
+        let gen = c.generation(0);
+        cache.note(0, c.write(0, &[2u8; 10]));
+        cache.note(0, c.settle(0, gen));
+        assert!(c.is_dirty(0), "written again: stays dirty");
+        for page in [1, 2] {
+            let g = c.generation(page);
+            cache.note(0, c.settle(page, g));
+        }
+        assert_eq!(c.dirty_pages(), 1);
+        assert_eq!(cache.dirty_bytes(), 512);
+        let g = c.generation(0);
+        cache.note(0, c.settle(0, g));
+        assert_eq!(cache.dirty_bytes(), 0);
+        assert!(cache.dirty_chunks().is_empty());
+    }
+}

@@ -229,7 +229,7 @@ impl Inner {
 }
 
 /// Start the background flusher: after a write, wait `flush_delay`, then
-/// run a pass. It stops when `close` signals `stop` (the drive awaits it).
+/// run a pass (and again after a failed one, unless the lease is lost). It stops when `close` signals `stop` (the drive awaits it).
 pub(super) fn spawn_background(inner: &Arc<Inner>) -> JoinHandle<()> {
     let me = inner.clone();
     tokio::spawn(async move {
@@ -245,8 +245,15 @@ pub(super) fn spawn_background(inner: &Arc<Inner>) -> JoinHandle<()> {
             if me.stopping.load(Ordering::Acquire) {
                 return;
             }
-            if let Err(e) = me.flush_pass().await {
-                tracing::warn!(target = %me.target, error = %e, "background flush failed");
+            match me.flush_pass().await {
+                Ok(()) => {}
+                // Logged at error level already; retrying cannot help.
+                Err(super::Error::LeaseLost { .. }) => {}
+                Err(e) => {
+                    // Data stays dirty; try again after another delay.
+                    tracing::warn!(target = %me.target, error = %e, "background flush failed; will retry");
+                    me.kick.notify_one();
+                }
             }
         }
     })
