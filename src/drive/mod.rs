@@ -1,7 +1,280 @@
 //! The drive engine: a block device over one page blob, with no FUSE knowledge.
+//!
+//! [`Drive`] owns a page cache (512-byte pages in 256 KiB chunks, LRU-evicted,
+//! bounded), a sparse map of the pages that hold data, the lease that is the
+//! mount lock, and a background flusher. The blob is reached only through the
+//! [`PageStore`] trait. Invariants that matter: only the data area (blob size
+//! minus the VHD footer) is reachable; `flush` returns only once every write
+//! accepted before it is durable; dirty data is never dropped, even when the
+//! lease is lost.
 
 pub mod blob_store;
+mod cache;
+mod chunk;
+pub mod counters;
+pub mod error;
+pub mod extents;
+mod flush;
+mod io;
+mod lease;
+pub mod memory;
+mod open;
 pub mod store;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
 pub use blob_store::BlobPageStore;
+pub use counters::Counters;
+pub use error::{Error, Result};
+pub use extents::PageRange;
+pub use memory::MemoryStore;
 pub use store::{ByteRange, PageStore};
+
+use cache::Cache;
+use counters::Meters;
+use extents::Extents;
+use lease::Lease;
+
+/// How a drive is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Reads and writes; holds the blob's lease while open.
+    ReadWrite,
+    /// Reads only; no lease, so it works while someone else has it mounted.
+    ReadOnly,
+    /// Reads only, from a snapshot (which cannot be leased).
+    Snapshot,
+}
+
+/// Tuning and identity of one open drive.
+#[derive(Debug, Clone)]
+pub struct DriveOptions {
+    /// Read-write, read-only or snapshot.
+    pub mode: Mode,
+    /// Memory bound of the page cache (at least 2 MiB is used).
+    pub cache_bytes: u64,
+    /// Memory that chunks holding dirty pages may pin before writers wait
+    /// for a flush (clamped to half the cache).
+    pub max_dirty_bytes: u64,
+    /// How long written data may stay dirty before the background flush.
+    pub flush_delay: Duration,
+    /// Put Page / Clear Pages requests in flight during a flush.
+    pub flush_parallelism: usize,
+    /// How far ahead sequential reads fetch.
+    pub read_ahead_bytes: u64,
+    /// Proposed lease id; a random UUID v4 when `None`.
+    pub lease_id: Option<String>,
+    /// `container/blob`, for messages.
+    pub target: String,
+}
+
+impl Default for DriveOptions {
+    fn default() -> Self {
+        DriveOptions {
+            mode: Mode::ReadWrite,
+            cache_bytes: 512 * 1024 * 1024,
+            max_dirty_bytes: 64 * 1024 * 1024,
+            flush_delay: Duration::from_secs(1),
+            flush_parallelism: 8,
+            read_ahead_bytes: 4 * 1024 * 1024,
+            lease_id: None,
+            target: String::from("drive"),
+        }
+    }
+}
+
+/// Where sequential reads stand, for read-ahead.
+#[derive(Debug, Default)]
+struct ReadAhead {
+    /// End of the last read.
+    last_end: u64,
+    /// End of what read-ahead already fetched.
+    fetched_until: u64,
+}
+
+/// State shared by the drive handle and its background flusher.
+pub(crate) struct Inner {
+    store: Arc<dyn PageStore>,
+    mode: Mode,
+    target: String,
+    /// Size of the data area (blob size minus the footer).
+    size_bytes: u64,
+    lease: Lease,
+    cache: Cache,
+    extents: Mutex<Extents>,
+    meters: Meters,
+    /// One flush pass at a time, so a page is never in two uploads at once.
+    flush_lock: tokio::sync::Mutex<()>,
+    max_dirty_bytes: u64,
+    flush_parallelism: usize,
+    flush_delay: Duration,
+    read_ahead_bytes: u64,
+    read_ahead: Mutex<ReadAhead>,
+    closed: AtomicBool,
+    /// Wakes the background flusher after a write (or to stop it).
+    kick: Notify,
+    /// Tells the background flusher to stop.
+    stop: Notify,
+    stopping: AtomicBool,
+}
+
+impl Inner {
+    fn extents(&self) -> std::sync::MutexGuard<'_, Extents> {
+        self.extents.lock().expect("extents mutex poisoned")
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        self.check_open()?;
+        if self.mode != Mode::ReadWrite {
+            return Err(Error::ReadOnly);
+        }
+        self.lease.check()
+    }
+}
+
+/// One open drive: a fixed-size disk over a page blob. Share it as
+/// `Arc<Drive>`; every method takes `&self`. Call [`Drive::close`] before
+/// dropping it, or dirty data is lost.
+pub struct Drive {
+    inner: Arc<Inner>,
+    flusher: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drive {
+    /// Open the drive in `store`: check the VHD footer, take the lease for
+    /// read-write, and load the sparse map.
+    pub async fn open(store: Arc<dyn PageStore>, opts: DriveOptions) -> Result<Drive> {
+        let inner = Arc::new(open::open_inner(store, opts).await?);
+        let flusher = if inner.mode == Mode::ReadWrite {
+            Some(flush::spawn_background(&inner))
+        } else {
+            None
+        };
+        Ok(Drive {
+            inner,
+            flusher: Mutex::new(flusher),
+        })
+    }
+
+    /// Size of the data area in bytes (blob size minus the 512-byte footer).
+    pub fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes
+    }
+
+    /// How the drive was opened.
+    pub fn mode(&self) -> Mode {
+        self.inner.mode
+    }
+
+    /// The lease id held, for read-write drives.
+    pub fn lease_id(&self) -> Option<&str> {
+        self.inner.lease.id()
+    }
+
+    /// `container/blob`, as given in the options.
+    pub fn target(&self) -> &str {
+        &self.inner.target
+    }
+
+    /// Read `len` bytes at `offset_bytes` (any alignment). Reads past the end
+    /// are clipped, like a file: fewer bytes come back.
+    pub async fn read_at(&self, offset_bytes: u64, len: usize) -> Result<Bytes> {
+        self.inner.read_at(offset_bytes, len).await
+    }
+
+    /// Write `data` at `offset_bytes` (any alignment). The data is in the
+    /// cache when this returns; [`Drive::flush`] makes it durable.
+    pub async fn write_at(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
+        self.inner.write_at(offset_bytes, data).await
+    }
+
+    /// Zero `len_bytes` at `offset_bytes`: pages fully inside are cleared in
+    /// the blob before this returns; partial edge pages are zero-filled
+    /// (written). Concurrent writes to the same range are not ordered with it.
+    pub async fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
+        self.inner.discard(offset_bytes, len_bytes).await
+    }
+
+    /// Make every write accepted before this call durable in the blob.
+    pub async fn flush(&self) -> Result<()> {
+        self.inner.check_open()?;
+        if self.inner.mode != Mode::ReadWrite {
+            return Ok(());
+        }
+        self.inner.flush_pass().await
+    }
+
+    /// Flush, stop the background flusher and release the lease. When the
+    /// flush fails the drive stays open (and keeps its dirty data), so the
+    /// caller can retry or save the data; later calls after a successful close
+    /// fail with `Closed`.
+    pub async fn close(&self) -> Result<()> {
+        self.inner.check_open()?;
+        if self.inner.mode == Mode::ReadWrite {
+            self.inner.flush_pass().await?;
+        }
+        self.inner.stopping.store(true, Ordering::Release);
+        self.inner.stop.notify_one();
+        let handle = self.flusher.lock().expect("flusher mutex poisoned").take();
+        if let Some(h) = handle {
+            let _ = h.await;
+        }
+        // A write racing with close could have dirtied pages after the flush.
+        if self.inner.mode == Mode::ReadWrite {
+            self.inner.flush_pass().await?;
+        }
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner
+            .lease
+            .release(self.inner.store.as_ref(), &self.inner.meters)
+            .await
+    }
+
+    /// A snapshot of the counters.
+    pub fn counters(&self) -> Counters {
+        let c = &self.inner.cache;
+        self.inner.meters.snapshot(c.dirty_bytes(), c.cache_bytes())
+    }
+
+    /// Bytes written but not yet durable in the blob. After a lost lease this
+    /// is the data a recovery file must take.
+    pub fn unflushed_bytes(&self) -> u64 {
+        self.inner.cache.dirty_bytes()
+    }
+
+    /// The unflushed data as `(offset_bytes, bytes)` runs of whole pages, in
+    /// order, for a recovery file.
+    pub fn unflushed_data(&self) -> Vec<(u64, Bytes)> {
+        self.inner.unflushed_data()
+    }
+}
+
+impl Drop for Drive {
+    fn drop(&mut self) {
+        // Normal shutdown goes through `close`; this only stops a flusher a
+        // forgotten drive would otherwise keep alive.
+        if let Ok(mut f) = self.flusher.lock() {
+            if let Some(h) = f.take() {
+                h.abort();
+            }
+        }
+        let dirty = self.inner.cache.dirty_bytes();
+        if dirty > 0 {
+            tracing::error!(target = %self.inner.target, dirty_bytes = dirty, "drive dropped with unflushed data");
+        }
+    }
+}

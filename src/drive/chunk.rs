@@ -1,0 +1,170 @@
+//! One chunk of the page cache: 256 KiB of memory holding 512 consecutive
+//! pages, with a valid bit, a dirty bit and a write generation per page.
+//!
+//! Invariants: a dirty page is valid; while a chunk is pinned a valid page
+//! never becomes invalid (pages only lose validity when the whole chunk is
+//! evicted, and only clean, unpinned chunks are evicted). Every write bumps the
+//! page's generation, so the flusher clears a dirty bit only when the page was
+//! not written again while its upload was in flight.
+
+use crate::units::PAGE_SIZE;
+
+/// Pages per chunk.
+pub(crate) const CHUNK_PAGES: usize = 512;
+/// Bytes per chunk.
+pub(crate) const CHUNK_BYTES: u64 = CHUNK_PAGES as u64 * PAGE_SIZE;
+const PAGE: usize = PAGE_SIZE as usize;
+const WORDS: usize = CHUNK_PAGES / 64;
+
+/// One bit per page of a chunk.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PageBits([u64; WORDS]);
+
+impl PageBits {
+    pub fn get(&self, page: usize) -> bool {
+        self.0[page / 64] & (1 << (page % 64)) != 0
+    }
+    pub fn set(&mut self, page: usize) {
+        self.0[page / 64] |= 1 << (page % 64);
+    }
+    pub fn clear(&mut self, page: usize) {
+        self.0[page / 64] &= !(1 << (page % 64));
+    }
+}
+
+/// 512 pages of cache with their state.
+pub(crate) struct Chunk {
+    data: Box<[u8]>,
+    valid: PageBits,
+    dirty: PageBits,
+    dirty_pages: usize,
+    gens: Box<[u32]>,
+}
+
+/// What a state change did to a chunk's dirtiness, so the caller can keep the
+/// drive-wide dirty index exact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct DirtyDelta {
+    /// Pages that became dirty (positive) or clean (negative).
+    pub pages: i64,
+    /// The chunk went from clean to dirty (+1) or dirty to clean (-1).
+    pub chunk: i64,
+}
+
+impl Chunk {
+    /// An empty chunk: nothing valid.
+    pub fn new() -> Self {
+        Chunk {
+            data: vec![0u8; CHUNK_BYTES as usize].into_boxed_slice(),
+            valid: PageBits::default(),
+            dirty: PageBits::default(),
+            dirty_pages: 0,
+            gens: vec![0u32; CHUNK_PAGES].into_boxed_slice(),
+        }
+    }
+
+    pub fn is_valid(&self, page: usize) -> bool {
+        self.valid.get(page)
+    }
+
+    pub fn is_dirty(&self, page: usize) -> bool {
+        self.dirty.get(page)
+    }
+
+    pub fn dirty_pages(&self) -> usize {
+        self.dirty_pages
+    }
+
+    pub fn generation(&self, page: usize) -> u32 {
+        self.gens[page]
+    }
+
+    /// The bytes of one page.
+    pub fn page(&self, page: usize) -> &[u8] {
+        &self.data[page * PAGE..(page + 1) * PAGE]
+    }
+
+    /// Bytes `[from, to)` of the chunk (any alignment; pages must be valid).
+    pub fn bytes(&self, from: usize, to: usize) -> &[u8] {
+        &self.data[from..to]
+    }
+
+    /// Fill an invalid page with what the blob holds (`None`: zeros). A valid
+    /// page is left alone: it is at least as new as the blob.
+    pub fn fill(&mut self, page: usize, content: Option<&[u8]>) {
+        if self.valid.get(page) {
+            return;
+        }
+        let dst = &mut self.data[page * PAGE..(page + 1) * PAGE];
+        match content {
+            Some(src) => dst.copy_from_slice(src),
+            None => dst.fill(0),
+        }
+        self.valid.set(page);
+    }
+
+    fn mark_dirty(&mut self, page: usize, delta: &mut DirtyDelta) {
+        self.gens[page] = self.gens[page].wrapping_add(1);
+        if !self.dirty.get(page) {
+            self.dirty.set(page);
+            if self.dirty_pages == 0 {
+                delta.chunk += 1;
+            }
+            self.dirty_pages += 1;
+            delta.pages += 1;
+        }
+    }
+
+    fn mark_clean(&mut self, page: usize, delta: &mut DirtyDelta) {
+        if self.dirty.get(page) {
+            self.dirty.clear(page);
+            self.dirty_pages -= 1;
+            delta.pages -= 1;
+            if self.dirty_pages == 0 {
+                delta.chunk -= 1;
+            }
+        }
+    }
+
+    /// Copy `src` to byte `at` of the chunk. Every page touched must be valid
+    /// already, or be covered entirely by `src`. Touched pages become dirty.
+    pub fn write(&mut self, at: usize, src: &[u8]) -> DirtyDelta {
+        let mut delta = DirtyDelta::default();
+        if src.is_empty() {
+            return delta;
+        }
+        let first = at / PAGE;
+        let last = (at + src.len() - 1) / PAGE;
+        for page in first..=last {
+            let whole = at <= page * PAGE && at + src.len() >= (page + 1) * PAGE;
+            assert!(
+                whole || self.valid.get(page),
+                "partial write into a page that was not filled first"
+            );
+            self.valid.set(page);
+            self.mark_dirty(page, &mut delta);
+        }
+        self.data[at..at + src.len()].copy_from_slice(src);
+        delta
+    }
+
+    /// Make a page zero, valid and clean (its blob copy is being cleared).
+    pub fn zero_clean(&mut self, page: usize) -> DirtyDelta {
+        let mut delta = DirtyDelta::default();
+        self.data[page * PAGE..(page + 1) * PAGE].fill(0);
+        self.valid.set(page);
+        self.gens[page] = self.gens[page].wrapping_add(1);
+        self.mark_clean(page, &mut delta);
+        delta
+    }
+
+    /// The page reached the blob as it was at generation `gen`: clear its
+    /// dirty bit unless it was written again since.
+    pub fn settle(&mut self, page: usize, gen: u32) -> DirtyDelta {
+        let mut delta = DirtyDelta::default();
+        if self.gens[page] == gen {
+            self.mark_clean(page, &mut delta);
+        }
+        delta
+    }
+}

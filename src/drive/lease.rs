@@ -1,0 +1,99 @@
+//! The lease as a mount lock: a read-write open holds an infinite lease with
+//! a proposed id (so a retried acquire is harmless), every write carries it,
+//! and close releases it. A lease found lost on a write is remembered: from
+//! then on writes and flushes fail with `LeaseLost`, and the loss is logged at
+//! error level once. Read-only and snapshot opens hold no lease.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::counters::{add, Meters};
+use super::error::{Error, Result};
+use super::store::PageStore;
+
+/// The lease a drive holds (or the absence of one).
+pub(crate) struct Lease {
+    id: Option<String>,
+    lost: AtomicBool,
+    target: String,
+}
+
+impl Lease {
+    /// No lease: read-only and snapshot drives.
+    pub fn none(target: &str) -> Self {
+        Lease {
+            id: None,
+            lost: AtomicBool::new(false),
+            target: target.to_string(),
+        }
+    }
+
+    /// Acquire an infinite lease with `proposed_id`; `InUse` when someone
+    /// else holds it.
+    pub async fn acquire(
+        store: &dyn PageStore,
+        proposed_id: String,
+        target: &str,
+        meters: &Meters,
+    ) -> Result<Self> {
+        add(&meters.lease, 1);
+        match store.acquire_lease(&proposed_id).await {
+            Ok(()) => {
+                tracing::info!(target = %target, lease_id = %proposed_id, "lease acquired");
+                Ok(Lease {
+                    id: Some(proposed_id),
+                    lost: AtomicBool::new(false),
+                    target: target.to_string(),
+                })
+            }
+            Err(e) if e.is_lease_conflict() => Err(Error::InUse {
+                target: target.to_string(),
+            }),
+            Err(e) => Err(Error::Backend(e)),
+        }
+    }
+
+    /// The lease id every write must carry.
+    pub fn id(&self) -> Option<&str> {
+        self.id.as_deref()
+    }
+
+    /// `LeaseLost` once the lease was found lost.
+    pub fn check(&self) -> Result<()> {
+        if self.lost.load(Ordering::Acquire) {
+            Err(self.lost_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The error for a lost lease.
+    pub fn lost_error(&self) -> Error {
+        Error::LeaseLost {
+            target: self.target.clone(),
+        }
+    }
+
+    /// Record that the service refused our lease; logs loudly the first time.
+    pub fn mark_lost(&self, cause: &crate::blob::Error) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                target = %self.target,
+                error = %cause,
+                "lease lost: the drive was taken over or its lease broken; writes now fail \
+                 and unflushed data is kept in memory"
+            );
+        }
+    }
+
+    /// Release the lease (when held and not lost).
+    pub async fn release(&self, store: &dyn PageStore, meters: &Meters) -> Result<()> {
+        let Some(id) = &self.id else { return Ok(()) };
+        if self.lost.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        add(&meters.lease, 1);
+        store.release_lease(id).await?;
+        tracing::info!(target = %self.target, "lease released");
+        Ok(())
+    }
+}

@@ -1,0 +1,138 @@
+//! Opening a drive: size and footer checks, the lease for read-write, and the
+//! sparse map loaded with Get Page Ranges in adaptive segments (small at
+//! first so a fragmented blob never times out, growing while answers stay
+//! short, so an empty 8 TiB drive opens in a few requests).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use super::cache::Cache;
+use super::chunk::CHUNK_BYTES;
+use super::counters::{add, Meters};
+use super::error::{Error, Result};
+use super::extents::{Extents, PageRange};
+use super::lease::Lease;
+use super::store::PageStore;
+use super::{DriveOptions, Inner, Mode, ReadAhead};
+use crate::units::{ByteRange, MAX_PAGE_BLOB_BYTES, PAGE_SIZE, VHD_FOOTER_BYTES};
+
+/// Smallest cache, in chunks: enough for a few operations to pin at once.
+const MIN_CACHE_CHUNKS: u64 = 8;
+/// First Get Page Ranges segment.
+const FIRST_SEGMENT_BYTES: u64 = 256 * 1024 * 1024;
+/// Segments never grow past this.
+const MAX_SEGMENT_BYTES: u64 = 1024 * 1024 * 1024 * 1024;
+/// Segments never shrink below this.
+const MIN_SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Validate the footer read from the end of the blob.
+///
+/// MERGE NOTE: this is the single call site for footer validation. After the
+/// merge it becomes `crate::vhd::Footer::parse(footer, blob_bytes)` (mapping
+/// `vhd::Error` to `Error::NotADrive`); for now it only checks the cookie.
+fn check_footer(footer: &[u8; 512], blob_bytes: u64) -> Result<()> {
+    let _ = blob_bytes;
+    if &footer[0..8] != b"conectix" {
+        return Err(Error::NotADrive {
+            reason: "no VHD footer (cookie 'conectix' missing at the end of the blob)".into(),
+        });
+    }
+    Ok(())
+}
+
+pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) -> Result<Inner> {
+    let meters = Meters::default();
+    let target = opts.target.clone();
+    let blob_bytes = store.size_bytes().await?;
+    if blob_bytes % PAGE_SIZE != 0
+        || blob_bytes <= VHD_FOOTER_BYTES
+        || blob_bytes > MAX_PAGE_BLOB_BYTES
+    {
+        return Err(Error::NotADrive {
+            reason: format!("blob size {blob_bytes} is not a page blob holding a VHD"),
+        });
+    }
+    let size_bytes = blob_bytes - VHD_FOOTER_BYTES;
+    add(&meters.get, 1);
+    let raw = store.read(ByteRange::new(size_bytes, blob_bytes)).await?;
+    add(&meters.bytes_down, raw.len() as u64);
+    let footer: &[u8; 512] = raw.as_ref().try_into().map_err(|_| Error::NotADrive {
+        reason: "short read of the VHD footer".into(),
+    })?;
+    check_footer(footer, blob_bytes)?;
+
+    let lease = match opts.mode {
+        Mode::ReadWrite => {
+            let id = opts
+                .lease_id
+                .clone()
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            Lease::acquire(store.as_ref(), id, &target, &meters).await?
+        }
+        Mode::ReadOnly | Mode::Snapshot => Lease::none(&target),
+    };
+    let extents = match load_extents(store.as_ref(), size_bytes, &meters).await {
+        Ok(x) => x,
+        Err(e) => {
+            // Do not leave the drive locked behind a failed open.
+            let _ = lease.release(store.as_ref(), &meters).await;
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        target = %target,
+        size_bytes,
+        stored_bytes = extents.len_pages() * PAGE_SIZE,
+        mode = ?opts.mode,
+        "drive open"
+    );
+
+    let max_chunks = (opts.cache_bytes / CHUNK_BYTES).max(MIN_CACHE_CHUNKS);
+    let cache_bytes = max_chunks * CHUNK_BYTES;
+    let max_dirty_bytes = opts.max_dirty_bytes.clamp(CHUNK_BYTES, cache_bytes / 2);
+    Ok(Inner {
+        store,
+        mode: opts.mode,
+        target,
+        size_bytes,
+        lease,
+        cache: Cache::new(max_chunks as usize),
+        extents: Mutex::new(extents),
+        meters,
+        flush_lock: tokio::sync::Mutex::new(()),
+        max_dirty_bytes,
+        flush_parallelism: opts.flush_parallelism.max(1),
+        flush_delay: opts.flush_delay,
+        read_ahead_bytes: opts.read_ahead_bytes,
+        read_ahead: Mutex::new(ReadAhead::default()),
+        closed: AtomicBool::new(false),
+        kick: Notify::new(),
+        stop: Notify::new(),
+        stopping: AtomicBool::new(false),
+    })
+}
+
+/// The sparse map of the data area, from Get Page Ranges in segments whose
+/// size adapts to how fragmented the answers are.
+async fn load_extents(store: &dyn PageStore, size_bytes: u64, meters: &Meters) -> Result<Extents> {
+    let mut extents = Extents::new();
+    let mut segment = FIRST_SEGMENT_BYTES;
+    let mut pos = 0;
+    while pos < size_bytes {
+        let end = size_bytes.min(pos.saturating_add(segment));
+        add(&meters.page_ranges, 1);
+        let ranges = store.page_ranges(ByteRange::new(pos, end)).await?;
+        for r in &ranges {
+            extents.insert(PageRange::covering(*r));
+        }
+        if ranges.len() < 1000 {
+            segment = (segment * 4).min(MAX_SEGMENT_BYTES);
+        } else if ranges.len() > 5000 {
+            segment = (segment / 2).max(MIN_SEGMENT_BYTES);
+        }
+        pos = end;
+    }
+    Ok(extents)
+}
