@@ -3,11 +3,18 @@
 //! container as directories. Which one is decided by the source: a name with a
 //! `/` (or a URL) is a drive, a bare name a container, none the account.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use anyhow::Context as _;
 use clap::Args;
 
 use super::{values, CmdResult, CodedError, Context};
+use crate::blob;
+use crate::daemon::{run_mount, MountOptions};
+use crate::drive::DriveOptions;
+use crate::fs::azure::AzureCatalog;
+use crate::fs::Catalog;
 
 /// Arguments of `mount`.
 #[derive(Debug, Args)]
@@ -30,6 +37,12 @@ pub struct MountArgs {
     /// Take the drive over from a host that holds its lease (breaks the lease).
     #[arg(long)]
     pub break_lease: bool,
+    /// Let users other than the one mounting use the mount (FUSE allow_other).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Where a background daemon writes its log (default: nowhere; -v sets the level).
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
 }
 
 impl MountArgs {
@@ -45,8 +58,76 @@ impl MountArgs {
 }
 
 /// Run `mount`.
-pub fn run(_ctx: &Context, _args: &MountArgs) -> CmdResult {
-    Err(CodedError::not_available("mount").into())
+pub fn run(ctx: &Context, args: &MountArgs) -> CmdResult {
+    let (source, dir) = args.source_and_dir();
+    match source {
+        Some(s) if s.contains('/') => Err(CodedError::not_available("mount C/B DIR").into()),
+        container => mount_namespace(ctx, container, &dir, args),
+    }
+}
+
+/// The account (or one container) as directories, drives as files.
+fn mount_namespace(
+    ctx: &Context,
+    container: Option<&str>,
+    dir: &Path,
+    args: &MountArgs,
+) -> CmdResult {
+    if args.snapshot.is_some() {
+        return Err(CodedError::usage(
+            "--snapshot applies to a drive (C/B DIR); a namespace mount shows \
+             snapshots as read-only files anyway",
+        )
+        .into());
+    }
+    if args.break_lease {
+        return Err(CodedError::usage("--break-lease applies to a drive (C/B DIR)").into());
+    }
+    if let Some(c) = container {
+        blob::path::validate_container_name(c)?;
+    }
+    // Checked before the fork, so a bad account fails in the user's terminal.
+    let account = blob::Account::from_env(ctx.connection_string.as_deref())?;
+    let opts = MountOptions {
+        read_only: args.read_only,
+        foreground: args.foreground,
+        allow_other: args.allow_other,
+        container: container.map(str::to_string),
+        log_file: args.log_file.clone(),
+        source: Some(match container {
+            Some(c) => format!("{}/{c}", account.name),
+            None => account.name.clone(),
+        }),
+    };
+    let drive_options = DriveOptions {
+        cache_bytes: args.cache_size,
+        ..DriveOptions::default()
+    };
+    let container = container.map(str::to_string);
+    run_mount(dir, &opts, move || async move {
+        let client = blob::BlobClient::new(account)?;
+        match &container {
+            Some(c) => {
+                // Fail now, not at the first `ls`, when the container is missing.
+                let probe = blob::ListBlobsOptions {
+                    max_results: Some(1),
+                    ..Default::default()
+                };
+                client
+                    .list_blobs(c, &probe)
+                    .await
+                    .with_context(|| format!("cannot mount container {c}"))?;
+            }
+            None => {
+                client
+                    .list_containers()
+                    .await
+                    .context("cannot list the account's containers")?;
+            }
+        }
+        let catalog: Arc<dyn Catalog> = Arc::new(AzureCatalog::new(client, drive_options));
+        Ok(catalog)
+    })
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{CmdResult, CodedError, Context};
+use super::output::{self, Align, Table};
+use super::{CmdResult, Context};
+use crate::units::format_size;
 
 /// Arguments of `stats`.
 #[derive(Debug, Args)]
@@ -18,7 +20,41 @@ pub struct StatsArgs {
     pub json: bool,
 }
 
-/// Run `stats`.
-pub fn run(_ctx: &Context, _args: &StatsArgs) -> CmdResult {
-    Err(CodedError::not_available("stats").into())
+/// Run `stats`: ask the mount's daemon for its counters and print them.
+pub fn run(_ctx: &Context, args: &StatsArgs) -> CmdResult {
+    let stats = crate::daemon::request_stats(&args.dir)?;
+    if args.json {
+        output::print_json(&stats);
+    } else {
+        output::print_text(&render(&stats));
+    }
+    Ok(())
+}
+
+/// One block per open device: counter names and values, byte counts with units.
+fn render(stats: &serde_json::Value) -> String {
+    let mut text = String::new();
+    if let Some(mountpoint) = stats.get("mountpoint").and_then(|m| m.as_str()) {
+        text.push_str(&format!("mount {mountpoint}\n"));
+    }
+    let devices = stats.get("devices").and_then(|d| d.as_object());
+    match devices {
+        Some(devices) if !devices.is_empty() => {
+            for (name, counters) in devices {
+                text.push_str(&format!("\n{name}\n"));
+                let mut table = Table::new(&[("COUNTER", Align::Left), ("VALUE", Align::Right)]);
+                for (key, value) in counters.as_object().into_iter().flatten() {
+                    let shown = match value.as_u64() {
+                        Some(n) if key.contains("bytes") => format!("{} ({n})", format_size(n)),
+                        Some(n) => n.to_string(),
+                        None => value.to_string().trim_matches('"').to_string(),
+                    };
+                    table.row([key.clone(), shown]);
+                }
+                text.push_str(&table.render());
+            }
+        }
+        _ => text.push_str("no drive is open\n"),
+    }
+    text
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{CmdResult, CodedError, Context};
+use super::{CmdResult, Context};
 
 /// Arguments of `unmount`.
 #[derive(Debug, Args)]
@@ -15,7 +15,8 @@ pub struct UnmountArgs {
     pub dir: PathBuf,
 }
 
-/// Run `unmount`.
-pub fn run(_ctx: &Context, _args: &UnmountArgs) -> CmdResult {
-    Err(CodedError::not_available("unmount").into())
+/// Run `unmount`: ask the mount's daemon to flush, release and unmount, and
+/// wait for its answer.
+pub fn run(_ctx: &Context, args: &UnmountArgs) -> CmdResult {
+    crate::daemon::request_unmount(&args.dir)
 }

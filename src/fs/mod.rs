@@ -21,6 +21,7 @@
 //!
 //! [`Device`]: backend::Device
 
+pub mod azure;
 pub mod backend;
 pub mod core;
 pub mod fuse;

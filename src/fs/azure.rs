@@ -1,0 +1,340 @@
+//! The real backend of the FUSE layer: [`AzureCatalog`] lists containers and
+//! blobs through `blob::BlobClient` and opens drives as `drive::Drive`s.
+//!
+//! A page blob is a drive when its last 512 bytes are a valid fixed VHD footer;
+//! that costs one small read per page blob, so the answer is cached per blob
+//! version (ETag). Drives open through the drive engine (read-write takes the
+//! lease); page blobs without a footer and block blobs are read-only files
+//! served by ranged reads. Errors become [`FsError`]s here, with the errno the
+//! drive engine chose, and nowhere else.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::{self, StreamExt};
+
+use super::backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
+use crate::blob::{self, BlobClient, BlobItem, BlobPath, BlobType, ListBlobsOptions};
+use crate::drive::{BlobPageStore, Drive, DriveOptions, Mode};
+use crate::units::{ByteRange, VHD_FOOTER_BYTES};
+use crate::vhd::Footer;
+
+/// Footer reads in flight while classifying a listing.
+const CLASSIFY_PARALLELISM: usize = 16;
+
+/// The account (through one client) as the FUSE layer sees it.
+pub struct AzureCatalog {
+    client: BlobClient,
+    drive_options: DriveOptions,
+    /// Kind of each blob version seen: (container, name, snapshot) → (etag, kind).
+    kinds: Mutex<HashMap<BlobKey, (Option<String>, EntryKind)>>,
+}
+
+type BlobKey = (String, String, Option<String>);
+
+impl AzureCatalog {
+    /// A catalog over `client`; drives open with `drive_options` (its `mode`
+    /// and `target` are set per open).
+    pub fn new(client: BlobClient, drive_options: DriveOptions) -> Self {
+        AzureCatalog {
+            client,
+            drive_options,
+            kinds: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn cached_kind(&self, key: &BlobKey, etag: &Option<String>) -> Option<EntryKind> {
+        let kinds = self.kinds.lock().expect("kind cache poisoned");
+        match kinds.get(key) {
+            Some((seen, kind)) if seen == etag && etag.is_some() => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// Drive, raw page blob or block blob, reading the footer of page blobs.
+    async fn classify(&self, container: &str, item: &BlobItem) -> FsResult<EntryKind> {
+        let size = item.content_length;
+        if item.blob_type != Some(BlobType::PageBlob) {
+            return Ok(EntryKind::BlockBlob { size_bytes: size });
+        }
+        let key = (
+            container.to_string(),
+            item.name.clone(),
+            item.snapshot.clone(),
+        );
+        if let Some(kind) = self.cached_kind(&key, &item.etag) {
+            return Ok(kind);
+        }
+        let path = blob_path(container, &item.name, item.snapshot.as_deref())?;
+        let kind = drive_kind(&self.client, &path, size).await?;
+        self.kinds
+            .lock()
+            .expect("kind cache poisoned")
+            .insert(key, (item.etag.clone(), kind));
+        Ok(kind)
+    }
+}
+
+impl AzureCatalog {
+    async fn entry_of(&self, container: &str, prefix: &str, item: BlobItem) -> FsResult<DirEntry> {
+        let kind = self.classify(container, &item).await?;
+        Ok(DirEntry {
+            name: item.name[prefix.len()..].to_string(),
+            kind,
+            modified: modified(&item),
+            snapshot: item.snapshot,
+        })
+    }
+}
+
+/// Reads the footer of the page blob at `path` (of `size` bytes) to tell a
+/// drive from a raw page blob.
+async fn drive_kind(client: &BlobClient, path: &BlobPath, size: u64) -> FsResult<EntryKind> {
+    if size < VHD_FOOTER_BYTES * 2 {
+        return Ok(EntryKind::RawPageBlob { size_bytes: size });
+    }
+    let tail = client
+        .get_blob_range(path, ByteRange::new(size - VHD_FOOTER_BYTES, size))
+        .await
+        .map_err(|e| blob_error(&e))?;
+    let footer: &[u8; 512] = match tail.as_ref().try_into() {
+        Ok(f) => f,
+        Err(_) => return Ok(EntryKind::RawPageBlob { size_bytes: size }),
+    };
+    Ok(match Footer::parse(footer, size) {
+        Ok(_) => EntryKind::Drive {
+            size_bytes: size - VHD_FOOTER_BYTES,
+        },
+        Err(_) => EntryKind::RawPageBlob { size_bytes: size },
+    })
+}
+
+fn blob_path(container: &str, name: &str, snapshot: Option<&str>) -> FsResult<BlobPath> {
+    BlobPath::new(container, name)
+        .map(|p| p.with_snapshot(snapshot))
+        .map_err(|e| FsError::new(libc::EINVAL, e.to_string()))
+}
+
+fn blob_error(e: &blob::Error) -> FsError {
+    let errno = if e.is_not_found() {
+        libc::ENOENT
+    } else if e.is_auth_failure() {
+        libc::EACCES
+    } else if e.is_lease_conflict() {
+        libc::EBUSY
+    } else {
+        libc::EIO
+    };
+    FsError::new(errno, e.to_string())
+}
+
+fn drive_error(e: crate::drive::Error) -> FsError {
+    FsError::new(e.errno(), e.to_string())
+}
+
+fn modified(item: &BlobItem) -> Option<SystemTime> {
+    item.last_modified
+        .as_deref()
+        .and_then(|t| httpdate::parse_http_date(t).ok())
+}
+
+#[async_trait]
+impl Catalog for AzureCatalog {
+    async fn list_containers(&self) -> FsResult<Vec<String>> {
+        let containers = self
+            .client
+            .list_containers()
+            .await
+            .map_err(|e| blob_error(&e))?;
+        Ok(containers.into_iter().map(|c| c.name).collect())
+    }
+
+    async fn list_dir(&self, container: &str, prefix: &str) -> FsResult<Vec<DirEntry>> {
+        let opts = ListBlobsOptions {
+            prefix: (!prefix.is_empty()).then(|| prefix.to_string()),
+            delimiter: Some("/".into()),
+            include_snapshots: true,
+            ..Default::default()
+        };
+        let listing = self
+            .client
+            .list_all_blobs(container, &opts)
+            .await
+            .map_err(|e| blob_error(&e))?;
+        let mut entries: Vec<DirEntry> = listing
+            .prefixes
+            .iter()
+            .filter_map(|p| p.strip_prefix(prefix))
+            .map(|p| p.trim_end_matches('/'))
+            .filter(|p| !p.is_empty())
+            .map(|name| DirEntry {
+                name: name.to_string(),
+                kind: EntryKind::Dir,
+                snapshot: None,
+                modified: None,
+            })
+            .collect();
+        let items: Vec<BlobItem> = listing
+            .blobs
+            .into_iter()
+            .filter(|item| item.name.starts_with(prefix))
+            .collect();
+        let classified: Vec<FsResult<DirEntry>> = stream::iter(items)
+            .map(|item| self.entry_of(container, prefix, item))
+            .buffered(CLASSIFY_PARALLELISM)
+            .collect()
+            .await;
+        for entry in classified {
+            entries.push(entry?);
+        }
+        Ok(entries)
+    }
+
+    async fn open(&self, path: &EntryPath, writable: bool) -> FsResult<Arc<dyn Device>> {
+        let blob = blob_path(&path.container, &path.blob, path.snapshot.as_deref())?;
+        let props = self
+            .client
+            .get_properties(&blob)
+            .await
+            .map_err(|e| blob_error(&e))?;
+        let size = props.content_length;
+        let kind = if props.blob_type == Some(BlobType::PageBlob) {
+            drive_kind(&self.client, &blob, size).await?
+        } else {
+            EntryKind::BlockBlob { size_bytes: size }
+        };
+        match kind {
+            EntryKind::Drive { .. } => {
+                let mode = if blob.snapshot.is_some() {
+                    Mode::Snapshot
+                } else if writable {
+                    Mode::ReadWrite
+                } else {
+                    Mode::ReadOnly
+                };
+                if writable && mode == Mode::Snapshot {
+                    return Err(FsError::read_only(format!("{path} is a snapshot")));
+                }
+                let opts = DriveOptions {
+                    mode,
+                    target: blob.to_string(),
+                    ..self.drive_options.clone()
+                };
+                let store = Arc::new(BlobPageStore::new(self.client.clone(), blob));
+                let drive = Drive::open(store, opts).await.map_err(drive_error)?;
+                Ok(Arc::new(DriveDevice {
+                    drive,
+                    client: self.client.clone(),
+                }))
+            }
+            _ if writable => Err(FsError::read_only(format!(
+                "{path} is not a drive (no fixed VHD footer): it is read-only"
+            ))),
+            _ => Ok(Arc::new(BlobReadDevice {
+                client: self.client.clone(),
+                path: blob,
+                size_bytes: size,
+            })),
+        }
+    }
+}
+
+/// A drive served by the drive engine.
+pub struct DriveDevice {
+    drive: Drive,
+    client: BlobClient,
+}
+
+#[async_trait]
+impl Device for DriveDevice {
+    fn size_bytes(&self) -> u64 {
+        self.drive.size_bytes()
+    }
+
+    async fn read_at(&self, offset_bytes: u64, len: usize) -> FsResult<Bytes> {
+        self.drive
+            .read_at(offset_bytes, len)
+            .await
+            .map_err(drive_error)
+    }
+
+    async fn write_at(&self, offset_bytes: u64, data: &[u8]) -> FsResult<()> {
+        self.drive
+            .write_at(offset_bytes, data)
+            .await
+            .map_err(drive_error)
+    }
+
+    async fn discard(&self, offset_bytes: u64, len_bytes: u64) -> FsResult<()> {
+        self.drive
+            .discard(offset_bytes, len_bytes)
+            .await
+            .map_err(drive_error)
+    }
+
+    async fn flush(&self) -> FsResult<()> {
+        self.drive.flush().await.map_err(drive_error)
+    }
+
+    async fn close(&self) -> FsResult<()> {
+        self.drive.close().await.map_err(drive_error)
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let mut stats = serde_json::to_value(self.drive.counters()).unwrap_or_default();
+        if let Some(map) = stats.as_object_mut() {
+            map.insert("retries".into(), self.client.retries().into());
+            map.insert("target".into(), self.drive.target().into());
+        }
+        stats
+    }
+}
+
+/// A blob that is not a drive (block blob, page blob without a footer, or a
+/// snapshot of one), read with ranged Get Blob; never written.
+pub struct BlobReadDevice {
+    client: BlobClient,
+    path: BlobPath,
+    size_bytes: u64,
+}
+
+#[async_trait]
+impl Device for BlobReadDevice {
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    async fn read_at(&self, offset_bytes: u64, len: usize) -> FsResult<Bytes> {
+        let end = (offset_bytes + len as u64).min(self.size_bytes);
+        if offset_bytes >= end {
+            return Ok(Bytes::new());
+        }
+        self.client
+            .get_blob_range(&self.path, ByteRange::new(offset_bytes, end))
+            .await
+            .map_err(|e| blob_error(&e))
+    }
+
+    async fn write_at(&self, _offset_bytes: u64, _data: &[u8]) -> FsResult<()> {
+        Err(FsError::read_only(format!("{} is read-only", self.path)))
+    }
+
+    async fn discard(&self, _offset_bytes: u64, _len_bytes: u64) -> FsResult<()> {
+        Err(FsError::read_only(format!("{} is read-only", self.path)))
+    }
+
+    async fn flush(&self) -> FsResult<()> {
+        Ok(())
+    }
+
+    async fn close(&self) -> FsResult<()> {
+        Ok(())
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        serde_json::json!({ "target": self.path.to_string(), "retries": self.client.retries() })
+    }
+}
