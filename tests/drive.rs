@@ -870,3 +870,37 @@ async fn counters_serialize_for_stats() {
     }
     drive.close().await.unwrap();
 }
+
+/// A zero sector inside a filesystem block does not split the block's
+/// upload into three requests; long zero stretches are still cleared.
+#[tokio::test]
+async fn short_zero_stretches_inside_a_block_go_out_in_one_put_page() {
+    let store = new_store(16 * MIB);
+    let o = DriveOptions {
+        flush_delay: Duration::from_secs(60),
+        ..opts(Mode::ReadWrite)
+    };
+    let drive = open(&store, o).await;
+    let mut block = pattern(3, 4096);
+    block[1024..1536].fill(0);
+    drive.write_at(MIB, &block).await.unwrap();
+    drive.flush().await.unwrap();
+    let c = drive.counters();
+    assert_eq!((c.put_page, c.clear_page), (1, 0), "{c:?}");
+    // 1 MiB of zeros in the middle of written data: cleared, not written.
+    drive
+        .write_at(2 * MIB, &pattern(4, 3 * MIB as usize))
+        .await
+        .unwrap();
+    drive.flush().await.unwrap();
+    drive
+        .write_at(3 * MIB, &vec![0u8; MIB as usize])
+        .await
+        .unwrap();
+    drive.flush().await.unwrap();
+    let c2 = drive.counters();
+    assert_eq!(c2.clear_page - c.clear_page, 1, "{c2:?}");
+    drive.close().await.unwrap();
+    assert_eq!(store.contents(ByteRange::new(MIB, MIB + 4096)), block);
+    assert_eq!(store.stored_bytes(), 4096 + 2 * MIB + 512);
+}
