@@ -66,12 +66,27 @@ fn data_area(store: &MemoryStore, data_bytes: u64) -> Vec<u8> {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { offset: u64, len: usize, seed: u8 },
-    Zeros { offset: u64, len: usize },
-    Read { offset: u64, len: usize },
-    Discard { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        len: usize,
+        seed: u8,
+    },
+    Zeros {
+        offset: u64,
+        len: usize,
+    },
+    Read {
+        offset: u64,
+        len: usize,
+    },
+    Discard {
+        offset: u64,
+        len: u64,
+    },
     Flush,
     Reopen,
+    /// The store fails the next write with a transient error.
+    Fault,
 }
 
 /// 3 MiB and a bit: not a whole number of chunks, to test the tail.
@@ -92,6 +107,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (offset, len).prop_map(|(offset, len)| Op::Discard { offset, len: len as u64 }),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
+        1 => Just(Op::Fault),
     ]
 }
 
@@ -103,6 +119,40 @@ fn model_write(model: &mut [u8], offset: u64, data: &[u8]) -> bool {
     }
     model[offset as usize..end as usize].copy_from_slice(data);
     true
+}
+
+fn transient() -> blob::Error {
+    blob::Error::service(
+        "put page",
+        "test/disk.vhd",
+        503,
+        Some("ServerBusy".into()),
+        "busy",
+    )
+}
+
+/// A write or discard either succeeded (the model already holds it) or met
+/// the injected fault in a flush it had to wait for; then, like a disk after
+/// EIO, the range holds old or new bytes, and the model adopts what the
+/// drive reads there. Everything else must still match.
+async fn failed_write(
+    drive: &Drive,
+    model: &mut [u8],
+    r: Result<(), Error>,
+    offset: u64,
+    len: u64,
+) {
+    match r {
+        Ok(()) => {}
+        Err(Error::Backend(_)) => {
+            let got = drive
+                .read_at(offset, len as usize)
+                .await
+                .expect("read after fault");
+            model[offset as usize..(offset + len) as usize].copy_from_slice(&got);
+        }
+        Err(e) => panic!("write failed: {e:?}"),
+    }
 }
 
 async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flush_delay_ms: u64) {
@@ -131,7 +181,7 @@ async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flus
                 let data = pattern(seed, len);
                 let r = drive.write_at(offset, &data).await;
                 if model_write(&mut model, offset, &data) {
-                    r.expect("write in range");
+                    failed_write(&drive, &mut model, r, offset, len as u64).await;
                 } else {
                     assert!(matches!(r, Err(Error::OutOfRange { .. })), "{r:?}");
                 }
@@ -140,7 +190,7 @@ async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flus
                 let data = vec![0u8; len];
                 let r = drive.write_at(offset, &data).await;
                 if model_write(&mut model, offset, &data) {
-                    r.expect("write in range");
+                    failed_write(&drive, &mut model, r, offset, len as u64).await;
                 } else {
                     assert!(matches!(r, Err(Error::OutOfRange { .. })), "{r:?}");
                 }
@@ -158,14 +208,19 @@ async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flus
             Op::Discard { offset, len } => {
                 let r = drive.discard(offset, len).await;
                 if offset + len <= MODEL_BYTES {
-                    r.expect("discard in range");
                     model[offset as usize..(offset + len) as usize].fill(0);
+                    failed_write(&drive, &mut model, r, offset, len).await;
                 } else {
                     assert!(matches!(r, Err(Error::OutOfRange { .. })), "{r:?}");
                 }
             }
+            Op::Fault => store.fail_next_writes(1, transient()),
             Op::Flush => {
-                drive.flush().await.expect("flush");
+                if let Err(e) = drive.flush().await {
+                    // Only the injected fault may fail it; a retry succeeds.
+                    assert!(matches!(e, Error::Backend(_)), "{e:?}");
+                    drive.flush().await.expect("flush after a transient fault");
+                }
                 assert_eq!(drive.unflushed_bytes(), 0);
                 assert!(
                     data_area(&store, MODEL_BYTES) == model,
@@ -173,7 +228,10 @@ async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flus
                 );
             }
             Op::Reopen => {
-                drive.close().await.expect("close");
+                if let Err(e) = drive.close().await {
+                    assert!(matches!(e, Error::Backend(_)), "{e:?}");
+                    drive.close().await.expect("close after a transient fault");
+                }
                 assert!(
                     data_area(&store, MODEL_BYTES) == model,
                     "store differs after close"
@@ -187,7 +245,13 @@ async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flus
             "cache over its bound: {c:?}"
         );
     }
-    drive.close().await.expect("final close");
+    if let Err(e) = drive.close().await {
+        assert!(matches!(e, Error::Backend(_)), "{e:?}");
+        drive
+            .close()
+            .await
+            .expect("final close after a transient fault");
+    }
     assert!(
         data_area(&store, MODEL_BYTES) == model,
         "store differs from model at the end"
@@ -251,8 +315,8 @@ fn concurrent_writes() -> impl Strategy<Value = Vec<Vec<TaskWrite>>> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(24), ..ProptestConfig::default() })]
 
-    /// Tasks writing disjoint regions (each task owns 1 MiB) at the same
-    /// time, with reads, flushes and a small cache: the result equals the
+    /// Tasks writing and discarding disjoint regions (each task owns 1 MiB)
+    /// at the same time, with reads, flushes and a small cache: the result equals the
     /// serial model, and each task reads back its own writes.
     #[test]
     fn concurrent_tasks_on_disjoint_ranges_match_serial_model(tasks in concurrent_writes()) {
@@ -271,8 +335,14 @@ proptest! {
                     let mut mine = vec![0u8; region as usize];
                     for (i, w) in writes.iter().enumerate() {
                         let len = w.len.min((region - w.offset) as usize);
-                        let data = pattern((t * 16 + i) as u8, len);
-                        drive.write_at(base + w.offset, &data).await.unwrap();
+                        let data = if i % 4 == 3 {
+                            drive.discard(base + w.offset, len as u64).await.unwrap();
+                            vec![0u8; len]
+                        } else {
+                            let data = pattern((t * 16 + i) as u8, len);
+                            drive.write_at(base + w.offset, &data).await.unwrap();
+                            data
+                        };
                         mine[w.offset as usize..w.offset as usize + len].copy_from_slice(&data);
                         if i % 3 == 1 {
                             drive.flush().await.unwrap();
