@@ -974,3 +974,72 @@ async fn short_zero_stretches_inside_a_block_go_out_in_one_put_page() {
     assert_eq!(store.contents(ByteRange::new(MIB, MIB + 4096)), block);
     assert_eq!(store.stored_bytes(), 4096 + 2 * MIB + 512);
 }
+
+/// A read spanning data and a hole fetches only the data parts.
+#[tokio::test]
+async fn reads_across_data_and_holes_fetch_only_the_data() {
+    let store = new_store(4 * MIB);
+    store.poke(0, &pattern(1, 8 * 512));
+    store.poke(64 * 512, &pattern(2, 8 * 512));
+    let o = DriveOptions {
+        read_ahead_bytes: 0,
+        ..opts(Mode::ReadOnly)
+    };
+    let drive = open(&store, o).await;
+    let before = store.counts();
+    let got = drive.read_at(100, 80 * 512).await.unwrap();
+    let after = store.counts();
+    assert_eq!(after.reads - before.reads, 2, "one Get Blob per data range");
+    assert_eq!(after.bytes_read - before.bytes_read, 16 * 512);
+    let mut model = vec![0u8; 4 * MIB as usize];
+    model[..4096].copy_from_slice(&pattern(1, 4096));
+    model[64 * 512..64 * 512 + 4096].copy_from_slice(&pattern(2, 4096));
+    assert!(got[..] == model[100..100 + 80 * 512]);
+    let c = drive.counters();
+    assert_eq!(c.pages_elided, 81 - 16, "{c:?}");
+    // Read again: all from the cache.
+    drive.read_at(100, 80 * 512).await.unwrap();
+    assert_eq!(store.counts().reads, after.reads);
+    assert_eq!(drive.counters().cache_hits, 81);
+}
+
+/// The lease broken while only the background flusher is writing: the
+/// flusher finds out, later writes fail, and the data stays reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_lost_in_background_flush_is_reported_to_the_next_write() {
+    let store = new_store(4 * MIB);
+    let o = DriveOptions {
+        flush_delay: Duration::from_millis(30),
+        ..opts(Mode::ReadWrite)
+    };
+    let drive = open(&store, o).await;
+    store.break_lease().await.unwrap();
+    drive.write_at(4096, &pattern(7, 4096)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let e = drive.write_at(0, b"more").await.unwrap_err();
+    assert!(matches!(e, Error::LeaseLost { .. }), "{e:?}");
+    assert_eq!(drive.unflushed_bytes(), 4096);
+    assert_eq!(
+        drive.unflushed_data(),
+        vec![(4096, bytes::Bytes::from(pattern(7, 4096)))]
+    );
+}
+
+#[test]
+fn drive_and_its_futures_can_be_shared_across_tasks() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<F: Send>(_: &F) {}
+    send_sync::<Drive>();
+    send_sync::<Error>();
+    let rt = runtime();
+    rt.block_on(async {
+        let store = new_store(MIB);
+        let drive = open(&store, opts(Mode::ReadWrite)).await;
+        let f = drive.close();
+        send(&f);
+        f.await.unwrap();
+        let f = Drive::open(store.clone() as Arc<dyn PageStore>, opts(Mode::ReadOnly));
+        send(&f);
+        f.await.unwrap();
+    });
+}
