@@ -79,6 +79,10 @@ enum Op {
         offset: u64,
         len: usize,
     },
+    /// Read on from where the last read ended (sequential: read-ahead).
+    ReadNext {
+        len: usize,
+    },
     Discard {
         offset: u64,
         len: u64,
@@ -108,6 +112,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
         1 => Just(Op::Fault),
+        3 => (1usize..200_000).prop_map(|len| Op::ReadNext { len }),
     ]
 }
 
@@ -175,7 +180,15 @@ async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flus
         ..opts(Mode::ReadWrite)
     };
     let mut drive = open(&store, o.clone()).await;
+    let mut last_end = 0u64;
     for op in ops {
+        let op = match op {
+            Op::ReadNext { len } => Op::Read {
+                offset: last_end,
+                len,
+            },
+            op => op,
+        };
         match op {
             Op::Write { offset, len, seed } => {
                 let data = pattern(seed, len);
@@ -195,7 +208,9 @@ async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flus
                     assert!(matches!(r, Err(Error::OutOfRange { .. })), "{r:?}");
                 }
             }
+            Op::ReadNext { .. } => unreachable!("turned into a read above"),
             Op::Read { offset, len } => {
+                last_end = (offset + len as u64).min(MODEL_BYTES);
                 let got = drive.read_at(offset, len).await.expect("read");
                 let start = (offset as usize).min(model.len());
                 let end = (offset as usize + len).min(model.len());
@@ -291,9 +306,15 @@ proptest! {
         preload in prop::collection::vec((0..MODEL_BYTES / 512, any::<u8>()), 0..20),
         small_cache in any::<bool>(),
         flush_delay_ms in prop_oneof![Just(0u64), Just(2), Just(10_000)],
+        threads in any::<bool>(),
     ) {
         let cache = if small_cache { 2 * MIB } else { 64 * MIB };
-        runtime().block_on(run_model(ops, preload, cache, flush_delay_ms));
+        let rt = if threads {
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+        } else {
+            runtime()
+        };
+        rt.block_on(run_model(ops, preload, cache, flush_delay_ms));
     }
 }
 
