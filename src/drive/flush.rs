@@ -274,16 +274,28 @@ impl Inner {
             return Ok(());
         }
         self.lease.check()?;
+        let began = std::time::Instant::now();
+        let dirty_bytes = self.cache.dirty_bytes();
         let refs: VecDeque<ChunkRef> = dirty.iter().filter_map(|&i| self.cache.get(i)).collect();
         let mut sends = futures::stream::iter(RunBuilder::new(self, refs))
             .map(|run| self.send_run(run))
             .buffer_unordered(self.flush_parallelism);
         let mut first_err = None;
+        let mut runs = 0u64;
         while let Some(r) = sends.next().await {
+            runs += 1;
             if let Err(e) = r {
                 first_err.get_or_insert(e);
             }
         }
+        tracing::debug!(
+            target = %self.target,
+            dirty_bytes,
+            runs,
+            elapsed_ms = began.elapsed().as_millis() as u64,
+            ok = first_err.is_none(),
+            "flush pass"
+        );
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
