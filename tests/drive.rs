@@ -1131,3 +1131,32 @@ async fn a_failed_or_cancelled_fetch_does_not_strand_its_pages() {
     let again = drive.read_at(0, 8192).await.unwrap();
     assert!(again[..] == pattern(5, 8192)[..]);
 }
+
+/// A discard whose Clear Pages fails leaves cache and blob able to agree:
+/// the cached pages become zero and dirty, and the next flush clears them.
+#[tokio::test]
+async fn failed_discard_is_completed_by_the_next_flush() {
+    let store = new_store(8 * MIB);
+    let o = DriveOptions {
+        flush_delay: Duration::from_secs(60),
+        ..opts(Mode::ReadWrite)
+    };
+    let drive = open(&store, o).await;
+    drive
+        .write_at(0, &pattern(3, 2 * MIB as usize))
+        .await
+        .unwrap();
+    drive.flush().await.unwrap();
+    store.fail_next_writes(1, transient());
+    let e = drive.discard(0, MIB).await.unwrap_err();
+    assert!(matches!(e, Error::Backend(_)), "{e:?}");
+    let got = drive.read_at(0, MIB as usize).await.unwrap();
+    assert!(got.iter().all(|&b| b == 0), "the cache reads zeros");
+    drive.flush().await.unwrap();
+    drive.close().await.unwrap();
+    assert!(store
+        .contents(ByteRange::new(0, MIB))
+        .iter()
+        .all(|&b| b == 0));
+    assert_eq!(store.stored_bytes(), MIB + 512);
+}

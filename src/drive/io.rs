@@ -8,6 +8,7 @@
 //! lock, so two read-modify-writes of one page never lose an update.
 
 use bytes::Bytes;
+use futures::StreamExt;
 
 use super::cache::ChunkRef;
 use super::chunk::{CHUNK_BYTES, CHUNK_PAGES};
@@ -212,13 +213,31 @@ impl Inner {
         let _g = self.flush_lock.lock().await;
         self.check_writable()?;
         let parts = self.extents().within(whole);
-        for part in parts {
-            add(&self.meters.clear_page, 1);
-            if let Err(e) = self.store.clear_pages(part.bytes(), self.lease.id()).await {
-                return Err(self.write_error(e));
+        let lease = self.lease.id();
+        let cleared: Vec<(PageRange, std::result::Result<(), crate::blob::Error>)> =
+            futures::stream::iter(parts)
+                .map(|part| async move {
+                    add(&self.meters.clear_page, 1);
+                    (part, self.store.clear_pages(part.bytes(), lease).await)
+                })
+                .buffer_unordered(self.flush_parallelism)
+                .collect()
+                .await;
+        let mut failed = Vec::new();
+        let mut first_err = None;
+        for (part, r) in cleared {
+            match r {
+                Ok(()) => self.extents().remove(part),
+                Err(e) => {
+                    failed.push(part);
+                    first_err.get_or_insert(self.write_error(e));
+                }
             }
-            self.extents().remove(part);
         }
+        // Cached pages become zero: clean where the blob is now zero; dirty
+        // where the clear failed (the blob may hold either), so a later
+        // flush clears them and cache and blob agree again.
+        let zeros = [0u8; PAGE_SIZE as usize];
         for idx in self
             .cache
             .present_in(chunks_of(whole.start * PAGE_SIZE, whole.end * PAGE_SIZE))
@@ -230,11 +249,22 @@ impl Inner {
             let part = intersect(span, whole);
             let mut c = r.lock();
             for page in part.start..part.end {
-                let delta = c.zero_clean((page - span.start) as usize);
+                let slot = (page - span.start) as usize;
+                let delta = if failed.iter().any(|f| page >= f.start && page < f.end) {
+                    c.write(slot * PAGE_SIZE as usize, &zeros)
+                } else {
+                    c.zero_clean(slot)
+                };
                 self.cache.note(idx, delta);
             }
         }
-        Ok(())
+        match first_err {
+            Some(e) => {
+                self.kick.notify_one();
+                Err(e)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Turn a failed Put Page / Clear Pages into the drive's error, noting a
