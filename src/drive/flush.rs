@@ -383,3 +383,22 @@ pub(super) fn spawn_background(inner: &Arc<Inner>) -> JoinHandle<()> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Class::{Data as D, ZeroHeld as H, ZeroNone as N};
+
+    #[test]
+    fn only_short_zero_stretches_between_data_are_absorbed() {
+        let mut c = vec![N, D, N, H, D, N];
+        absorb_zero_islands(&mut c);
+        assert_eq!(c, vec![N, D, D, D, D, N], "edges stay, the middle joins");
+        let mut long = vec![D];
+        long.extend(std::iter::repeat_n(H, ZERO_ISLAND_PAGES + 1));
+        long.push(D);
+        let before = long.clone();
+        absorb_zero_islands(&mut long);
+        assert_eq!(long, before, "a long zero stretch is cleared, not written");
+    }
+}
