@@ -1160,3 +1160,17 @@ async fn failed_discard_is_completed_by_the_next_flush() {
         .all(|&b| b == 0));
     assert_eq!(store.stored_bytes(), MIB + 512);
 }
+
+/// Regression (proptest seed in drive.proptest-regressions): a discard
+/// inside one page has no whole page to clear and zero-fills the bytes.
+#[tokio::test]
+async fn discard_inside_one_page_zero_fills_it() {
+    let store = new_store(4 * MIB);
+    let drive = open(&store, opts(Mode::ReadWrite)).await;
+    drive.write_at(2665472, &[9u8; 512]).await.unwrap();
+    drive.discard(2665473, 1).await.unwrap();
+    drive.close().await.unwrap();
+    let mut expect = vec![9u8; 512];
+    expect[1] = 0;
+    assert_eq!(store.contents(ByteRange::new(2665472, 2665984)), expect);
+}
