@@ -1,5 +1,29 @@
 //! Azure Blob REST client: typed operations over HTTP, no cache, no FUSE.
+//!
+//! `BlobClient` (client.rs) is the one place that builds URLs, signs,
+//! sends and retries; the operations are grouped by what they address
+//! (`containers.rs`, `blobs.rs`, `lease.rs`). Names and accounts live in
+//! `path.rs` and `account.rs`, signing in `auth.rs`, XML in `xml.rs`.
 
+pub mod account;
+mod auth;
+mod blobs;
+pub mod client;
+mod containers;
 pub mod error;
+mod lease;
+pub mod path;
+pub mod retry;
+pub mod types;
+mod xml;
 
+pub use account::{Account, Credential};
+pub use blobs::CREATE_ID_METADATA;
+pub use client::{BlobClient, API_VERSION};
 pub use error::{Error, ErrorKind, Result};
+pub use path::BlobPath;
+pub use retry::RetryPolicy;
+pub use types::{
+    BlobItem, BlobListPage, BlobListing, BlobProperties, BlobType, ContainerItem, LeaseDuration,
+    LeaseState, LeaseStatus, ListBlobsOptions, PageRangeList,
+};

@@ -1,0 +1,445 @@
+//! Which storage account to talk to and how to prove it: the account name,
+//! its blob endpoint and a credential (Shared Key, SAS token or none).
+//!
+//! Owns connection-string parsing and the account-selection order of the
+//! design (argument, `AZURE_STORAGE_CONNECTION_STRING`, `AZURE_STORAGE_ACCOUNT`
+//! with `AZURE_STORAGE_KEY` or `AZURE_STORAGE_SAS_TOKEN`, else Azurite).
+//! Invariant: no error message and no `Debug` output contains a key or a SAS
+//! signature.
+
+use std::fmt;
+
+use base64::Engine as _;
+use url::Url;
+
+use super::error::{Error, ErrorKind, Result};
+
+/// Azurite's well-known development account name.
+pub const DEV_ACCOUNT_NAME: &str = "devstoreaccount1";
+/// Azurite's well-known development account key (public, documented by Microsoft).
+pub const DEV_ACCOUNT_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+/// Azurite's blob endpoint on loopback.
+pub const DEV_BLOB_ENDPOINT: &str = "http://127.0.0.1:10000/devstoreaccount1";
+
+const OP: &str = "configure account";
+
+/// A storage account: its name, blob endpoint and credential.
+#[derive(Clone)]
+pub struct Account {
+    /// Account name, e.g. `devstoreaccount1`.
+    pub name: String,
+    /// Blob endpoint, e.g. `http://127.0.0.1:10000/devstoreaccount1` (path
+    /// style, Azurite) or `https://NAME.blob.core.windows.net`.
+    pub endpoint: Url,
+    /// How requests are authorized.
+    pub credential: Credential,
+}
+
+/// How requests are authorized.
+#[derive(Clone)]
+pub enum Credential {
+    /// Shared Key: the decoded account key.
+    SharedKey {
+        /// The account key, base64-decoded.
+        key: Vec<u8>,
+    },
+    /// A SAS token: the query string, without a leading `?`.
+    Sas(String),
+    /// No credential (public containers only).
+    Anonymous,
+}
+
+impl fmt::Debug for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credential::SharedKey { .. } => f.write_str("SharedKey { key: <redacted> }"),
+            Credential::Sas(token) => write!(f, "Sas({:?})", redact_sas(token)),
+            Credential::Anonymous => f.write_str("Anonymous"),
+        }
+    }
+}
+
+impl fmt::Debug for Account {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Account")
+            .field("name", &self.name)
+            .field("endpoint", &self.endpoint.as_str())
+            .field("credential", &self.credential)
+            .finish()
+    }
+}
+
+/// A SAS query string with the signature replaced by `<redacted>`, for logs.
+pub fn redact_sas(token: &str) -> String {
+    token
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("sig") => format!("{k}=<redacted>"),
+            _ => kv.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+fn config_error(target: &str, message: impl Into<String>) -> Error {
+    Error::other(ErrorKind::Config, OP, target, message)
+}
+
+fn decode_key(account: &str, key: &str) -> Result<Vec<u8>> {
+    base64::engine::general_purpose::STANDARD
+        .decode(key.trim())
+        .map_err(|_| config_error(account, "the account key is not valid base64"))
+}
+
+fn parse_endpoint(account: &str, s: &str) -> Result<Url> {
+    let url = Url::parse(s.trim())
+        .map_err(|e| config_error(account, format!("blob endpoint is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(config_error(
+            account,
+            "blob endpoint must be an http(s) URL with a host",
+        ));
+    }
+    if url.query().is_some() {
+        return Err(config_error(
+            account,
+            "blob endpoint must not carry a query string (pass a SAS token separately)",
+        ));
+    }
+    Ok(url)
+}
+
+/// The account name an endpoint implies: the first path segment for a
+/// path-style endpoint on an IP address or `localhost` (Azurite), otherwise
+/// the first label of the host name.
+fn account_from_endpoint(url: &Url) -> Option<String> {
+    let host = url.host_str()?;
+    let path_style =
+        host == "localhost" || host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('[');
+    if path_style {
+        url.path_segments()?
+            .find(|s| !s.is_empty())
+            .map(str::to_string)
+    } else {
+        host.split('.').next().map(str::to_string)
+    }
+}
+
+impl Account {
+    /// The Azurite development account on loopback, with its well-known key.
+    pub fn development() -> Account {
+        Account {
+            name: DEV_ACCOUNT_NAME.to_string(),
+            endpoint: Url::parse(DEV_BLOB_ENDPOINT)
+                .expect("the development endpoint is a valid URL"),
+            credential: Credential::SharedKey {
+                key: base64::engine::general_purpose::STANDARD
+                    .decode(DEV_ACCOUNT_KEY)
+                    .expect("the development key is valid base64"),
+            },
+        }
+    }
+
+    /// An account with a Shared Key on the public cloud endpoint
+    /// `https://NAME.blob.core.windows.net`.
+    pub fn with_shared_key(name: &str, key_base64: &str) -> Result<Account> {
+        let key = decode_key(name, key_base64)?;
+        Ok(Account {
+            name: name.to_string(),
+            endpoint: cloud_endpoint(name, "https", "core.windows.net")?,
+            credential: Credential::SharedKey { key },
+        })
+    }
+
+    /// An account with a SAS token on the public cloud endpoint.
+    pub fn with_sas(name: &str, sas: &str) -> Result<Account> {
+        Ok(Account {
+            name: name.to_string(),
+            endpoint: cloud_endpoint(name, "https", "core.windows.net")?,
+            credential: Credential::Sas(sas.trim().trim_start_matches('?').to_string()),
+        })
+    }
+
+    /// Parse an Azure Storage connection string: `AccountName`, `AccountKey`,
+    /// `BlobEndpoint`, `DefaultEndpointsProtocol`, `EndpointSuffix`,
+    /// `SharedAccessSignature`, or `UseDevelopmentStorage=true`. Keys are
+    /// matched case-insensitively; other keys (`QueueEndpoint`, ...) are ignored.
+    pub fn from_connection_string(s: &str) -> Result<Account> {
+        let target = "connection string";
+        let mut name = None;
+        let mut key = None;
+        let mut sas = None;
+        let mut blob_endpoint = None;
+        let mut protocol = None;
+        let mut suffix = None;
+        let mut dev = false;
+        let mut any = false;
+        for (i, part) in s.split(';').enumerate() {
+            let part = part.trim();
+            if part.is_empty() {
+                continue;
+            }
+            let Some((k, v)) = part.split_once('=') else {
+                return Err(config_error(
+                    target,
+                    format!(
+                        "malformed connection string: part {} is not KEY=VALUE",
+                        i + 1
+                    ),
+                ));
+            };
+            any = true;
+            let v = v.trim().to_string();
+            match k.trim().to_ascii_lowercase().as_str() {
+                "accountname" => name = Some(v),
+                "accountkey" => key = Some(v),
+                "sharedaccesssignature" => sas = Some(v),
+                "blobendpoint" => blob_endpoint = Some(v),
+                "defaultendpointsprotocol" => protocol = Some(v),
+                "endpointsuffix" => suffix = Some(v),
+                "usedevelopmentstorage" => {
+                    if !v.eq_ignore_ascii_case("true") {
+                        return Err(config_error(
+                            target,
+                            "malformed connection string: UseDevelopmentStorage must be true",
+                        ));
+                    }
+                    dev = true;
+                }
+                _ => {}
+            }
+        }
+        if !any {
+            return Err(config_error(target, "the connection string is empty"));
+        }
+        if dev {
+            return Ok(Account::development());
+        }
+        let endpoint = match (&blob_endpoint, &name) {
+            (Some(e), _) => parse_endpoint(name.as_deref().unwrap_or(target), e)?,
+            (None, Some(n)) => {
+                let proto = protocol.as_deref().unwrap_or("https").to_ascii_lowercase();
+                if proto != "http" && proto != "https" {
+                    return Err(config_error(
+                        n,
+                        "malformed connection string: DefaultEndpointsProtocol must be http or https",
+                    ));
+                }
+                cloud_endpoint(n, &proto, suffix.as_deref().unwrap_or("core.windows.net"))?
+            }
+            (None, None) => {
+                return Err(config_error(
+                    target,
+                    "malformed connection string: it needs AccountName (or BlobEndpoint), or UseDevelopmentStorage=true",
+                ))
+            }
+        };
+        let name = match name {
+            Some(n) if !n.is_empty() => n,
+            _ => account_from_endpoint(&endpoint).ok_or_else(|| {
+                config_error(
+                    target,
+                    "malformed connection string: AccountName is missing",
+                )
+            })?,
+        };
+        let credential = match (key, sas) {
+            (Some(k), _) => Credential::SharedKey {
+                key: decode_key(&name, &k)?,
+            },
+            (None, Some(t)) => Credential::Sas(t.trim_start_matches('?').to_string()),
+            (None, None) => Credential::Anonymous,
+        };
+        Ok(Account {
+            name,
+            endpoint,
+            credential,
+        })
+    }
+
+    /// Choose the account as the design says: `connection_string` (the
+    /// command-line argument) first, then `AZURE_STORAGE_CONNECTION_STRING`,
+    /// then `AZURE_STORAGE_ACCOUNT` with `AZURE_STORAGE_KEY` or
+    /// `AZURE_STORAGE_SAS_TOKEN`, else the development account (Azurite).
+    pub fn from_env(connection_string: Option<&str>) -> Result<Account> {
+        Self::from_lookup(connection_string, |k| std::env::var(k).ok())
+    }
+
+    /// [`Account::from_env`] with an explicit variable lookup (for tests).
+    pub fn from_lookup(
+        connection_string: Option<&str>,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Account> {
+        let get = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
+        if let Some(cs) = connection_string {
+            return Account::from_connection_string(cs);
+        }
+        if let Some(cs) = get("AZURE_STORAGE_CONNECTION_STRING") {
+            return Account::from_connection_string(&cs);
+        }
+        if let Some(name) = get("AZURE_STORAGE_ACCOUNT") {
+            if let Some(key) = get("AZURE_STORAGE_KEY") {
+                return Account::with_shared_key(&name, &key);
+            }
+            if let Some(sas) = get("AZURE_STORAGE_SAS_TOKEN") {
+                return Account::with_sas(&name, &sas);
+            }
+            return Err(config_error(
+                &name,
+                "AZURE_STORAGE_ACCOUNT is set but neither AZURE_STORAGE_KEY nor AZURE_STORAGE_SAS_TOKEN is",
+            ));
+        }
+        Ok(Account::development())
+    }
+
+    /// A connection string for this account (used to hand the same account
+    /// to other tools, e.g. the Python SDK in tests). Contains the key.
+    pub fn connection_string(&self) -> String {
+        let mut s = format!(
+            "AccountName={};BlobEndpoint={}",
+            self.name,
+            self.endpoint.as_str().trim_end_matches('/')
+        );
+        match &self.credential {
+            Credential::SharedKey { key } => {
+                s.push_str(";AccountKey=");
+                s.push_str(&base64::engine::general_purpose::STANDARD.encode(key));
+            }
+            Credential::Sas(t) => {
+                s.push_str(";SharedAccessSignature=");
+                s.push_str(t);
+            }
+            Credential::Anonymous => {}
+        }
+        s
+    }
+}
+
+fn cloud_endpoint(name: &str, proto: &str, suffix: &str) -> Result<Url> {
+    let valid = (3..=24).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if !valid {
+        return Err(config_error(
+            name,
+            "account name must be 3-24 lowercase letters or digits",
+        ));
+    }
+    parse_endpoint(name, &format!("{proto}://{name}.blob.{suffix}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "a2V5LWZvci10ZXN0cy1vbmx5LTEyMzQ1Njc4OTA=";
+
+    #[test]
+    fn development_storage_is_azurite() {
+        let a = Account::from_connection_string("UseDevelopmentStorage=true").unwrap();
+        assert_eq!(a.name, "devstoreaccount1");
+        assert_eq!(
+            a.endpoint.as_str(),
+            "http://127.0.0.1:10000/devstoreaccount1"
+        );
+    }
+
+    #[test]
+    fn cloud_connection_string_builds_endpoint() {
+        let a = Account::from_connection_string(&format!(
+            "DefaultEndpointsProtocol=https;AccountName=myacct;AccountKey={KEY};EndpointSuffix=core.chinacloudapi.cn"
+        ))
+        .unwrap();
+        assert_eq!(
+            a.endpoint.as_str(),
+            "https://myacct.blob.core.chinacloudapi.cn/"
+        );
+        assert!(matches!(a.credential, Credential::SharedKey { .. }));
+    }
+
+    #[test]
+    fn explicit_blob_endpoint_and_sas() {
+        let a = Account::from_connection_string(
+            "BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;SharedAccessSignature=sv=2021-08-06&sig=SECRETSIG",
+        )
+        .unwrap();
+        assert_eq!(a.name, "devstoreaccount1");
+        let dbg = format!("{a:?}");
+        assert!(!dbg.contains("SECRETSIG"), "{dbg}");
+        assert!(dbg.contains("sig=<redacted>"), "{dbg}");
+    }
+
+    #[test]
+    fn malformed_connection_strings_are_refused_without_echoing_key() {
+        for bad in [
+            "",
+            "garbage",
+            "AccountKey=abc",
+            "AccountName=x;AccountKey=!!notbase64!!",
+            "UseDevelopmentStorage=false",
+            "AccountName=myacct;DefaultEndpointsProtocol=ftp",
+        ] {
+            let e = Account::from_connection_string(bad).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Config, "{bad}: {e}");
+            assert!(!e.to_string().contains("notbase64"), "{e}");
+        }
+    }
+
+    #[test]
+    fn debug_never_prints_the_key() {
+        let a = Account::development();
+        let dbg = format!("{a:?}");
+        assert!(!dbg.contains(DEV_ACCOUNT_KEY));
+        assert!(dbg.contains("redacted"));
+    }
+
+    #[test]
+    fn selection_order_follows_the_design() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        // Nothing set: development storage.
+        let a = Account::from_lookup(None, env(&[])).unwrap();
+        assert_eq!(a.name, DEV_ACCOUNT_NAME);
+        // The argument wins over the environment.
+        let a = Account::from_lookup(
+            Some("AccountName=argacct;AccountKey=a2V5"),
+            env(&[(
+                "AZURE_STORAGE_CONNECTION_STRING",
+                "AccountName=envacct;AccountKey=a2V5",
+            )]),
+        )
+        .unwrap();
+        assert_eq!(a.name, "argacct");
+        // The connection string wins over account + key.
+        let a = Account::from_lookup(
+            None,
+            env(&[
+                (
+                    "AZURE_STORAGE_CONNECTION_STRING",
+                    "AccountName=envacct;AccountKey=a2V5",
+                ),
+                ("AZURE_STORAGE_ACCOUNT", "other"),
+                ("AZURE_STORAGE_KEY", "a2V5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(a.name, "envacct");
+        let a = Account::from_lookup(
+            None,
+            env(&[
+                ("AZURE_STORAGE_ACCOUNT", "acct1"),
+                ("AZURE_STORAGE_SAS_TOKEN", "?sv=1&sig=x"),
+            ]),
+        )
+        .unwrap();
+        assert!(matches!(&a.credential, Credential::Sas(t) if t == "sv=1&sig=x"));
+        assert!(Account::from_lookup(None, env(&[("AZURE_STORAGE_ACCOUNT", "acct1")])).is_err());
+    }
+}

@@ -1,0 +1,376 @@
+//! Blob-level operations: properties, create (page and small block blobs),
+//! Put Page (update and clear), Get Page Ranges, ranged reads, snapshot,
+//! resize, metadata and delete.
+//!
+//! Invariants: a Put Page body is 512-aligned and at most 4 MiB, checked
+//! before sending (Azurite does not enforce the limit); a create never
+//! replaces an existing blob; a ranged read returns exactly the bytes asked
+//! for or fails; nothing writes to a snapshot.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use reqwest::Method;
+use uuid::Uuid;
+
+use super::client::{BlobClient, Request, Resource, Response};
+use super::error::{Error, ErrorKind, Result};
+use super::path::BlobPath;
+use super::types::{
+    BlobProperties, BlobType, LeaseDuration, LeaseState, LeaseStatus, PageRangeList,
+};
+use super::xml;
+use crate::units::{ByteRange, MAX_PAGE_BLOB_BYTES, MAX_PUT_PAGE_BYTES, PAGE_SIZE};
+
+/// Metadata key a create stamps on the blob, so that a create retried after
+/// a lost answer recognises its own blob instead of reporting a conflict.
+pub const CREATE_ID_METADATA: &str = "blobdrivecreateid";
+
+/// Largest block blob `put_block_blob` sends in one request.
+const MAX_SINGLE_PUT_BYTES: usize = 256 * 1024 * 1024;
+
+fn invalid(op: &'static str, path: &BlobPath, msg: impl Into<String>) -> Error {
+    Error::other(ErrorKind::InvalidInput, op, path.to_string(), msg)
+}
+
+fn no_snapshot(op: &'static str, path: &BlobPath) -> Result<()> {
+    if path.snapshot.is_some() {
+        return Err(invalid(op, path, "a snapshot is read-only"));
+    }
+    Ok(())
+}
+
+fn check_blob_size(op: &'static str, path: &BlobPath, size_bytes: u64) -> Result<()> {
+    if size_bytes % PAGE_SIZE != 0 || size_bytes > MAX_PAGE_BLOB_BYTES {
+        return Err(invalid(
+            op,
+            path,
+            format!("page blob size {size_bytes} must be a multiple of 512 and at most 8 TiB"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_aligned(op: &'static str, path: &BlobPath, range: ByteRange) -> Result<()> {
+    if range.start % PAGE_SIZE != 0 || range.end % PAGE_SIZE != 0 || range.is_empty() {
+        return Err(invalid(
+            op,
+            path,
+            format!(
+                "range {}..{} must be non-empty and 512-byte aligned",
+                range.start, range.end
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `bytes=S-E` (inclusive) for a non-empty half-open range.
+fn range_header(range: ByteRange) -> String {
+    format!("bytes={}-{}", range.start, range.end - 1)
+}
+
+fn metadata_headers(
+    op: &'static str,
+    path: &BlobPath,
+    metadata: &[(String, String)],
+) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::with_capacity(metadata.len());
+    for (k, v) in metadata {
+        let ident = k
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ident {
+            return Err(invalid(
+                op,
+                path,
+                format!("metadata name {k:?} must be a C# identifier (letters, digits, _)"),
+            ));
+        }
+        if !v.bytes().all(|b| (0x20..0x7f).contains(&b)) || v.trim() != v {
+            return Err(invalid(
+                op,
+                path,
+                format!("metadata value of {k} must be printable ASCII without leading or trailing spaces"),
+            ));
+        }
+        out.push((format!("x-ms-meta-{}", k.to_ascii_lowercase()), v.clone()));
+    }
+    Ok(out)
+}
+
+fn properties_from(resp: &Response) -> BlobProperties {
+    let h = |n: &str| resp.header(n).map(str::to_string);
+    let metadata: BTreeMap<String, String> = resp
+        .headers
+        .iter()
+        .filter_map(|(k, v)| {
+            let name = k.as_str().strip_prefix("x-ms-meta-")?;
+            Some((name.to_string(), v.to_str().ok()?.to_string()))
+        })
+        .collect();
+    BlobProperties {
+        blob_type: resp.header("x-ms-blob-type").and_then(BlobType::parse),
+        content_length: resp
+            .header("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        etag: h("etag"),
+        last_modified: h("last-modified"),
+        creation_time: h("x-ms-creation-time"),
+        lease_state: resp.header("x-ms-lease-state").and_then(LeaseState::parse),
+        lease_status: resp
+            .header("x-ms-lease-status")
+            .and_then(LeaseStatus::parse),
+        lease_duration: resp
+            .header("x-ms-lease-duration")
+            .and_then(LeaseDuration::parse),
+        content_type: h("content-type"),
+        content_md5: h("content-md5"),
+        sequence_number: resp
+            .header("x-ms-blob-sequence-number")
+            .and_then(|v| v.parse().ok()),
+        metadata,
+    }
+}
+
+impl BlobClient {
+    /// Properties of a blob or snapshot (type, size, lease, metadata, ...).
+    pub async fn get_properties(&self, path: &BlobPath) -> Result<BlobProperties> {
+        let req = Request::new("get properties", Method::HEAD, Resource::Blob(path));
+        let resp = self.execute(req).await.0?;
+        Ok(properties_from(&resp))
+    }
+
+    /// Create an empty page blob of `size_bytes` (a multiple of 512, at most
+    /// 8 TiB). Never replaces an existing blob: then the error satisfies
+    /// [`Error::is_already_exists`].
+    pub async fn create_page_blob(&self, path: &BlobPath, size_bytes: u64) -> Result<()> {
+        const OP: &str = "create page blob";
+        no_snapshot(OP, path)?;
+        check_blob_size(OP, path, size_bytes)?;
+        let create_id = Uuid::new_v4().to_string();
+        let req = Request::new(OP, Method::PUT, Resource::Blob(path))
+            .header("x-ms-blob-type", "PageBlob")
+            .header("x-ms-blob-content-length", size_bytes.to_string())
+            .header("if-none-match", "*")
+            .header(
+                &format!("x-ms-meta-{CREATE_ID_METADATA}"),
+                create_id.clone(),
+            );
+        match self.execute(req).await {
+            (Ok(_), _) => Ok(()),
+            (Err(e), attempts) if attempts > 1 && e.is_already_exists() => {
+                // Did an earlier attempt of ours create it?
+                let props = self.get_properties(path).await.map_err(|_| e.clone())?;
+                if props.metadata.get(CREATE_ID_METADATA) == Some(&create_id) {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    /// Create or replace a small block blob holding `data` (fixtures, tests).
+    pub async fn put_block_blob(&self, path: &BlobPath, data: Bytes) -> Result<()> {
+        const OP: &str = "put block blob";
+        no_snapshot(OP, path)?;
+        if data.len() > MAX_SINGLE_PUT_BYTES {
+            return Err(invalid(
+                OP,
+                path,
+                "block blob too large for one request (256 MiB)",
+            ));
+        }
+        let req = Request::new(OP, Method::PUT, Resource::Blob(path))
+            .header("x-ms-blob-type", "BlockBlob")
+            .body(data);
+        self.execute(req).await.0.map(|_| ())
+    }
+
+    /// Write `data` (512-aligned length, at most 4 MiB) at `offset_bytes`
+    /// (512-aligned). Refused before sending when the shape is wrong.
+    pub async fn put_pages(
+        &self,
+        path: &BlobPath,
+        offset_bytes: u64,
+        data: Bytes,
+        lease_id: Option<&str>,
+    ) -> Result<()> {
+        const OP: &str = "put page";
+        no_snapshot(OP, path)?;
+        let len = data.len() as u64;
+        if len > MAX_PUT_PAGE_BYTES {
+            return Err(invalid(
+                OP,
+                path,
+                format!("a Put Page carries at most 4 MiB ({MAX_PUT_PAGE_BYTES} bytes), not {len}"),
+            ));
+        }
+        let range = ByteRange::new(offset_bytes, offset_bytes.saturating_add(len));
+        check_aligned(OP, path, range)?;
+        let req = Request::new(OP, Method::PUT, Resource::Blob(path))
+            .query("comp", "page")
+            .header("x-ms-page-write", "update")
+            .header("x-ms-range", range_header(range))
+            .lease(lease_id)
+            .body(data);
+        self.execute(req).await.0.map(|_| ())
+    }
+
+    /// Clear (zero and deallocate) the 512-aligned `range`, of any length.
+    pub async fn clear_pages(
+        &self,
+        path: &BlobPath,
+        range: ByteRange,
+        lease_id: Option<&str>,
+    ) -> Result<()> {
+        const OP: &str = "clear pages";
+        no_snapshot(OP, path)?;
+        check_aligned(OP, path, range)?;
+        let req = Request::new(OP, Method::PUT, Resource::Blob(path))
+            .query("comp", "page")
+            .header("x-ms-page-write", "clear")
+            .header("x-ms-range", range_header(range))
+            .lease(lease_id);
+        self.execute(req).await.0.map(|_| ())
+    }
+
+    /// The ranges holding data within `within` (the whole blob when `None`)
+    /// in one query (following the service's markers if it paginates), and
+    /// the blob size. Ranges are half-open, sorted, as the service gave them
+    /// (not clipped to `within`).
+    pub async fn get_page_ranges(
+        &self,
+        path: &BlobPath,
+        within: Option<ByteRange>,
+    ) -> Result<PageRangeList> {
+        const OP: &str = "get page ranges";
+        if let Some(w) = within {
+            if w.is_empty() {
+                return Err(invalid(OP, path, "empty range"));
+            }
+        }
+        let mut out = PageRangeList::default();
+        let mut marker: Option<String> = None;
+        loop {
+            let mut req =
+                Request::new(OP, Method::GET, Resource::Blob(path)).query("comp", "pagelist");
+            if let Some(w) = within {
+                req = req.header("x-ms-range", range_header(w));
+            }
+            if let Some(m) = &marker {
+                req = req.query("marker", m.clone());
+            }
+            let resp = self.execute(req).await.0?;
+            out.blob_size_bytes = resp
+                .header("x-ms-blob-content-length")
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| {
+                    Error::other(
+                        ErrorKind::Protocol,
+                        OP,
+                        path.to_string(),
+                        "answer lacks x-ms-blob-content-length",
+                    )
+                })?;
+            let (ranges, next) = xml::parse_page_list(&resp.body)
+                .map_err(|m| Error::other(ErrorKind::Protocol, OP, path.to_string(), m))?;
+            out.ranges.extend(ranges);
+            match next {
+                Some(m) => marker = Some(m),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// Read `range` of a blob or snapshot: exactly `range.len()` bytes, or an
+    /// error (a short body is retried, then reported).
+    pub async fn get_blob_range(&self, path: &BlobPath, range: ByteRange) -> Result<Bytes> {
+        if range.is_empty() {
+            return Ok(Bytes::new());
+        }
+        let mut req = Request::new("get blob", Method::GET, Resource::Blob(path))
+            .header("x-ms-range", range_header(range));
+        req.expect_body_len = Some(range.len());
+        Ok(self.execute(req).await.0?.body)
+    }
+
+    /// Take a snapshot; returns its time (address it with
+    /// `path.clone().with_snapshot(Some(&time))`).
+    pub async fn snapshot(&self, path: &BlobPath) -> Result<String> {
+        const OP: &str = "snapshot";
+        no_snapshot(OP, path)?;
+        let req = Request::new(OP, Method::PUT, Resource::Blob(path)).query("comp", "snapshot");
+        let resp = self.execute(req).await.0?;
+        resp.header("x-ms-snapshot")
+            .map(str::to_string)
+            .ok_or_else(|| {
+                Error::other(
+                    ErrorKind::Protocol,
+                    OP,
+                    path.to_string(),
+                    "answer lacks x-ms-snapshot",
+                )
+            })
+    }
+
+    /// Change the size of a page blob (a multiple of 512, at most 8 TiB).
+    pub async fn resize(
+        &self,
+        path: &BlobPath,
+        size_bytes: u64,
+        lease_id: Option<&str>,
+    ) -> Result<()> {
+        const OP: &str = "resize";
+        no_snapshot(OP, path)?;
+        check_blob_size(OP, path, size_bytes)?;
+        let req = Request::new(OP, Method::PUT, Resource::Blob(path))
+            .query("comp", "properties")
+            .header("x-ms-blob-content-length", size_bytes.to_string())
+            .lease(lease_id);
+        self.execute(req).await.0.map(|_| ())
+    }
+
+    /// Replace the blob's metadata with `metadata` (names are C#
+    /// identifiers, values printable ASCII).
+    pub async fn set_metadata(
+        &self,
+        path: &BlobPath,
+        metadata: &[(String, String)],
+        lease_id: Option<&str>,
+    ) -> Result<()> {
+        const OP: &str = "set metadata";
+        no_snapshot(OP, path)?;
+        let mut req = Request::new(OP, Method::PUT, Resource::Blob(path))
+            .query("comp", "metadata")
+            .lease(lease_id);
+        req.headers.extend(metadata_headers(OP, path, metadata)?);
+        self.execute(req).await.0.map(|_| ())
+    }
+
+    /// Delete a blob (with its snapshots when `include_snapshots`), or just
+    /// the snapshot `path` names.
+    pub async fn delete_blob(
+        &self,
+        path: &BlobPath,
+        include_snapshots: bool,
+        lease_id: Option<&str>,
+    ) -> Result<()> {
+        let mut req =
+            Request::new("delete blob", Method::DELETE, Resource::Blob(path)).lease(lease_id);
+        if include_snapshots && path.snapshot.is_none() {
+            req = req.header("x-ms-delete-snapshots", "include");
+        }
+        match self.execute(req).await {
+            (Ok(_), _) => Ok(()),
+            // A retry after a first attempt that did delete it.
+            (Err(e), attempts) if attempts > 1 && e.code() == Some("BlobNotFound") => Ok(()),
+            (Err(e), _) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! `BlobClient`: one HTTP client for one account, and the single place that
+//! builds URLs, signs, sends, retries and turns answers into errors.
+//!
+//! The typed operations live beside it (`containers.rs`, `blobs.rs`,
+//! `lease.rs`) and describe each request as a [`Request`]. Invariants: every
+//! request carries the same `x-ms-version`; every attempt is re-signed with a
+//! fresh `x-ms-date`; a body shorter than the caller expects is never
+//! returned as success; nothing logged or put in an error holds the key, the
+//! `Authorization` header or a SAS signature.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::Method;
+use tracing::debug;
+
+use super::account::{Account, Credential};
+use super::auth::{self, Signable};
+use super::error::{Error, ErrorKind, Result};
+use super::path::{encode_component, BlobPath};
+use super::retry::RetryPolicy;
+use super::xml;
+
+/// The REST API version sent with every request.
+pub const API_VERSION: &str = "2021-12-02";
+
+/// What a request is aimed at.
+pub(crate) enum Resource<'a> {
+    /// The account itself (list containers).
+    Account,
+    /// A container.
+    Container(&'a str),
+    /// A blob; its snapshot, if any, is added to the query.
+    Blob(&'a BlobPath),
+}
+
+/// One REST request, before signing.
+pub(crate) struct Request<'a> {
+    /// Operation name for errors and logs (`"put page"`).
+    pub op: &'static str,
+    pub method: Method,
+    pub resource: Resource<'a>,
+    /// Query parameters, decoded (encoded when the URL is built).
+    pub query: Vec<(&'static str, String)>,
+    /// Extra headers (names lower case).
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+    /// When set, a response body of any other length is a (retried) failure.
+    pub expect_body_len: Option<u64>,
+}
+
+impl<'a> Request<'a> {
+    pub(crate) fn new(op: &'static str, method: Method, resource: Resource<'a>) -> Self {
+        Request {
+            op,
+            method,
+            resource,
+            query: Vec::new(),
+            headers: Vec::new(),
+            body: Bytes::new(),
+            expect_body_len: None,
+        }
+    }
+
+    pub(crate) fn query(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.query.push((name, value.into()));
+        self
+    }
+
+    pub(crate) fn header(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.headers.push((name.to_ascii_lowercase(), value.into()));
+        self
+    }
+
+    pub(crate) fn lease(self, lease_id: Option<&str>) -> Self {
+        match lease_id {
+            Some(id) => self.header("x-ms-lease-id", id),
+            None => self,
+        }
+    }
+
+    pub(crate) fn body(mut self, body: Bytes) -> Self {
+        self.body = body;
+        self
+    }
+}
+
+/// A successful answer, body read in full.
+pub(crate) struct Response {
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Response {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+struct Inner {
+    account: Account,
+    http: reqwest::Client,
+    retries: AtomicU64,
+}
+
+/// An Azure Blob REST client for one account. Cheap to clone: clones share
+/// one connection pool and one retry counter.
+#[derive(Clone)]
+pub struct BlobClient {
+    inner: Arc<Inner>,
+    policy: RetryPolicy,
+}
+
+impl std::fmt::Debug for BlobClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobClient")
+            .field("account", &self.inner.account)
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl BlobClient {
+    /// A client for `account` with the default retry policy.
+    pub fn new(account: Account) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(50))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| {
+                Error::other(
+                    ErrorKind::Config,
+                    "create client",
+                    &account.name,
+                    format!("cannot build the HTTP client: {}", e.without_url()),
+                )
+            })?;
+        Ok(BlobClient {
+            inner: Arc::new(Inner {
+                account,
+                http,
+                retries: AtomicU64::new(0),
+            }),
+            policy: RetryPolicy::default(),
+        })
+    }
+
+    /// The same client (same connections and counter) with another retry policy.
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The retry policy in force.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        self.policy
+    }
+
+    /// The account name.
+    pub fn account_name(&self) -> &str {
+        &self.inner.account.name
+    }
+
+    /// The account (name, endpoint, credential).
+    pub fn account(&self) -> &Account {
+        &self.inner.account
+    }
+
+    /// Retries made so far by this client and its clones.
+    pub fn retries(&self) -> u64 {
+        self.inner.retries.load(Ordering::Relaxed)
+    }
+
+    fn target(&self, r: &Resource<'_>) -> String {
+        match r {
+            Resource::Account => self.inner.account.name.clone(),
+            Resource::Container(c) => c.to_string(),
+            Resource::Blob(p) => p.to_string(),
+        }
+    }
+
+    /// The URL path as sent (encoded) and the full URL with the query.
+    fn url(&self, req: &Request<'_>) -> (String, String) {
+        let ep = &self.inner.account.endpoint;
+        let base_path = ep.path().trim_end_matches('/');
+        let path = match &req.resource {
+            Resource::Account => format!("{base_path}/"),
+            Resource::Container(c) => format!("{base_path}/{}", encode_component(c)),
+            Resource::Blob(p) => format!("{base_path}/{}", p.url_path()),
+        };
+        let mut url = format!(
+            "{}://{}{}",
+            ep.scheme(),
+            &ep[url::Position::BeforeHost..url::Position::AfterPort],
+            path
+        );
+        let mut sep = '?';
+        for (k, v) in self.full_query(req) {
+            url.push(sep);
+            url.push_str(k);
+            url.push('=');
+            url.push_str(&encode_component(&v));
+            sep = '&';
+        }
+        if let Credential::Sas(token) = &self.inner.account.credential {
+            if !token.is_empty() {
+                url.push(sep);
+                url.push_str(token);
+            }
+        }
+        (path, url)
+    }
+
+    fn full_query(&self, req: &Request<'_>) -> Vec<(&'static str, String)> {
+        let mut q = req.query.clone();
+        if let Resource::Blob(BlobPath {
+            snapshot: Some(s), ..
+        }) = &req.resource
+        {
+            q.push(("snapshot", s.clone()));
+        }
+        q
+    }
+
+    /// Send `req`, retrying transient failures. Returns the outcome and the
+    /// number of attempts made (callers use it to recognise the answer to a
+    /// retried request whose first attempt may have succeeded).
+    pub(crate) async fn execute(&self, req: Request<'_>) -> (Result<Response>, u32) {
+        let started = Instant::now();
+        let target = self.target(&req.resource);
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let remaining = self.policy.max_total.saturating_sub(started.elapsed());
+            let timeout = self
+                .policy
+                .attempt_timeout
+                .min(remaining.max(Duration::from_secs(1)));
+            let outcome = self.attempt(&req, &target, timeout).await;
+            let retryable = match &outcome {
+                Ok(_) => false,
+                Err((e, short_body)) => *short_body || e.is_transient(),
+            };
+            if !retryable {
+                return (outcome.map_err(|(e, _)| e), attempt);
+            }
+            let (mut err, _) = outcome.err().expect("a retryable outcome is an error");
+            let delay = self.policy.delay(attempt);
+            let out_of_time = started.elapsed() + delay > self.policy.max_total;
+            if attempt >= self.policy.max_attempts || out_of_time {
+                if attempt > 1 {
+                    err.message = format!(
+                        "{} (gave up after {attempt} attempts in {:.1} s)",
+                        err.message,
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+                return (Err(err), attempt);
+            }
+            debug!(op = req.op, target = %target, attempt, delay_ms = delay.as_millis() as u64, error = %err, "retrying");
+            self.inner.retries.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// One attempt. The error's flag says "short body" (retryable although
+    /// its kind is `Protocol`).
+    async fn attempt(
+        &self,
+        req: &Request<'_>,
+        target: &str,
+        timeout: Duration,
+    ) -> std::result::Result<Response, (Error, bool)> {
+        let account = &self.inner.account;
+        let (path, url) = self.url(req);
+        let mut headers = req.headers.clone();
+        headers.push(("x-ms-version".into(), API_VERSION.into()));
+        headers.push((
+            "x-ms-date".into(),
+            httpdate::fmt_http_date(SystemTime::now()),
+        ));
+        if let Credential::SharedKey { key } = &account.credential {
+            let query: Vec<(String, String)> = self
+                .full_query(req)
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+            let authz = auth::authorization(
+                &account.name,
+                key,
+                &Signable {
+                    method: req.method.as_str(),
+                    headers: &headers,
+                    content_length: req.body.len() as u64,
+                    account: &account.name,
+                    url_path: &path,
+                    query: &query,
+                },
+            );
+            headers.push(("authorization".into(), authz));
+        }
+        let mut map = HeaderMap::with_capacity(headers.len());
+        for (k, v) in &headers {
+            let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
+                (
+                    self.invalid(req.op, target, format!("bad header name {k:?}")),
+                    false,
+                )
+            })?;
+            let value = HeaderValue::from_str(v).map_err(|_| {
+                (
+                    self.invalid(
+                        req.op,
+                        target,
+                        format!("header {k} has a value HTTP cannot carry"),
+                    ),
+                    false,
+                )
+            })?;
+            map.insert(name, value);
+        }
+        if req.body.is_empty() && req.method == Method::PUT {
+            // hyper omits a zero Content-Length; the service requires it on
+            // Put Blob (411) and Azurite answers 400 without it.
+            map.insert(
+                reqwest::header::CONTENT_LENGTH,
+                HeaderValue::from_static("0"),
+            );
+        }
+        let started = Instant::now();
+        let sent = self
+            .inner
+            .http
+            .request(req.method.clone(), url)
+            .headers(map)
+            .body(req.body.clone())
+            .timeout(timeout)
+            .send()
+            .await;
+        let resp = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                let err = self.transport(req.op, target, e);
+                debug!(method = %req.method, op = req.op, target, error = %err.message, "request failed");
+                return Err((err, false));
+            }
+        };
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = match resp.bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                let err = self.transport(req.op, target, e);
+                debug!(method = %req.method, op = req.op, target, status, error = %err.message, "body read failed");
+                return Err((err, false));
+            }
+        };
+        debug!(
+            method = %req.method,
+            op = req.op,
+            target,
+            status,
+            bytes_out = req.body.len(),
+            bytes_in = body.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "request"
+        );
+        if (200..300).contains(&status) {
+            if let Some(want) = req.expect_body_len {
+                if body.len() as u64 != want {
+                    let e = Error::other(
+                        ErrorKind::Protocol,
+                        req.op,
+                        target,
+                        format!("short body: got {} of {want} bytes", body.len()),
+                    );
+                    return Err((e, true));
+                }
+            }
+            return Ok(Response { headers, body });
+        }
+        Err((
+            self.service_error(req.op, target, status, &headers, &body),
+            false,
+        ))
+    }
+
+    fn invalid(&self, op: &'static str, target: &str, msg: String) -> Error {
+        Error::other(ErrorKind::InvalidInput, op, target, msg)
+    }
+
+    fn transport(&self, op: &'static str, target: &str, e: reqwest::Error) -> Error {
+        let what = if e.is_timeout() {
+            "timed out"
+        } else if e.is_connect() {
+            "could not connect"
+        } else {
+            "connection failed"
+        };
+        // Without its URL: the URL may hold a SAS signature.
+        let e = e.without_url();
+        let mut msg = format!("{what}: {e}");
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            src = s.source();
+        }
+        let host = self.inner.account.endpoint.host_str().unwrap_or_default();
+        Error::other(
+            ErrorKind::Transport,
+            op,
+            target,
+            format!("{msg} (endpoint {host})"),
+        )
+    }
+
+    fn service_error(
+        &self,
+        op: &'static str,
+        target: &str,
+        status: u16,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Error {
+        let parsed = xml::parse_error(body);
+        let code = headers
+            .get("x-ms-error-code")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .or_else(|| parsed.as_ref().and_then(|(c, _)| c.clone()));
+        let service_msg = parsed
+            .map(|(_, m)| m.lines().next().unwrap_or_default().trim().to_string())
+            .unwrap_or_default();
+        let message = match status {
+            401 | 403 => format!(
+                "the service refused the credentials for account '{}': check the account key or SAS token (and that it allows this operation)",
+                self.inner.account.name
+            ),
+            _ if !service_msg.is_empty() => service_msg,
+            _ => reqwest::StatusCode::from_u16(status)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("")
+                .to_string(),
+        };
+        Error::service(op, target, status, code, message)
+    }
+}

@@ -1,0 +1,342 @@
+//! Parsing the service's XML: container and blob listings
+//! (`EnumerationResults`), page lists (`PageList`) and error bodies
+//! (`<Error><Code/><Message/></Error>`).
+//!
+//! The document is first read into a small element tree (bodies are at most
+//! a few MiB), then the typed results are picked out of it. Unknown elements
+//! are ignored, so newer service versions do not break parsing.
+
+use std::collections::BTreeMap;
+
+use percent_encoding::percent_decode_str;
+use quick_xml::events::Event;
+use quick_xml::Reader;
+
+use super::types::{
+    BlobItem, BlobListPage, BlobType, ContainerItem, LeaseDuration, LeaseState, LeaseStatus,
+};
+use crate::units::ByteRange;
+
+/// One XML element: name, attributes, text and child elements.
+#[derive(Debug, Default)]
+pub(crate) struct Node {
+    pub name: String,
+    pub attrs: Vec<(String, String)>,
+    pub text: String,
+    pub children: Vec<Node>,
+}
+
+impl Node {
+    fn child(&self, name: &str) -> Option<&Node> {
+        self.children.iter().find(|c| c.name == name)
+    }
+
+    fn children<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Node> + 'a {
+        self.children.iter().filter(move |c| c.name == name)
+    }
+
+    fn text_of(&self, name: &str) -> Option<String> {
+        self.child(name).map(|c| c.text.clone())
+    }
+
+    fn nonempty_text_of(&self, name: &str) -> Option<String> {
+        self.text_of(name).filter(|t| !t.is_empty())
+    }
+
+    fn attr(&self, name: &str) -> Option<&str> {
+        self.attrs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Parse a whole document into its root element.
+pub(crate) fn parse_tree(body: &[u8]) -> Result<Node, String> {
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+    let text = std::str::from_utf8(body).map_err(|_| "response body is not UTF-8".to_string())?;
+    let mut reader = Reader::from_str(text);
+    let mut stack: Vec<Node> = vec![Node::default()];
+    loop {
+        let ev = reader
+            .read_event()
+            .map_err(|e| format!("malformed XML: {e}"))?;
+        match ev {
+            Event::Start(e) => stack.push(start_node(&e)?),
+            Event::Empty(e) => {
+                let node = start_node(&e)?;
+                stack
+                    .last_mut()
+                    .expect("stack holds the document")
+                    .children
+                    .push(node);
+            }
+            Event::End(_) => {
+                let node = stack.pop().expect("stack holds the document");
+                let parent = stack
+                    .last_mut()
+                    .ok_or_else(|| "malformed XML: unbalanced end tag".to_string())?;
+                parent.children.push(node);
+            }
+            Event::Text(t) => {
+                let s = t
+                    .xml_content()
+                    .map_err(|e| format!("malformed XML text: {e}"))?;
+                stack
+                    .last_mut()
+                    .expect("stack holds the document")
+                    .text
+                    .push_str(&s);
+            }
+            Event::CData(t) => {
+                let s = t.decode().map_err(|e| format!("malformed XML text: {e}"))?;
+                stack
+                    .last_mut()
+                    .expect("stack holds the document")
+                    .text
+                    .push_str(&s);
+            }
+            Event::GeneralRef(r) => {
+                let resolved = if let Some(c) = r
+                    .resolve_char_ref()
+                    .map_err(|e| format!("malformed XML reference: {e}"))?
+                {
+                    c.to_string()
+                } else {
+                    let name = r.decode().map_err(|e| format!("malformed XML: {e}"))?;
+                    quick_xml::escape::resolve_xml_entity(&name)
+                        .ok_or_else(|| format!("unknown XML entity &{name};"))?
+                        .to_string()
+                };
+                stack
+                    .last_mut()
+                    .expect("stack holds the document")
+                    .text
+                    .push_str(&resolved);
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    if stack.len() != 1 {
+        return Err("malformed XML: unclosed element".into());
+    }
+    let doc = stack.pop().expect("stack holds the document");
+    doc.children
+        .into_iter()
+        .next()
+        .ok_or_else(|| "empty XML document".to_string())
+}
+
+fn start_node(e: &quick_xml::events::BytesStart<'_>) -> Result<Node, String> {
+    let name = String::from_utf8_lossy(e.local_name().as_ref()).into_owned();
+    let mut attrs = Vec::new();
+    for a in e.attributes() {
+        let a = a.map_err(|e| format!("malformed XML attribute: {e}"))?;
+        let k = String::from_utf8_lossy(a.key.local_name().as_ref()).into_owned();
+        let v = a
+            .unescape_value()
+            .map_err(|e| format!("malformed XML attribute: {e}"))?
+            .into_owned();
+        attrs.push((k, v));
+    }
+    Ok(Node {
+        name,
+        attrs,
+        ..Node::default()
+    })
+}
+
+/// A `<Name>`, percent-decoded when the service marked it `Encoded="true"`
+/// (names holding characters XML cannot carry).
+fn name_of(node: &Node) -> Option<String> {
+    let n = node.child("Name")?;
+    if n.attr("Encoded") == Some("true") {
+        Some(percent_decode_str(&n.text).decode_utf8_lossy().into_owned())
+    } else {
+        Some(n.text.clone())
+    }
+}
+
+fn metadata_of(node: &Node) -> BTreeMap<String, String> {
+    node.child("Metadata")
+        .map(|m| {
+            m.children
+                .iter()
+                .map(|c| (c.name.to_ascii_lowercase(), c.text.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn next_marker(root: &Node) -> Option<String> {
+    root.nonempty_text_of("NextMarker")
+}
+
+/// A container listing page: the containers and the next marker.
+pub(crate) fn parse_containers(
+    body: &[u8],
+) -> Result<(Vec<ContainerItem>, Option<String>), String> {
+    let root = parse_tree(body)?;
+    let mut out = Vec::new();
+    if let Some(cs) = root.child("Containers") {
+        for c in cs.children("Container") {
+            let props = c.child("Properties");
+            let p = |n: &str| props.and_then(|p| p.nonempty_text_of(n));
+            out.push(ContainerItem {
+                name: name_of(c).ok_or("a Container has no Name")?,
+                last_modified: p("Last-Modified"),
+                etag: p("Etag"),
+                lease_state: p("LeaseState").and_then(|s| LeaseState::parse(&s)),
+                metadata: metadata_of(c),
+            });
+        }
+    }
+    Ok((out, next_marker(&root)))
+}
+
+/// A blob listing page.
+pub(crate) fn parse_blobs(body: &[u8]) -> Result<BlobListPage, String> {
+    let root = parse_tree(body)?;
+    let mut page = BlobListPage {
+        next_marker: next_marker(&root),
+        ..BlobListPage::default()
+    };
+    let Some(blobs) = root.child("Blobs") else {
+        return Ok(page);
+    };
+    for item in &blobs.children {
+        match item.name.as_str() {
+            "Blob" => {
+                let props = item.child("Properties");
+                let p = |n: &str| props.and_then(|p| p.nonempty_text_of(n));
+                let content_length = match p("Content-Length") {
+                    Some(s) => s
+                        .parse()
+                        .map_err(|_| format!("bad Content-Length {s:?} in listing"))?,
+                    None => 0,
+                };
+                page.blobs.push(BlobItem {
+                    name: name_of(item).ok_or("a Blob has no Name")?,
+                    snapshot: item.nonempty_text_of("Snapshot"),
+                    blob_type: p("BlobType").and_then(|s| BlobType::parse(&s)),
+                    content_length,
+                    lease_state: p("LeaseState").and_then(|s| LeaseState::parse(&s)),
+                    lease_status: p("LeaseStatus").and_then(|s| LeaseStatus::parse(&s)),
+                    lease_duration: p("LeaseDuration").and_then(|s| LeaseDuration::parse(&s)),
+                    etag: p("Etag"),
+                    last_modified: p("Last-Modified"),
+                    content_md5: p("Content-MD5"),
+                    metadata: metadata_of(item),
+                });
+            }
+            "BlobPrefix" => page
+                .prefixes
+                .push(name_of(item).ok_or("a BlobPrefix has no Name")?),
+            _ => {}
+        }
+    }
+    Ok(page)
+}
+
+/// A page list: the ranges holding data (inclusive offsets in the XML,
+/// half-open here) and the next marker, if the service paginated.
+pub(crate) fn parse_page_list(body: &[u8]) -> Result<(Vec<ByteRange>, Option<String>), String> {
+    let root = parse_tree(body)?;
+    let mut ranges = Vec::new();
+    for r in root.children("PageRange") {
+        let num = |n: &str| -> Result<u64, String> {
+            r.text_of(n)
+                .ok_or_else(|| format!("a PageRange has no {n}"))?
+                .trim()
+                .parse()
+                .map_err(|_| format!("a PageRange has a bad {n}"))
+        };
+        let (start, end) = (num("Start")?, num("End")?);
+        if end < start {
+            return Err(format!(
+                "a PageRange ends ({end}) before it starts ({start})"
+            ));
+        }
+        ranges.push(ByteRange::new(start, end + 1));
+    }
+    Ok((ranges, next_marker(&root)))
+}
+
+/// The code and message of an error body, if it is one.
+pub(crate) fn parse_error(body: &[u8]) -> Option<(Option<String>, String)> {
+    let root = parse_tree(body).ok()?;
+    if root.name != "Error" {
+        return None;
+    }
+    Some((
+        root.nonempty_text_of("Code"),
+        root.text_of("Message").unwrap_or_default(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_listing_with_snapshots_metadata_prefixes_and_marker() {
+        let xml = "\u{feff}<?xml version=\"1.0\" encoding=\"utf-8\"?>\
+<EnumerationResults ServiceEndpoint=\"http://x/\" ContainerName=\"c\"><MaxResults>2</MaxResults><Blobs>\
+<Blob><Name>a &amp; b.vhd</Name><Snapshot>2026-01-01T00:00:00.0000000Z</Snapshot><Properties>\
+<Content-Length>1049088</Content-Length><BlobType>PageBlob</BlobType><LeaseStatus>locked</LeaseStatus>\
+<LeaseState>leased</LeaseState><LeaseDuration>infinite</LeaseDuration><Content-MD5 /></Properties>\
+<Metadata><Owner>me</Owner></Metadata></Blob>\
+<Blob><Name Encoded=\"true\">x%01y</Name><Properties><Content-Length>0</Content-Length>\
+<BlobType>BlockBlob</BlobType></Properties></Blob>\
+<BlobPrefix><Name>dir/</Name></BlobPrefix></Blobs><NextMarker>2!abc</NextMarker></EnumerationResults>";
+        let page = parse_blobs(xml.as_bytes()).unwrap();
+        assert_eq!(page.blobs.len(), 2);
+        let b = &page.blobs[0];
+        assert_eq!(b.name, "a & b.vhd");
+        assert_eq!(b.snapshot.as_deref(), Some("2026-01-01T00:00:00.0000000Z"));
+        assert_eq!(b.content_length, 1049088);
+        assert_eq!(b.blob_type, Some(BlobType::PageBlob));
+        assert_eq!(b.lease_state, Some(LeaseState::Leased));
+        assert_eq!(b.lease_duration, Some(LeaseDuration::Infinite));
+        assert_eq!(b.content_md5, None);
+        assert_eq!(b.metadata.get("owner").map(String::as_str), Some("me"));
+        assert_eq!(page.blobs[1].name, "x\u{1}y");
+        assert_eq!(page.prefixes, vec!["dir/".to_string()]);
+        assert_eq!(page.next_marker.as_deref(), Some("2!abc"));
+    }
+
+    #[test]
+    fn page_list_is_half_open() {
+        let xml = b"<PageList><PageRange><Start>0</Start><End>511</End></PageRange>\
+<PageRange><Start>1048576</Start><End>1049087</End></PageRange><NextMarker/></PageList>";
+        let (r, m) = parse_page_list(xml).unwrap();
+        assert_eq!(
+            r,
+            vec![ByteRange::new(0, 512), ByteRange::new(1048576, 1049088)]
+        );
+        assert_eq!(m, None);
+        assert!(
+            parse_page_list(b"<PageList><PageRange><Start>9</Start></PageRange></PageList>")
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn container_listing_and_error_body() {
+        let xml = b"<EnumerationResults><Containers><Container><Name>c1</Name><Properties>\
+<Etag>\"0x1\"</Etag><LeaseState>available</LeaseState></Properties></Container></Containers>\
+<NextMarker /></EnumerationResults>";
+        let (cs, m) = parse_containers(xml).unwrap();
+        assert_eq!(cs[0].name, "c1");
+        assert_eq!(cs[0].etag.as_deref(), Some("\"0x1\""));
+        assert_eq!(m, None);
+        let (code, msg) = parse_error(
+            b"<?xml version=\"1.0\"?><Error><Code>LeaseIdMissing</Code><Message>There is a lease.\nRequestId:1</Message></Error>",
+        )
+        .unwrap();
+        assert_eq!(code.as_deref(), Some("LeaseIdMissing"));
+        assert!(msg.starts_with("There is a lease."));
+        assert!(parse_error(b"not xml <").is_none());
+    }
+}

@@ -1,0 +1,123 @@
+//! Shared integration-test harness: finds Azurite (or the account named by
+//! `BLOBDRIVE_TEST_CONNECTION_STRING`), builds clients and hands each test
+//! its own uniquely named container, deleted when the guard drops.
+#![allow(dead_code)]
+
+pub mod fault_proxy;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use blobdrive::blob::{Account, BlobClient};
+
+/// Azurite's blob endpoint (or the one of `BLOBDRIVE_TEST_CONNECTION_STRING`).
+pub fn azurite_url() -> String {
+    account()
+        .endpoint
+        .as_str()
+        .trim_end_matches('/')
+        .to_string()
+}
+
+/// The test account: `BLOBDRIVE_TEST_CONNECTION_STRING` if set, else Azurite.
+pub fn account() -> Account {
+    match std::env::var("BLOBDRIVE_TEST_CONNECTION_STRING") {
+        Ok(cs) if !cs.trim().is_empty() => {
+            Account::from_connection_string(&cs).expect("BLOBDRIVE_TEST_CONNECTION_STRING is valid")
+        }
+        _ => Account::development(),
+    }
+}
+
+/// The connection string of the test account (for other tools, e.g. Python).
+pub fn connection_string() -> String {
+    account().connection_string()
+}
+
+/// A client for the test account; panics with a hint if the emulator is down.
+pub async fn client() -> BlobClient {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BLOBDRIVE_TEST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
+        .with_test_writer()
+        .try_init();
+    BlobClient::new(account()).expect("client builds")
+}
+
+/// A container name unique to this process and call: `PREFIX-PID-N-RAND`.
+pub fn unique_name(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let rand = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let prefix: String = prefix
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(30)
+        .collect();
+    format!(
+        "{}-{}-{n}-{rand}",
+        prefix.trim_matches('-'),
+        std::process::id()
+    )
+}
+
+/// Create a fresh, uniquely named container and return its name.
+pub async fn fresh_container(client: &BlobClient, prefix: &str) -> String {
+    let name = unique_name(prefix);
+    match client.create_container(&name).await {
+        Ok(true) => name,
+        Ok(false) => panic!("container {name} unexpectedly existed"),
+        Err(e) => panic!(
+            "cannot create test container {name} at {}: {e}\n(is Azurite running? scripts/azurite.sh start --memory)",
+            azurite_url()
+        ),
+    }
+}
+
+/// A fresh container that is deleted when the guard drops (best effort, on
+/// a helper thread so it works inside and outside a runtime).
+pub struct ContainerGuard {
+    /// The client the container was made with.
+    pub client: BlobClient,
+    /// Container name.
+    pub name: String,
+}
+
+impl ContainerGuard {
+    /// Create a fresh container with `prefix`.
+    pub async fn new(prefix: &str) -> ContainerGuard {
+        let client = client().await;
+        let name = fresh_container(&client, prefix).await;
+        ContainerGuard { client, name }
+    }
+
+    /// A blob path in this container.
+    pub fn path(&self, blob: &str) -> blobdrive::blob::BlobPath {
+        blobdrive::blob::BlobPath::new(&self.name, blob).expect("valid test blob name")
+    }
+}
+
+impl Drop for ContainerGuard {
+    fn drop(&mut self) {
+        if std::env::var_os("BLOBDRIVE_TEST_KEEP").is_some() {
+            return;
+        }
+        // A fresh client: the test's connection pool belongs to its runtime,
+        // which is blocked in this drop.
+        let account = self.client.account().clone();
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                if let Ok(client) = BlobClient::new(account) {
+                    let _ = rt.block_on(client.delete_container(&name));
+                }
+            }
+        })
+        .join();
+    }
+}
