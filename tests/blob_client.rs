@@ -339,6 +339,14 @@ async fn resize_and_metadata_and_block_blobs() {
         Some("blobdrive test")
     );
     assert_eq!(props.metadata.get("kind").map(String::as_str), Some("vhd"));
+    // Names whose canonical order is not byte order (`_` sorts first).
+    let md: Vec<(String, String)> = ["_a", "a1", "a_b", "ab", "B"]
+        .iter()
+        .map(|n| (n.to_string(), format!("v{n}")))
+        .collect();
+    g.client.set_metadata(&p, &md, None).await.unwrap();
+    let props = g.client.get_properties(&p).await.unwrap();
+    assert_eq!(props.metadata.len(), 5, "{:?}", props.metadata);
     let e = g
         .client
         .set_metadata(&p, &[("bad-name".into(), "x".into())], None)
@@ -1129,4 +1137,83 @@ async fn invalid_names_are_refused_before_sending() {
         .await
         .unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidInput);
+}
+
+/// Everything the client logs at debug level and every error it returns,
+/// for SAS and Shared Key accounts, through service errors and transport
+/// faults (whose reqwest errors carry the URL), holds no key and no SAS
+/// signature.
+#[test]
+fn keys_and_sas_signatures_never_reach_logs_or_errors() {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sig = "c2VjcmV0LXNpZ25hdHVyZS1kby1ub3QtbG9n";
+    let key_b64 = blobdrive::blob::account::DEV_ACCOUNT_KEY;
+    let errors = tracing::subscriber::with_default(subscriber, || {
+        rt.block_on(async {
+            let mut shown = Vec::new();
+            let g = ContainerGuard::new("secrets").await;
+            let p = g.path("d.vhd");
+            g.client.create_page_blob(&p, MIB).await.unwrap();
+            // Shared Key, service errors and a fault.
+            shown.push(
+                g.client
+                    .get_properties(&g.path("absent"))
+                    .await
+                    .unwrap_err(),
+            );
+            let (_proxy, client) = proxied(Fault::Drop, u64::MAX, quick_policy()).await;
+            shown.push(client.get_properties(&p).await.unwrap_err());
+            // A (bogus) SAS: refused by the service, then through a dropping proxy.
+            let mut account = common::account();
+            account.credential = Credential::Sas(format!("sv=2021-12-02&sp=r&sig={sig}"));
+            let client = BlobClient::new(account.clone()).unwrap();
+            shown.push(client.get_properties(&p).await.unwrap_err());
+            let proxy = FaultProxy::start(&account.endpoint, Fault::Drop, u64::MAX).await;
+            account.endpoint = proxy.endpoint.clone();
+            let client = BlobClient::new(account).unwrap().with_retry(quick_policy());
+            shown.push(
+                client
+                    .get_blob_range(&p, ByteRange::new(0, 512))
+                    .await
+                    .unwrap_err(),
+            );
+            shown
+        })
+    });
+    let log = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        log.contains("op=\"get properties\""),
+        "debug logging is on: {log}"
+    );
+    assert!(log.contains("retrying"), "{log}");
+    for e in &errors {
+        let text = format!("{e} {e:?}");
+        assert!(!text.contains(sig) && !text.contains(key_b64), "{text}");
+    }
+    assert!(errors[1].kind == ErrorKind::Transport && errors[3].kind == ErrorKind::Transport);
+    for secret in [sig, key_b64, &key_b64[..20], "SharedKey devstoreaccount1:"] {
+        assert!(!log.contains(secret), "{secret} in log:\n{log}");
+    }
 }

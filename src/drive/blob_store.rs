@@ -102,6 +102,9 @@ impl PageStore for BlobPageStore {
 
     async fn page_ranges(&self, within: ByteRange) -> Result<Vec<ByteRange>> {
         let mut out = Vec::new();
+        if within.is_empty() {
+            return Ok(out);
+        }
         let mut pos = within.start;
         let mut end = within.end;
         let mut seg = FIRST_SEGMENT_BYTES;
