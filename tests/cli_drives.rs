@@ -549,3 +549,46 @@ async fn wrong_key_gives_one_line_naming_the_account_not_the_key() {
     let path: BlobPath = c.path("d.vhd");
     assert!(c.client.get_properties(&path).await.is_ok());
 }
+
+/// An account SAS with `sp=cdr` (create, delete, read, but no write) for the
+/// test account: Put Blob is allowed, Put Page is refused.
+const PY_SAS_WITHOUT_WRITE: &str = r#"
+import os, datetime
+from azure.storage.blob import BlobServiceClient, generate_account_sas, ResourceTypes, AccountSasPermissions
+s = BlobServiceClient.from_connection_string(os.environ["CS"])
+print(generate_account_sas(s.account_name, s.credential.account_key,
+    ResourceTypes(container=True, object=True),
+    AccountSasPermissions(create=True, delete=True, read=True),
+    datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)))
+"#;
+
+#[tokio::test]
+async fn failed_footer_write_deletes_the_blob_it_created() {
+    let c = ContainerGuard::new("cli-nofooterwrite").await;
+    let sas = python(PY_SAS_WITHOUT_WRITE, &[]);
+    let cs = format!(
+        "BlobEndpoint={};SharedAccessSignature={sas}",
+        common::azurite_url()
+    );
+    let name = format!("{}/half.vhd", c.name);
+    let (err, out) = fails(
+        &["create", &name, "--size", "16M", "--connection-string", &cs],
+        1,
+    );
+    assert!(out.is_empty());
+    assert!(
+        err.contains("writing the VHD footer") && err.contains("the empty blob was deleted again"),
+        "{err}"
+    );
+    let sig = sas
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("sig="))
+        .expect("SAS has a signature");
+    assert!(!err.contains(sig), "signature leaked: {err}");
+    let e = c
+        .client
+        .get_properties(&c.path("half.vhd"))
+        .await
+        .unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+}
