@@ -125,6 +125,39 @@ print(h.hexdigest())
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// Wall-clock time of each step of a test, for the TIMING lines.
+struct Steps {
+    start: Instant,
+    last: Instant,
+    done: Vec<(&'static str, Duration)>,
+}
+
+impl Steps {
+    fn new() -> Steps {
+        let now = Instant::now();
+        Steps {
+            start: now,
+            last: now,
+            done: Vec::new(),
+        }
+    }
+
+    fn done(&mut self, step: &'static str) {
+        let now = Instant::now();
+        self.done.push((step, now - self.last));
+        self.last = now;
+    }
+
+    fn report(&self) -> String {
+        let steps: Vec<String> = self
+            .done
+            .iter()
+            .map(|(name, d)| format!("{name} {d:.2?}"))
+            .collect();
+        format!("{:.2?} total ({})", self.start.elapsed(), steps.join(", "))
+    }
+}
+
 fn errno_of(err: &std::io::Error) -> i32 {
     err.raw_os_error()
         .unwrap_or_else(|| panic!("no errno in {err}"))
@@ -180,19 +213,31 @@ fn ext4_on_a_drive_file_survives_unmount_and_remount_byte_for_byte() {
     rt.block_on(make_drive(&guard.client, &path, size));
     let sandbox = Sandbox::new(common::connection_string());
 
-    let start = Instant::now();
+    let mut steps = Steps::new();
     let mount = sandbox.mount("account", None, &[]);
+    steps.done("mount");
     let file = mount.path(&format!("{}/disks/d.vhd", guard.name));
     assert_eq!(std::fs::metadata(&file).expect("stat drive").len(), size);
     let lo = LoopDevice::attach_direct_io(&file);
+    steps.done("losetup");
     run("mkfs.ext4", &["-q", "-F", &lo.device]);
+    steps.done("mkfs.ext4");
     let ext = BlockMount::mount(&lo.device, &sandbox.dir("ext4"));
+    steps.done("mount ext4");
     let sums = write_random_files(&ext.dir);
     run("sync", &[]);
+    steps.done("write+fsync files");
     ext.unmount();
+    steps.done("umount ext4");
     lo.detach();
+    steps.done("losetup -d");
     mount.unmount();
-    let round_trip = start.elapsed();
+    steps.done("blobdrive unmount");
+    println!(
+        "TIMING ext4 round trip ({} files, about 10 MiB): {}",
+        sums.len(),
+        steps.report()
+    );
 
     // The blob, read by an independent client, is the disk image, and its
     // footer is still a valid fixed VHD footer.
@@ -209,27 +254,26 @@ fn ext4_on_a_drive_file_survives_unmount_and_remount_byte_for_byte() {
 
     // A fresh mount (this time of the container alone) shows the same bytes and
     // the same files.
-    let start = Instant::now();
+    let mut steps = Steps::new();
     let mount = sandbox.mount("container", Some(&guard.name), &[]);
+    steps.done("mount");
     let file = mount.path("disks/d.vhd");
     assert_eq!(
         file_sha256(&file),
         by_sdk,
         "drive file differs from the blob"
     );
+    steps.done("read 64 MiB drive file");
     let lo = LoopDevice::attach_direct_io(&file);
     let ext = BlockMount::mount(&lo.device, &sandbox.dir("ext4-again"));
+    steps.done("losetup+mount ext4");
     check_files(&ext.dir, &sums);
+    steps.done("verify files");
     ext.unmount();
     lo.detach();
     mount.unmount();
-    println!(
-        "TIMING ext4 round trip (mount, mkfs, write {} files, sync, unmount): {:.2?}; \
-         remount and verify: {:.2?}",
-        sums.len(),
-        round_trip,
-        start.elapsed()
-    );
+    steps.done("unmount all");
+    println!("TIMING remount and verify: {}", steps.report());
 }
 
 #[test]
@@ -570,9 +614,21 @@ fn stats_json_counts_the_put_pages_of_an_open_drive() {
     );
     assert!(device["bytes_up"].as_u64().unwrap_or(0) >= MIB, "{stats}");
     assert_eq!(device["writable"], serde_json::Value::Bool(true), "{stats}");
+    assert_eq!(device["open"], serde_json::Value::Bool(true), "{stats}");
     let text = sandbox.blobdrive_ok(&["stats", &mount.dir.to_string_lossy()]);
     assert!(text.contains("put_page"), "text stats: {text}");
+
+    // After the writer exits (like `dd` would), its counters are still shown.
     drop(file);
+    let key = format!("{}/d.vhd", guard.name);
+    let mut stats = sandbox.stats(&mount.dir);
+    wait_for("the last release", Duration::from_secs(10), || {
+        stats = sandbox.stats(&mount.dir);
+        stats["devices"][&key]["open"] == serde_json::Value::Bool(false)
+    });
+    let device = &stats["devices"][&key];
+    assert!(device["put_page"].as_u64().unwrap_or(0) > 0, "{stats}");
+    assert_eq!(device["dirty_bytes"].as_u64(), Some(0), "{stats}");
     mount.unmount();
 }
 
@@ -686,8 +742,59 @@ fn unmount_of_a_plain_directory_fails_in_one_line() {
     );
     let line = stderr_line(&out);
     assert!(
-        line.contains(&*dir.to_string_lossy()),
-        "the error does not name the directory: {line}"
+        line.contains(&*dir.to_string_lossy()) && line.contains("not a blobdrive mount"),
+        "unclear error: {line}"
     );
     println!("plain directory: {line}");
+}
+
+#[test]
+fn unmount_after_the_daemon_was_killed_removes_the_dead_mount() {
+    if !can_run(
+        "unmount_after_the_daemon_was_killed_removes_the_dead_mount",
+        false,
+    ) {
+        return;
+    }
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("e2e-killed"));
+    rt.block_on(make_drive(&guard.client, &guard.path("d.vhd"), 4 * MIB));
+    let sandbox = Sandbox::new(common::connection_string());
+    let mount = sandbox.mount("ns", Some(&guard.name), &[]);
+    let dir = mount.dir.to_string_lossy().to_string();
+    send_signal(mount.pid, libc::SIGKILL);
+    wait_for("the daemon to die", Duration::from_secs(10), || {
+        std::fs::metadata(&mount.dir).is_err()
+    });
+
+    // Every command names the dead mount and what to do, in one line.
+    let out = sandbox.blobdrive(&["stats", &dir]);
+    assert!(!out.status.success());
+    let line = stderr_line(&out);
+    assert!(
+        line.contains("gone") && line.contains("blobdrive unmount"),
+        "{line}"
+    );
+    let out = sandbox.blobdrive(&["mount", &guard.name, &dir]);
+    assert!(!out.status.success());
+    let line = stderr_line(&out);
+    assert!(line.contains("dead mount"), "{line}");
+
+    // unmount removes it, and says that unflushed writes are lost (non-zero).
+    let out = sandbox.blobdrive(&["unmount", &dir]);
+    assert!(!out.status.success(), "a crash is not a clean unmount");
+    let line = stderr_line(&out);
+    assert!(line.contains("removed the dead mount"), "{line}");
+    assert!(!is_mounted(&mount.dir), "the dead mount is still there");
+    let out = sandbox.blobdrive(&["unmount", &dir]);
+    assert!(stderr_line(&out).contains("not a blobdrive mount"));
+
+    // The directory is usable again.
+    drop(mount);
+    let again = sandbox.mount("ns", Some(&guard.name), &[]);
+    assert_eq!(
+        std::fs::metadata(again.path("d.vhd")).expect("stat").len(),
+        4 * MIB
+    );
+    again.unmount();
 }
