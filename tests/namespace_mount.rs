@@ -252,11 +252,19 @@ fn ext4_on_a_drive_file_survives_unmount_and_remount_byte_for_byte() {
     let footer: [u8; 512] = footer.as_ref().try_into().expect("512-byte footer");
     Footer::parse(&footer, size + 512).expect("footer still valid");
 
+    let snapshot = rt.block_on(guard.client.snapshot(&path)).expect("snapshot");
+
     // A fresh mount (this time of the container alone) shows the same bytes and
-    // the same files.
+    // the same files; so does the snapshot, loop-mounted read-only.
     let mut steps = Steps::new();
     let mount = sandbox.mount("container", Some(&guard.name), &[]);
     steps.done("mount");
+    let snap_lo = LoopDevice::attach_read_only(&mount.path(&format!("disks/d.vhd@{snapshot}")));
+    let snap_ext = BlockMount::mount_with(&snap_lo.device, &sandbox.dir("snap"), "ro,noload");
+    check_files(&snap_ext.dir, &sums);
+    snap_ext.unmount();
+    snap_lo.detach();
+    steps.done("snapshot: losetup -r, mount ro, verify");
     let file = mount.path("disks/d.vhd");
     assert_eq!(
         file_sha256(&file),

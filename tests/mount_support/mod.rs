@@ -397,15 +397,20 @@ pub struct LoopDevice {
 impl LoopDevice {
     /// `losetup --direct-io=on --find --show FILE`.
     pub fn attach_direct_io(file: &Path) -> LoopDevice {
-        let device = run(
-            "losetup",
-            &[
-                "--direct-io=on",
-                "--find",
-                "--show",
-                &file.to_string_lossy(),
-            ],
-        );
+        Self::attach(file, &[])
+    }
+
+    /// `losetup --direct-io=on --read-only --find --show FILE`.
+    pub fn attach_read_only(file: &Path) -> LoopDevice {
+        Self::attach(file, &["--read-only"])
+    }
+
+    fn attach(file: &Path, extra: &[&str]) -> LoopDevice {
+        let file = file.to_string_lossy();
+        let mut args = vec!["--direct-io=on", "--find", "--show"];
+        args.extend(extra);
+        args.push(&file);
+        let device = run("losetup", &args);
         let name = device.trim_start_matches("/dev/").to_string();
         let dio =
             std::fs::read_to_string(format!("/sys/block/{name}/loop/dio")).unwrap_or_default();
@@ -444,8 +449,13 @@ pub struct BlockMount {
 impl BlockMount {
     /// `mount DEVICE DIR`.
     pub fn mount(device: &str, dir: &Path) -> BlockMount {
+        Self::mount_with(device, dir, "rw")
+    }
+
+    /// `mount -o OPTIONS DEVICE DIR`.
+    pub fn mount_with(device: &str, dir: &Path, options: &str) -> BlockMount {
         std::fs::create_dir_all(dir).expect("cannot create the mount point");
-        run("mount", &[device, &dir.to_string_lossy()]);
+        run("mount", &["-o", options, device, &dir.to_string_lossy()]);
         BlockMount {
             dir: dir.to_path_buf(),
             mounted: true,
