@@ -69,12 +69,7 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = anyhow::Result<Arc<dyn Catalog>>>,
 {
-    let mountpoint = mountpoint
-        .canonicalize()
-        .with_context(|| format!("mountpoint {} does not exist", mountpoint.display()))?;
-    if !mountpoint.is_dir() {
-        bail!("mountpoint {} is not a directory", mountpoint.display());
-    }
+    let mountpoint = check_mountpoint(mountpoint)?;
     if opts.foreground {
         return serve(&mountpoint, opts, make_catalog, Readiness::foreground());
     }
@@ -113,6 +108,36 @@ where
         }
     };
     std::process::exit(code);
+}
+
+/// The canonical mount point, or why it cannot be used; a dead mount left by a
+/// daemon that died is named as such (stat fails with `ENOTCONN`), not as
+/// "not a directory".
+fn check_mountpoint(mountpoint: &Path) -> anyhow::Result<PathBuf> {
+    let dead = |err: &std::io::Error| err.raw_os_error() == Some(libc::ENOTCONN);
+    let stale = || {
+        anyhow!(
+            "{} is a dead mount left by a daemon that died; run 'blobdrive unmount {}' first",
+            mountpoint.display(),
+            mountpoint.display()
+        )
+    };
+    let canonical = match mountpoint.canonicalize() {
+        Ok(canonical) => canonical,
+        Err(err) if dead(&err) => return Err(stale()),
+        Err(err) => {
+            return Err(err)
+                .with_context(|| format!("mountpoint {} does not exist", mountpoint.display()))
+        }
+    };
+    match std::fs::metadata(&canonical) {
+        Ok(meta) if meta.is_dir() => Ok(canonical),
+        Ok(_) => bail!("mountpoint {} is not a directory", mountpoint.display()),
+        Err(err) if dead(&err) => Err(stale()),
+        Err(err) => {
+            Err(err).with_context(|| format!("cannot use mountpoint {}", mountpoint.display()))
+        }
+    }
 }
 
 fn reap(pid: libc::pid_t) -> String {

@@ -54,7 +54,7 @@ fn render(stats: &serde_json::Value) -> String {
                 text.push_str(&table.render());
             }
         }
-        _ => text.push_str("no drive is open\n"),
+        _ => text.push_str("no drive has been opened yet\n"),
     }
     text
 }

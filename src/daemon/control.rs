@@ -31,10 +31,88 @@ pub fn run_dir() -> PathBuf {
 
 /// The control socket of the mount at `mountpoint` (which must exist).
 pub fn socket_path(mountpoint: &Path) -> anyhow::Result<PathBuf> {
-    let canonical = mountpoint
-        .canonicalize()
-        .with_context(|| format!("cannot resolve {}", mountpoint.display()))?;
-    Ok(socket_path_of_canonical(&canonical))
+    Ok(socket_path_of_canonical(&canonical_mountpoint(mountpoint)?))
+}
+
+/// The canonical path of a mount point; a dead FUSE mount (its daemon killed)
+/// cannot be resolved (`ENOTCONN`), so its absolute path stands in for it.
+fn canonical_mountpoint(mountpoint: &Path) -> anyhow::Result<PathBuf> {
+    match mountpoint.canonicalize() {
+        Ok(canonical) => Ok(canonical),
+        Err(err) if err.raw_os_error() == Some(libc::ENOTCONN) => {
+            let parent = mountpoint
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            let name = mountpoint
+                .file_name()
+                .with_context(|| format!("cannot resolve {}", mountpoint.display()))?;
+            let parent = parent
+                .canonicalize()
+                .with_context(|| format!("cannot resolve {}", mountpoint.display()))?;
+            Ok(parent.join(name))
+        }
+        Err(err) => Err(err).with_context(|| format!("cannot resolve {}", mountpoint.display())),
+    }
+}
+
+/// No daemon answers for a mount point.
+#[derive(Debug, thiserror::Error)]
+pub enum NoDaemon {
+    /// There is no control socket: nothing blobdrive serves is mounted there.
+    #[error("{} is not a blobdrive mount (no daemon serves it)", .dir.display())]
+    NotAMount {
+        /// The directory asked about.
+        dir: PathBuf,
+    },
+    /// The control socket is left over from a daemon that died (crash, kill -9).
+    #[error(
+        "the daemon of {} is gone (it crashed or was killed); \
+         'blobdrive unmount {}' removes what it left behind",
+        .dir.display(), .dir.display()
+    )]
+    Gone {
+        /// The canonical mount point.
+        dir: PathBuf,
+        /// Its stale control socket.
+        socket: PathBuf,
+    },
+}
+
+/// True when `dir` (canonical) is a mount point of this mount namespace.
+fn is_mount_point(dir: &Path) -> bool {
+    let dir = dir.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|info| info.lines().any(|l| l.split(' ').nth(4) == Some(&*dir)))
+        .unwrap_or(false)
+}
+
+/// Cleans up after a daemon that died: lazily detaches its dead FUSE mount (if
+/// still mounted) and removes its stale control socket. Returns whether a
+/// mount was detached.
+pub fn remove_dead_mount(gone: &NoDaemon) -> anyhow::Result<bool> {
+    let NoDaemon::Gone { dir, socket } = gone else {
+        return Ok(false);
+    };
+    let detached = if is_mount_point(dir) {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .context("mount point path holds a NUL byte")?;
+        // SAFETY: `path` is a valid NUL-terminated string for the call's duration.
+        if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("cannot detach the dead mount {}", dir.display()));
+        }
+        true
+    } else {
+        false
+    };
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(err).with_context(|| format!("cannot remove {}", socket.display())),
+    }
+    Ok(detached)
 }
 
 pub(crate) fn socket_path_of_canonical(canonical: &Path) -> PathBuf {
@@ -65,14 +143,29 @@ impl Command {
 }
 
 fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyhow::Result<String> {
-    let path = socket_path(mountpoint)?;
-    let mut stream = UnixStream::connect(&path).with_context(|| {
-        format!(
-            "no blobdrive daemon answers for {} (socket {})",
-            mountpoint.display(),
-            path.display()
-        )
-    })?;
+    let dir = canonical_mountpoint(mountpoint)?;
+    let path = socket_path_of_canonical(&dir);
+    let mut stream = match UnixStream::connect(&path) {
+        Ok(stream) => stream,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Err(NoDaemon::NotAMount {
+                dir: mountpoint.to_path_buf(),
+            }
+            .into())
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
+            return Err(NoDaemon::Gone { dir, socket: path }.into())
+        }
+        Err(err) => {
+            return Err(err).with_context(|| {
+                format!(
+                    "no blobdrive daemon answers for {} (socket {})",
+                    mountpoint.display(),
+                    path.display()
+                )
+            })
+        }
+    };
     stream.set_read_timeout(timeout)?;
     stream.write_all(format!("{command}\n").as_bytes())?;
     let mut line = String::new();

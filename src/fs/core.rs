@@ -459,7 +459,8 @@ impl FsCore {
         }
     }
 
-    /// Counters of every open device, by blob path.
+    /// Counters of every device opened since the mount, by blob path (see
+    /// `Handles::stats`).
     pub fn stats(&self) -> serde_json::Value {
         serde_json::Value::Object(self.handles.stats())
     }

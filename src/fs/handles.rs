@@ -68,6 +68,9 @@ pub struct Handles {
     next_fh: AtomicU64,
     handles: Mutex<HashMap<u64, Handle>>,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    /// Final counters of the devices closed since the mount, by blob path (the
+    /// last session of each), so `stats` still shows them after `dd` exits.
+    closed: Mutex<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Handles {
@@ -147,7 +150,19 @@ impl Handles {
         }
         let retired = std::mem::take(&mut gate.retired);
         let current = file.set_current(None);
-        close_devices(&file.path, current, retired).await
+        let result = close_devices(&file.path, current.clone(), retired).await;
+        self.remember_closed(&file.path, current);
+        result
+    }
+
+    fn remember_closed(&self, path: &EntryPath, closed: Option<OpenDevice>) {
+        if let Some(open) = closed {
+            let stats = device_stats(&open, false);
+            self.closed
+                .lock()
+                .expect("closed stats lock poisoned: a panic happened while holding it")
+                .insert(path.to_string(), stats);
+        }
     }
 
     /// Flushes every device opened read-write; returns the failures.
@@ -173,24 +188,26 @@ impl Handles {
             gate.handles = 0;
             let retired = std::mem::take(&mut gate.retired);
             let current = file.set_current(None);
-            if let Err(err) = close_devices(&file.path, current, retired).await {
+            if let Err(err) = close_devices(&file.path, current.clone(), retired).await {
                 errors.push(err);
             }
+            self.remember_closed(&file.path, current);
         }
         self.handles().clear();
         errors
     }
 
-    /// Counters of every open device, by blob path.
+    /// Counters of every device, by blob path: the open ones (`"open": true`)
+    /// and the last session of those closed since the mount (`"open": false`).
     pub fn stats(&self) -> serde_json::Map<String, serde_json::Value> {
-        let mut map = serde_json::Map::new();
+        let mut map = self
+            .closed
+            .lock()
+            .expect("closed stats lock poisoned: a panic happened while holding it")
+            .clone();
         for file in self.open_files() {
             if let Some(open) = file.current() {
-                let mut stats = open.device.stats();
-                if let Some(object) = stats.as_object_mut() {
-                    object.insert("writable".into(), open.writable.into());
-                }
-                map.insert(file.path.to_string(), stats);
+                map.insert(file.path.to_string(), device_stats(&open, true));
             }
         }
         map
@@ -199,6 +216,15 @@ impl Handles {
     fn open_files(&self) -> Vec<Arc<OpenFile>> {
         self.files().values().cloned().collect()
     }
+}
+
+fn device_stats(open: &OpenDevice, is_open: bool) -> serde_json::Value {
+    let mut stats = open.device.stats();
+    if let Some(object) = stats.as_object_mut() {
+        object.insert("writable".into(), open.writable.into());
+        object.insert("open".into(), is_open.into());
+    }
+    stats
 }
 
 async fn close_devices(

@@ -1,0 +1,486 @@
+//! Harness of the tests that mount through the real `blobdrive` binary against
+//! the real emulator: skip rules, a per-test sandbox (its own control-socket
+//! directory and temp dirs), and guards that undo everything a test set up even
+//! when it panics — filesystems on loop devices are unmounted, loop devices
+//! detached, FUSE mounts unmounted (politely, then lazily) and leftover daemons
+//! terminated, in that order (locals drop in reverse order of declaration).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Set by CI: a test that cannot run fails instead of skipping.
+pub const REQUIRE_ENV: &str = "BLOBDRIVE_REQUIRE_FUSE";
+
+/// Whether the test can run; prints `SKIPPED: why` (or panics under
+/// `BLOBDRIVE_REQUIRE_FUSE=1`) when it cannot.
+pub fn can_run(test: &str, needs_loop: bool) -> bool {
+    match missing_requirement(needs_loop) {
+        None => true,
+        Some(why) if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") => {
+            panic!("{test}: cannot run ({why}) and {REQUIRE_ENV}=1")
+        }
+        Some(why) => {
+            println!("SKIPPED: {test}: {why}");
+            false
+        }
+    }
+}
+
+fn missing_requirement(needs_loop: bool) -> Option<String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Some("no /dev/fuse".into());
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (mounting and loop devices need it)".into());
+    }
+    if needs_loop {
+        for tool in ["losetup", "mkfs.ext4", "fstrim", "mount", "umount"] {
+            let found = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+                .iter()
+                .any(|dir| Path::new(dir).join(tool).exists());
+            if !found {
+                return Some(format!("{tool} not installed"));
+            }
+        }
+        if !Path::new("/dev/loop-control").exists() {
+            return Some("no /dev/loop-control".into());
+        }
+    }
+    None
+}
+
+/// Runs a command and returns its stdout; panics with its stderr on failure.
+pub fn run(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+fn run_quietly(program: &str, args: &[&str]) -> Option<Output> {
+    Command::new(program).args(args).output().ok()
+}
+
+/// True when `dir` is a mount point of this mount namespace.
+pub fn is_mounted(dir: &Path) -> bool {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let dir = dir.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|info| info.lines().any(|l| l.split(' ').nth(4) == Some(&*dir)))
+        .unwrap_or(false)
+}
+
+/// Waits until `check` holds, or panics after `timeout` with `what`.
+pub fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+}
+
+/// Sends `signal` to `pid`.
+pub fn send_signal(pid: i32, signal: i32) {
+    // SAFETY: plain syscall; a stale pid only yields ESRCH.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+/// Terminates `pid` (SIGTERM, then SIGKILL after 10 s) if it still runs.
+fn terminate(pid: i32) {
+    if !process_alive(pid) {
+        return;
+    }
+    send_signal(pid, libc::SIGTERM);
+    let start = Instant::now();
+    while process_alive(pid) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if process_alive(pid) {
+        send_signal(pid, libc::SIGKILL);
+    }
+}
+
+/// One test's private world: a temp dir holding the control-socket directory
+/// (`BLOBDRIVE_RUN_DIR`), mount points and logs; and how to run the binary in it.
+pub struct Sandbox {
+    /// The temp dir (removed on drop, after the guards inside it are gone).
+    pub root: tempfile::TempDir,
+    connection_string: String,
+}
+
+impl Sandbox {
+    /// A fresh sandbox for the account of `connection_string`.
+    pub fn new(connection_string: String) -> Sandbox {
+        let root = tempfile::Builder::new()
+            .prefix("blobdrive-e2e-")
+            .tempdir()
+            .expect("cannot create a temp dir");
+        std::fs::create_dir(root.path().join("run")).expect("cannot create the run dir");
+        Sandbox {
+            root,
+            connection_string,
+        }
+    }
+
+    /// A new empty directory in the sandbox.
+    pub fn dir(&self, name: &str) -> PathBuf {
+        let dir = self.root.path().join(name);
+        std::fs::create_dir_all(&dir).expect("cannot create a directory");
+        dir
+    }
+
+    /// `blobdrive ARGS` with the sandbox's environment, not yet run.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
+        cmd.args(args)
+            .env("AZURE_STORAGE_CONNECTION_STRING", &self.connection_string)
+            .env("BLOBDRIVE_RUN_DIR", self.root.path().join("run"))
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs `blobdrive ARGS` to its end.
+    pub fn blobdrive(&self, args: &[&str]) -> Output {
+        self.command(args)
+            .output()
+            .expect("cannot run the blobdrive binary")
+    }
+
+    /// Runs `blobdrive ARGS` and returns its stdout; panics with stderr on failure.
+    pub fn blobdrive_ok(&self, args: &[&str]) -> String {
+        let out = self.blobdrive(args);
+        assert!(
+            out.status.success(),
+            "blobdrive {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `blobdrive stats DIR --json`.
+    pub fn stats(&self, dir: &Path) -> serde_json::Value {
+        let out = self.blobdrive_ok(&["stats", &dir.to_string_lossy(), "--json"]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("stats is not JSON ({e}): {out}"))
+    }
+
+    /// Mounts (`blobdrive mount [source] DIR extra...`) in the background at a new
+    /// directory `name`; returns once the binary says the mount is ready.
+    pub fn mount(&self, name: &str, source: Option<&str>, extra: &[&str]) -> DaemonMount {
+        let dir = self.dir(name);
+        let log = self.root.path().join(format!("{name}.log"));
+        let dir_s = dir.to_string_lossy().to_string();
+        let log_s = log.to_string_lossy().to_string();
+        let mut args = vec!["mount"];
+        args.extend(source);
+        args.extend([dir_s.as_str(), "--log-file", log_s.as_str(), "-v"]);
+        args.extend(extra);
+        let out = self.blobdrive(&args);
+        assert!(
+            out.status.success(),
+            "blobdrive {args:?} failed ({}): {}\nlog: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        assert!(
+            is_mounted(&dir),
+            "mount returned but {dir_s} is not mounted"
+        );
+        let pid = self.stats(&dir)["pid"]
+            .as_i64()
+            .expect("stats names the daemon's pid") as i32;
+        DaemonMount {
+            dir,
+            log,
+            pid,
+            unmounted: false,
+            connection_string: self.connection_string.clone(),
+            run_dir: self.root.path().join("run"),
+        }
+    }
+
+    /// Starts `blobdrive mount [source] DIR --foreground extra...` as a child and
+    /// waits until DIR is mounted.
+    pub fn mount_foreground(
+        &self,
+        name: &str,
+        source: Option<&str>,
+        extra: &[&str],
+    ) -> ForegroundMount {
+        let dir = self.dir(name);
+        let dir_s = dir.to_string_lossy().to_string();
+        let mut args = vec!["mount"];
+        args.extend(source);
+        args.extend([dir_s.as_str(), "--foreground", "-v"]);
+        args.extend(extra);
+        let log = self.root.path().join(format!("{name}.log"));
+        let log_file = std::fs::File::create(&log).expect("cannot create the log");
+        let child = self
+            .command(&args)
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("cannot start the daemon");
+        let mut mount = ForegroundMount {
+            dir,
+            log,
+            child: Some(child),
+        };
+        let start = Instant::now();
+        while !is_mounted(&mount.dir) {
+            if let Some(status) = mount.try_status() {
+                panic!(
+                    "the daemon exited ({status}) before mounting: {}",
+                    mount.log_text()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "mount not ready after 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        mount
+    }
+}
+
+/// A background daemon's mount; on drop: `blobdrive unmount`, then a lazy
+/// unmount, then SIGTERM/SIGKILL of the daemon if it still runs.
+pub struct DaemonMount {
+    /// The mount point.
+    pub dir: PathBuf,
+    /// The daemon's log file.
+    pub log: PathBuf,
+    /// The daemon's pid.
+    pub pid: i32,
+    unmounted: bool,
+    connection_string: String,
+    run_dir: PathBuf,
+}
+
+impl DaemonMount {
+    /// A path inside the mount.
+    pub fn path(&self, relative: &str) -> PathBuf {
+        self.dir.join(relative)
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn unmount_command(&self) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+            .args(["unmount", &self.dir.to_string_lossy()])
+            .env("AZURE_STORAGE_CONNECTION_STRING", &self.connection_string)
+            .env("BLOBDRIVE_RUN_DIR", &self.run_dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("cannot run blobdrive unmount")
+    }
+
+    /// `blobdrive unmount DIR`, checked: success, DIR unmounted, daemon gone.
+    pub fn unmount(mut self) {
+        let out = self.unmount_command();
+        assert!(
+            out.status.success(),
+            "blobdrive unmount failed: {}\nlog: {}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log_text()
+        );
+        self.unmounted = true;
+        assert!(!is_mounted(&self.dir), "unmount returned, still mounted");
+        wait_for("the daemon to exit", Duration::from_secs(10), || {
+            !process_alive(self.pid)
+        });
+    }
+
+    /// `blobdrive unmount DIR`, unchecked (the mount stays guarded).
+    pub fn try_unmount(&self) -> Output {
+        self.unmount_command()
+    }
+}
+
+impl Drop for DaemonMount {
+    fn drop(&mut self) {
+        if self.unmounted {
+            return;
+        }
+        if is_mounted(&self.dir) && !self.unmount_command().status.success() {
+            let dir = self.dir.to_string_lossy().to_string();
+            let _ = run_quietly("umount", &["-l", &dir]);
+        }
+        terminate(self.pid);
+    }
+}
+
+/// A `--foreground` daemon run by the test; killed and lazily unmounted on drop.
+pub struct ForegroundMount {
+    /// The mount point.
+    pub dir: PathBuf,
+    /// The daemon's stderr.
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl ForegroundMount {
+    /// The daemon's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// The daemon's stderr so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn try_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
+    /// Waits (at most `timeout`) for the daemon to exit; its exit status.
+    pub fn wait(mut self, timeout: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.try_status() {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "daemon still running after {timeout:?}: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ForegroundMount {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if child.try_wait().ok().flatten().is_none() {
+            terminate(child.id() as i32);
+            let _ = child.wait();
+        }
+        if is_mounted(&self.dir) {
+            let _ = run_quietly("umount", &["-l", &self.dir.to_string_lossy()]);
+        }
+    }
+}
+
+/// A loop device on a file; detached on drop.
+pub struct LoopDevice {
+    /// `/dev/loopN`.
+    pub device: String,
+}
+
+impl LoopDevice {
+    /// `losetup --direct-io=on --find --show FILE`.
+    pub fn attach_direct_io(file: &Path) -> LoopDevice {
+        Self::attach(file, &[])
+    }
+
+    /// `losetup --direct-io=on --read-only --find --show FILE`.
+    pub fn attach_read_only(file: &Path) -> LoopDevice {
+        Self::attach(file, &["--read-only"])
+    }
+
+    fn attach(file: &Path, extra: &[&str]) -> LoopDevice {
+        let file = file.to_string_lossy();
+        let mut args = vec!["--direct-io=on", "--find", "--show"];
+        args.extend(extra);
+        args.push(&file);
+        let device = run("losetup", &args);
+        let name = device.trim_start_matches("/dev/").to_string();
+        let dio =
+            std::fs::read_to_string(format!("/sys/block/{name}/loop/dio")).unwrap_or_default();
+        assert_eq!(dio.trim(), "1", "{device} is not using direct I/O");
+        LoopDevice { device }
+    }
+
+    /// Detaches now and waits until the kernel has let go of the file.
+    pub fn detach(mut self) {
+        let device = std::mem::take(&mut self.device);
+        run("losetup", &["-d", &device]);
+        let name = device.trim_start_matches("/dev/").to_string();
+        wait_for(
+            "the loop device to let go of its file",
+            Duration::from_secs(20),
+            || !Path::new(&format!("/sys/block/{name}/loop/backing_file")).exists(),
+        );
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        if !self.device.is_empty() {
+            let _ = run_quietly("losetup", &["-d", &self.device]);
+        }
+    }
+}
+
+/// A filesystem mounted on a block device; unmounted on drop.
+pub struct BlockMount {
+    /// The mount point.
+    pub dir: PathBuf,
+    mounted: bool,
+}
+
+impl BlockMount {
+    /// `mount DEVICE DIR`.
+    pub fn mount(device: &str, dir: &Path) -> BlockMount {
+        Self::mount_with(device, dir, "rw")
+    }
+
+    /// `mount -o OPTIONS DEVICE DIR`.
+    pub fn mount_with(device: &str, dir: &Path, options: &str) -> BlockMount {
+        std::fs::create_dir_all(dir).expect("cannot create the mount point");
+        run("mount", &["-o", options, device, &dir.to_string_lossy()]);
+        BlockMount {
+            dir: dir.to_path_buf(),
+            mounted: true,
+        }
+    }
+
+    /// A path inside the filesystem.
+    pub fn path(&self, relative: &str) -> PathBuf {
+        self.dir.join(relative)
+    }
+
+    /// Unmounts now (checked).
+    pub fn unmount(mut self) {
+        self.mounted = false;
+        run("umount", &[&self.dir.to_string_lossy()]);
+    }
+}
+
+impl Drop for BlockMount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let dir = self.dir.to_string_lossy().to_string();
+            if run_quietly("umount", &[&dir]).is_none_or(|o| !o.status.success()) {
+                let _ = run_quietly("umount", &["-l", &dir]);
+            }
+        }
+    }
+}
