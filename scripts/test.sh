@@ -132,10 +132,12 @@ say "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
 
 if cargo nextest --version >/dev/null 2>&1; then
-  say "cargo nextest run"
-  cargo nextest run --no-fail-fast "$@"
+  # Doc tests first: nextest does not run them, and its summary should be the
+  # run's closing line.
   say "cargo test --doc"
   cargo test --doc --quiet
+  say "cargo nextest run"
+  cargo nextest run --no-fail-fast "$@"
 else
   say "cargo test (cargo-nextest not installed)"
   cargo test --no-fail-fast "$@"
