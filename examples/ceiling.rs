@@ -1,0 +1,183 @@
+//! The backend's own ceiling, for `scripts/bench.sh`: the project's REST client
+//! alone (no FUSE, no cache) doing 4 MiB Put Page, 4 MiB Get Blob and 4 KiB Get
+//! Blob against the configured account, at several parallelism levels.
+//!
+//!   cargo run --release --example ceiling -- [--seconds S] [--blob-mib N]
+//!
+//! Prints one JSON object: for each operation the best rate and the parallelism
+//! that gave it, plus the 4 KiB rate at queue depth 32 (what fio uses), so the
+//! bench can divide blobdrive's figures by these. The account comes from the
+//! environment like the CLI's (Azurite by default); a scratch container is made
+//! and deleted.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use blobdrive::blob::{Account, BlobClient, BlobPath};
+use blobdrive::units::{ByteRange, MAX_PUT_PAGE_BYTES};
+use bytes::Bytes;
+use rand::Rng;
+
+const LEVELS: [usize; 5] = [1, 4, 8, 16, 32];
+const SMALL_BYTES: u64 = 4096;
+
+#[derive(Clone, Copy)]
+enum Op {
+    Put4M,
+    Get4M,
+    Get4K,
+}
+
+impl Op {
+    fn bytes(self) -> u64 {
+        match self {
+            Op::Put4M | Op::Get4M => MAX_PUT_PAGE_BYTES,
+            Op::Get4K => SMALL_BYTES,
+        }
+    }
+}
+
+struct Args {
+    seconds: f64,
+    blob_bytes: u64,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        seconds: 3.0,
+        blob_bytes: 1 << 30,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--seconds" => args.seconds = value.parse().context("--seconds")?,
+            "--blob-mib" => args.blob_bytes = value.parse::<u64>().context("--blob-mib")? << 20,
+            other => anyhow::bail!("unknown flag {other}"),
+        }
+    }
+    Ok(args)
+}
+
+/// Runs `op` with `parallelism` workers for `seconds`; returns operations done.
+async fn measure(
+    client: &BlobClient,
+    path: &BlobPath,
+    op: Op,
+    parallelism: usize,
+    seconds: f64,
+    blob_bytes: u64,
+) -> anyhow::Result<(u64, Duration)> {
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let payload = Bytes::from(vec![0xa5u8; op.bytes() as usize]);
+    let slots = blob_bytes / op.bytes();
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for worker in 0..parallelism {
+        let (client, path, done, payload) =
+            (client.clone(), path.clone(), done.clone(), payload.clone());
+        workers.push(tokio::spawn(async move {
+            let mut i = worker as u64;
+            while Instant::now() < deadline {
+                let slot = match op {
+                    Op::Get4K => rand::rng().random_range(0..slots),
+                    _ => i % slots,
+                };
+                let offset = slot * op.bytes();
+                let range = ByteRange::new(offset, offset + op.bytes());
+                match op {
+                    Op::Put4M => client.put_pages(&path, offset, payload.clone(), None).await?,
+                    Op::Get4M | Op::Get4K => {
+                        client.get_blob_range(&path, range).await?;
+                    }
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+                i += parallelism as u64;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for w in workers {
+        w.await??;
+    }
+    Ok((done.load(Ordering::Relaxed), start.elapsed()))
+}
+
+async fn best(
+    client: &BlobClient,
+    path: &BlobPath,
+    op: Op,
+    args: &Args,
+) -> anyhow::Result<serde_json::Value> {
+    let mut levels = serde_json::Map::new();
+    let (mut best_rate, mut best_level) = (0.0f64, 0usize);
+    let mut qd32 = 0.0;
+    for &p in &LEVELS {
+        let (ops, elapsed) = measure(client, path, op, p, args.seconds, args.blob_bytes).await?;
+        let per_sec = ops as f64 / elapsed.as_secs_f64();
+        let rate = match op {
+            Op::Get4K => per_sec,
+            _ => per_sec * op.bytes() as f64 / (1 << 20) as f64,
+        };
+        levels.insert(p.to_string(), serde_json::json!((rate * 10.0).round() / 10.0));
+        if rate > best_rate {
+            (best_rate, best_level) = (rate, p);
+        }
+        if p == 32 {
+            qd32 = rate;
+        }
+    }
+    Ok(serde_json::json!({
+        "unit": if matches!(op, Op::Get4K) { "IOPS" } else { "MiB/s" },
+        "best": (best_rate * 10.0).round() / 10.0,
+        "best_parallelism": best_level,
+        "at_32": (qd32 * 10.0).round() / 10.0,
+        "by_parallelism": levels,
+    }))
+}
+
+/// Writes every 4 MiB slot once (16 in flight), so reads return stored data
+/// rather than zeros the service elides.
+async fn fill(client: &BlobClient, path: &BlobPath, blob_bytes: u64) -> anyhow::Result<()> {
+    use futures::stream::{self, StreamExt, TryStreamExt};
+    let payload = Bytes::from(vec![0x5au8; MAX_PUT_PAGE_BYTES as usize]);
+    stream::iter((0..blob_bytes).step_by(MAX_PUT_PAGE_BYTES as usize))
+        .map(|offset| {
+            let payload = payload.clone();
+            async move { client.put_pages(path, offset, payload, None).await }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let account = Account::from_env(None)?;
+    let client = BlobClient::new(account)?;
+    let container = format!("ceiling-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    client.create_container(&container).await?;
+    let path = BlobPath::new(&container, "ceiling.bin")?;
+    let result = async {
+        client.create_page_blob(&path, args.blob_bytes).await?;
+        let put = best(&client, &path, Op::Put4M, &args).await?;
+        fill(&client, &path, args.blob_bytes).await?;
+        let get = best(&client, &path, Op::Get4M, &args).await?;
+        let small = best(&client, &path, Op::Get4K, &args).await?;
+        anyhow::Ok(serde_json::json!({
+            "put_4m": put,
+            "get_4m": get,
+            "get_4k": small,
+            "seconds_per_level": args.seconds,
+        }))
+    }
+    .await;
+    let _ = client.delete_container(&container).await;
+    println!("{}", serde_json::to_string_pretty(&result?)?);
+    Ok(())
+}
