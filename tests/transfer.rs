@@ -92,7 +92,12 @@ async fn blob_bytes(client: &BlobClient, path: &BlobPath, range: ByteRange) -> V
     let mut at = range.start;
     while at < range.end {
         let end = (at + 4 * MIB).min(range.end);
-        out.extend_from_slice(&client.get_blob_range(path, ByteRange::new(at, end)).await.unwrap());
+        out.extend_from_slice(
+            &client
+                .get_blob_range(path, ByteRange::new(at, end))
+                .await
+                .unwrap(),
+        );
         at = end;
     }
     out
@@ -100,7 +105,10 @@ async fn blob_bytes(client: &BlobClient, path: &BlobPath, range: ByteRange) -> V
 
 /// Non-zero 512-byte pages of `data`, in bytes.
 fn nonzero_bytes(data: &[u8]) -> u64 {
-    data.chunks(512).filter(|p| p.iter().any(|b| *b != 0)).count() as u64 * 512
+    data.chunks(512)
+        .filter(|p| p.iter().any(|b| *b != 0))
+        .count() as u64
+        * 512
 }
 
 async fn upload(
@@ -117,10 +125,13 @@ async fn upload(
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
-    c.env("AZURE_STORAGE_CONNECTION_STRING", common::connection_string())
-        .env_remove("AZURE_STORAGE_ACCOUNT")
-        .env_remove("AZURE_STORAGE_KEY")
-        .env_remove("AZURE_STORAGE_SAS_TOKEN");
+    c.env(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        common::connection_string(),
+    )
+    .env_remove("AZURE_STORAGE_ACCOUNT")
+    .env_remove("AZURE_STORAGE_KEY")
+    .env_remove("AZURE_STORAGE_SAS_TOKEN");
     c
 }
 
@@ -131,9 +142,16 @@ fn run(args: &[&str]) -> Output {
 /// A refusal: non-zero exit, exactly one line on stderr mentioning `needle`.
 fn assert_refused(out: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "should fail; stdout: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        !out.status.success(),
+        "should fail; stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-    assert!(err.starts_with("blobdrive: ") && err.contains(needle), "{err}");
+    assert!(
+        err.starts_with("blobdrive: ") && err.contains(needle),
+        "{err}"
+    );
 }
 
 fn loop_devices_usable() -> bool {
@@ -173,17 +191,25 @@ async fn sparse_2gib_image_sends_only_its_data_and_downloads_sparse() {
         f.write_all_at(&random(4 * MIB, i), at).unwrap();
         data_ranges.push(ByteRange::new(at, at + 4 * MIB));
     }
-    for (i, at) in [(100u64, 777 * MIB + 4096), (101, 1500 * MIB + 512), (102, size - 64 * 1024)] {
+    for (i, at) in [
+        (100u64, 777 * MIB + 4096),
+        (101, 1500 * MIB + 512),
+        (102, size - 64 * 1024),
+    ] {
         f.write_all_at(&random(64 * 1024, i), at).unwrap();
         data_ranges.push(ByteRange::new(at, at + 64 * 1024));
     }
     for block in [100u64, 250, 400] {
-        f.write_all_at(&vec![0u8; 4 * MIB as usize], block * 4 * MIB).unwrap();
+        f.write_all_at(&vec![0u8; 4 * MIB as usize], block * 4 * MIB)
+            .unwrap();
     }
     f.sync_all().unwrap();
     let data_bytes: u64 = data_ranges.iter().map(ByteRange::len).sum();
     let allocated = f.metadata().unwrap().blocks() * 512;
-    assert!(allocated >= data_bytes + 12 * MIB, "written zeros are allocated: {allocated}");
+    assert!(
+        allocated >= data_bytes + 12 * MIB,
+        "written zeros are allocated: {allocated}"
+    );
     drop(f);
 
     let blob = c.path("sparse.vhd");
@@ -197,9 +223,16 @@ async fn sparse_2gib_image_sends_only_its_data_and_downloads_sparse() {
         report.seconds
     );
     assert!(report.complete);
-    assert_eq!(report.sent_bytes, data_bytes + 512, "data and the footer, nothing else");
+    assert_eq!(
+        report.sent_bytes,
+        data_bytes + 512,
+        "data and the footer, nothing else"
+    );
     assert!(report.sent_bytes <= 110 * MIB);
-    assert!(report.zero_bytes >= 12 * MIB, "written zeros found as zero pages");
+    assert!(
+        report.zero_bytes >= 12 * MIB,
+        "written zeros found as zero pages"
+    );
     assert_eq!(report.scanned_bytes, size);
 
     // The blob stores exactly the data (and the footer).
@@ -209,7 +242,9 @@ async fn sparse_2gib_image_sends_only_its_data_and_downloads_sparse() {
     assert_eq!(stored, data_bytes);
     for r in &ranges {
         assert!(
-            data_ranges.iter().any(|d| d.start <= r.start && r.end <= d.end),
+            data_ranges
+                .iter()
+                .any(|d| d.start <= r.start && r.end <= d.end),
             "range {r:?} is not data"
         );
     }
@@ -217,8 +252,14 @@ async fn sparse_2gib_image_sends_only_its_data_and_downloads_sparse() {
     let footer = Footer::parse(footer.as_slice().try_into().unwrap(), size + 512).unwrap();
     assert_eq!(footer.current_size_bytes, size);
     let props = c.client.get_properties(&blob).await.unwrap();
-    assert!(Journal::from_metadata(&props.metadata).is_none(), "record removed");
-    assert_eq!(props.lease_state, Some(blobdrive::blob::LeaseState::Available));
+    assert!(
+        Journal::from_metadata(&props.metadata).is_none(),
+        "record removed"
+    );
+    assert_eq!(
+        props.lease_state,
+        Some(blobdrive::blob::LeaseState::Available)
+    );
 
     // Download: byte-identical, sparse.
     let back = tmp.path().join("back.img");
@@ -237,20 +278,35 @@ async fn sparse_2gib_image_sends_only_its_data_and_downloads_sparse() {
         d.seconds
     );
     assert_eq!(d.received_bytes, data_bytes);
-    assert!(same_content(&src, &back), "download differs from the source");
+    assert!(
+        same_content(&src, &back),
+        "download differs from the source"
+    );
     let used = std::fs::metadata(&back).unwrap().blocks() * 512;
     println!("download uses {:.1} MiB of disk", used as f64 / MIB as f64);
     assert!(used <= 120 * MIB, "download uses {used} bytes");
 
     // Without --raw the file is the VHD; an existing file is refused.
     let vhd = tmp.path().join("back.vhd");
-    let d = transfer::download(&c.client, &blob, &vhd, &DownloadOptions::default(), &Progress::new(0))
-        .await
-        .unwrap();
+    let d = transfer::download(
+        &c.client,
+        &blob,
+        &vhd,
+        &DownloadOptions::default(),
+        &Progress::new(0),
+    )
+    .await
+    .unwrap();
     assert_eq!(d.file_bytes, size + 512);
-    let err = transfer::download(&c.client, &blob, &vhd, &DownloadOptions::default(), &Progress::new(0))
-        .await
-        .unwrap_err();
+    let err = transfer::download(
+        &c.client,
+        &blob,
+        &vhd,
+        &DownloadOptions::default(),
+        &Progress::new(0),
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("already exists"), "{err}");
 }
 
@@ -267,7 +323,10 @@ async fn qemu_fixed_vhd_with_ext4_uploads_and_its_file_reads_back() {
     let mnt = tmp.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     let payload = random(3 * MIB + 123, 7);
-    sh("mount", &["-o", "loop", raw.to_str().unwrap(), mnt.to_str().unwrap()]);
+    sh(
+        "mount",
+        &["-o", "loop", raw.to_str().unwrap(), mnt.to_str().unwrap()],
+    );
     let written = std::fs::write(mnt.join("payload.bin"), &payload)
         .and_then(|()| std::fs::write(mnt.join("hello.txt"), b"hello from blobdrive\n"));
     sh("umount", &[mnt.to_str().unwrap()]);
@@ -275,14 +334,27 @@ async fn qemu_fixed_vhd_with_ext4_uploads_and_its_file_reads_back() {
     let vhd = tmp.path().join("fs.vhd");
     sh(
         "qemu-img",
-        &["convert", "-f", "raw", "-O", "vpc", "-o", "subformat=fixed,force_size=on",
-          raw.to_str().unwrap(), vhd.to_str().unwrap()],
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "vpc",
+            "-o",
+            "subformat=fixed,force_size=on",
+            raw.to_str().unwrap(),
+            vhd.to_str().unwrap(),
+        ],
     );
     assert_eq!(std::fs::metadata(&vhd).unwrap().len(), 64 * MIB + 512);
 
     let target = format!("{}/fs.vhd", c.name);
     let out = run(&["upload", vhd.to_str().unwrap(), &target]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let summary = String::from_utf8_lossy(&out.stdout);
     println!("{summary}");
     assert!(summary.contains("fixed VHD"), "{summary}");
@@ -290,19 +362,42 @@ async fn qemu_fixed_vhd_with_ext4_uploads_and_its_file_reads_back() {
     // The footer is qemu's, kept as it was.
     let blob = c.path("fs.vhd");
     let mut vhd_footer = [0u8; 512];
-    File::open(&vhd).unwrap().read_exact_at(&mut vhd_footer, 64 * MIB).unwrap();
+    File::open(&vhd)
+        .unwrap()
+        .read_exact_at(&mut vhd_footer, 64 * MIB)
+        .unwrap();
     let stored = blob_bytes(&c.client, &blob, ByteRange::new(64 * MIB, 64 * MIB + 512)).await;
     assert_eq!(stored, vhd_footer);
-    assert_eq!(Footer::parse(&vhd_footer, 64 * MIB + 512).unwrap().creator_app_name(), "qem2");
+    assert_eq!(
+        Footer::parse(&vhd_footer, 64 * MIB + 512)
+            .unwrap()
+            .creator_app_name(),
+        "qem2"
+    );
 
     // Attach with plain tools: download the data area, loop-mount read-only.
     let back = tmp.path().join("back.img");
     let out = run(&["download", &target, back.to_str().unwrap(), "--raw"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(same_content(&raw, &back), "data area differs from the ext4 image");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        same_content(&raw, &back),
+        "data area differs from the ext4 image"
+    );
     let mnt2 = tmp.path().join("mnt2");
     std::fs::create_dir(&mnt2).unwrap();
-    sh("mount", &["-o", "loop,ro", back.to_str().unwrap(), mnt2.to_str().unwrap()]);
+    sh(
+        "mount",
+        &[
+            "-o",
+            "loop,ro",
+            back.to_str().unwrap(),
+            mnt2.to_str().unwrap(),
+        ],
+    );
     let read = std::fs::read(mnt2.join("payload.bin"));
     let hello = std::fs::read_to_string(mnt2.join("hello.txt"));
     sh("umount", &[mnt2.to_str().unwrap()]);
@@ -316,7 +411,9 @@ async fn recorded_chunks(client: &BlobClient, blob: &BlobPath) -> Vec<u64> {
     let j = Journal::from_metadata(&props.metadata)
         .expect("an interrupted upload leaves its record")
         .expect("record is valid");
-    (0..j.done.len() as u64).filter(|c| j.done[*c as usize].is_some()).collect()
+    (0..j.done.len() as u64)
+        .filter(|c| j.done[*c as usize].is_some())
+        .collect()
 }
 
 async fn assert_no_footer(client: &BlobClient, blob: &BlobPath, data_len: u64) {
@@ -352,9 +449,15 @@ async fn interrupted_upload_resumes_sending_only_the_rest() {
     assert_no_footer(&c.client, &blob, len).await;
 
     // Without --resume (or --overwrite) the partial blob is refused.
-    let err = transfer::upload(&c.client, &src, &blob, &UploadOptions::default(), &Progress::new(0))
-        .await
-        .unwrap_err();
+    let err = transfer::upload(
+        &c.client,
+        &src,
+        &blob,
+        &UploadOptions::default(),
+        &Progress::new(0),
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("--resume"), "{err}");
 
     let second = upload(
@@ -381,7 +484,10 @@ async fn interrupted_upload_resumes_sending_only_the_rest() {
     assert_eq!(second.chunks_mismatched, 0);
     assert_eq!(second.resumed_bytes, done.len() as u64 * 4 * MIB);
     let stored = blob_bytes(&c.client, &blob, ByteRange::new(0, len)).await;
-    assert!(stored == std::fs::read(&src).unwrap(), "blob differs from the file");
+    assert!(
+        stored == std::fs::read(&src).unwrap(),
+        "blob differs from the file"
+    );
     let props = c.client.get_properties(&blob).await.unwrap();
     assert!(Journal::from_metadata(&props.metadata).is_none());
 }
@@ -416,14 +522,23 @@ async fn corrupted_chunk_is_detected_on_resume_and_sent_again() {
     .await;
     assert!(!first.complete);
     let done = recorded_chunks(&c.client, &blob).await;
-    assert!(done == vec![0, 1, 2, 3, 4] || done == vec![0, 1, 2, 3, 4, 5], "{done:?}");
+    assert!(
+        done == vec![0, 1, 2, 3, 4] || done == vec![0, 1, 2, 3, 4, 5],
+        "{done:?}"
+    );
 
     // Corrupt chunk 1 (other bytes over data) and chunk 3 (a page where the
     // image has zeros).
     let junk = Bytes::from(vec![0xEEu8; 8192]);
-    c.client.put_pages(&blob, 4 * MIB + 65536, junk, None).await.unwrap();
+    c.client
+        .put_pages(&blob, 4 * MIB + 65536, junk, None)
+        .await
+        .unwrap();
     let junk = Bytes::from(vec![0x55u8; 512]);
-    c.client.put_pages(&blob, 13 * MIB + 4096, junk, None).await.unwrap();
+    c.client
+        .put_pages(&blob, 13 * MIB + 4096, junk, None)
+        .await
+        .unwrap();
 
     let second = upload(
         &c.client,
@@ -450,7 +565,10 @@ async fn corrupted_chunk_is_detected_on_resume_and_sent_again() {
     let stored = blob_bytes(&c.client, &blob, ByteRange::new(0, len)).await;
     assert!(stored == data, "blob differs from the file after resume");
     let store = BlobPageStore::new(c.client.clone(), blob.clone());
-    let ranges = store.page_ranges(ByteRange::new(13 * MIB, 14 * MIB)).await.unwrap();
+    let ranges = store
+        .page_ranges(ByteRange::new(13 * MIB, 14 * MIB))
+        .await
+        .unwrap();
     assert!(ranges.is_empty(), "the stray page was cleared: {ranges:?}");
 }
 
@@ -464,7 +582,15 @@ async fn killed_upload_process_resumes_after_its_lease_lapses() {
     let blob = c.path("big.vhd");
     let target = format!("{}/big.vhd", c.name);
     let mut child = bin()
-        .args(["upload", src.to_str().unwrap(), &target, "--parallel", "2", "--lease-seconds", "15"])
+        .args([
+            "upload",
+            src.to_str().unwrap(),
+            &target,
+            "--parallel",
+            "2",
+            "--lease-seconds",
+            "15",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -481,7 +607,10 @@ async fn killed_upload_process_resumes_after_its_lease_lapses() {
                 }
             }
         }
-        assert!(child.try_wait().unwrap().is_none(), "upload ended before it could be killed");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "upload ended before it could be killed"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     child.wait().unwrap();
@@ -496,11 +625,21 @@ async fn killed_upload_process_resumes_after_its_lease_lapses() {
     let started = Instant::now();
     let out = run(&["upload", src.to_str().unwrap(), &target, "--resume"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    println!("resumed in {:.1} s:\n{stdout}", started.elapsed().as_secs_f64());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!(
+        "resumed in {:.1} s:\n{stdout}",
+        started.elapsed().as_secs_f64()
+    );
     assert!(stdout.contains("resumed"), "{stdout}");
     let stored = blob_bytes(&c.client, &blob, ByteRange::new(0, len)).await;
-    assert!(stored == std::fs::read(&src).unwrap(), "blob differs from the file");
+    assert!(
+        stored == std::fs::read(&src).unwrap(),
+        "blob differs from the file"
+    );
     let tail = blob_bytes(&c.client, &blob, ByteRange::new(len, len + 512)).await;
     Footer::parse(tail.as_slice().try_into().unwrap(), len + 512).unwrap();
 }
@@ -513,7 +652,11 @@ async fn refusals_are_one_line_with_a_nonzero_exit() {
     dense_file(&img, 16 * MIB, 4);
     let target = format!("{}/disk.vhd", c.name);
     let out = run(&["upload", img.to_str().unwrap(), &target]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // An existing blob.
     let out = run(&["upload", img.to_str().unwrap(), &target]);
@@ -521,12 +664,20 @@ async fn refusals_are_one_line_with_a_nonzero_exit() {
 
     // A leased blob, even with --overwrite.
     let blob = c.path("disk.vhd");
-    let lease = c.client.acquire_lease(&blob, &uuid::Uuid::new_v4().to_string(), None).await.unwrap();
+    let lease = c
+        .client
+        .acquire_lease(&blob, &uuid::Uuid::new_v4().to_string(), None)
+        .await
+        .unwrap();
     let out = run(&["upload", img.to_str().unwrap(), &target, "--overwrite"]);
     assert_refused(&out, "leased");
     c.client.release_lease(&blob, &lease).await.unwrap();
     let out = run(&["upload", img.to_str().unwrap(), &target, "--overwrite"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // A raw size that is not whole MiB, unless padded.
     let odd = tmp.path().join("odd.img");
@@ -535,14 +686,34 @@ async fn refusals_are_one_line_with_a_nonzero_exit() {
     let out = run(&["upload", odd.to_str().unwrap(), &odd_target]);
     assert_refused(&out, "not a whole number of MiB");
     let out = run(&["upload", odd.to_str().unwrap(), &odd_target, "--pad"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let props = c.client.get_properties(&c.path("odd.vhd")).await.unwrap();
     assert_eq!(props.content_length, 11 * MIB + 512);
 
     // A dynamic VHD.
     let dynamic = tmp.path().join("dyn.vhd");
-    sh("qemu-img", &["create", "-q", "-f", "vpc", "-o", "subformat=dynamic", dynamic.to_str().unwrap(), "32M"]);
-    let out = run(&["upload", dynamic.to_str().unwrap(), &format!("{}/dyn.vhd", c.name)]);
+    sh(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "vpc",
+            "-o",
+            "subformat=dynamic",
+            dynamic.to_str().unwrap(),
+            "32M",
+        ],
+    );
+    let out = run(&[
+        "upload",
+        dynamic.to_str().unwrap(),
+        &format!("{}/dyn.vhd", c.name),
+    ]);
     assert_refused(&out, "only fixed VHDs");
 
     // Resume of a complete blob; download over an existing file.
@@ -585,7 +756,13 @@ async fn dense_256mib_upload_throughput_against_the_put_page_ceiling() {
     .unwrap();
     let ceiling = len as f64 / MIB as f64 / started.elapsed().as_secs_f64();
 
-    let report = upload(&c.client, &src, &c.path("dense.vhd"), &UploadOptions::default()).await;
+    let report = upload(
+        &c.client,
+        &src,
+        &c.path("dense.vhd"),
+        &UploadOptions::default(),
+    )
+    .await;
     let mibs = report.rate() / MIB as f64;
     println!(
         "upload throughput: {mibs:.1} MiB/s (256 MiB dense, parallel 8, {} requests); \

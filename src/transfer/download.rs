@@ -159,7 +159,8 @@ pub async fn download(
         path: tmp_path.clone(),
         armed: true,
     };
-    file.set_len(file_len).map_err(io_error("size", &tmp_path))?;
+    file.set_len(file_len)
+        .map_err(io_error("size", &tmp_path))?;
     let file = Arc::new(file);
 
     let store = BlobPageStore::new(client.clone(), blob.clone());
@@ -266,6 +267,10 @@ mod tests {
     fn temp_file_sits_beside_the_target() {
         let t = temp_name(Path::new("/data/disk.img"));
         assert_eq!(t.parent(), Some(Path::new("/data")));
-        assert!(t.file_name().unwrap().to_string_lossy().starts_with(".disk.img.blobdrive-"));
+        assert!(t
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(".disk.img.blobdrive-"));
     }
 }

@@ -194,7 +194,10 @@ mod tests {
     fn raw_odd_size_is_refused_or_padded() {
         let (_d, p) = file_with(10 * MIB + 1000, None);
         let err = inspect_path(&p, false).expect_err("refused").to_string();
-        assert!(err.contains("not a whole number of MiB") && err.contains("--pad"), "{err}");
+        assert!(
+            err.contains("not a whole number of MiB") && err.contains("--pad"),
+            "{err}"
+        );
         assert!(err.contains("11M"), "{err}");
         let img = inspect_path(&p, true).expect("padded");
         assert_eq!((img.kind, img.data_len), (ImageKind::RawPadded, 11 * MIB));

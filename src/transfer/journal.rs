@@ -228,7 +228,9 @@ mod tests {
         j.done[5] = Some(0xdead_beef);
         j.done[15] = Some(0);
         let meta: BTreeMap<String, String> = j.to_metadata().into_iter().collect();
-        let back = Journal::from_metadata(&meta).expect("present").expect("valid");
+        let back = Journal::from_metadata(&meta)
+            .expect("present")
+            .expect("valid");
         assert_eq!(back, j);
         assert_eq!(back.done_count(), 3);
         assert!(Journal::from_metadata(&BTreeMap::new()).is_none());
@@ -237,7 +239,10 @@ mod tests {
     #[test]
     fn damaged_record_is_an_error_not_a_guess() {
         let mut meta = BTreeMap::new();
-        meta.insert(UPLOAD_KEY.to_string(), "v1 data=8388608 chunk=4194304 source=8388608 kind=raw".to_string());
+        meta.insert(
+            UPLOAD_KEY.to_string(),
+            "v1 data=8388608 chunk=4194304 source=8388608 kind=raw".to_string(),
+        );
         meta.insert(DONE_KEY.to_string(), "AQ==".to_string()); // chunk 0 done, no digest
         assert!(Journal::from_metadata(&meta).expect("present").is_err());
         meta.insert(UPLOAD_KEY.to_string(), "v9".to_string());

@@ -106,10 +106,8 @@ impl Reporter {
                 LINE_EVERY
             };
             loop {
-                let stopped = !matches!(
-                    rx.recv_timeout(every),
-                    Err(mpsc::RecvTimeoutError::Timeout)
-                );
+                let stopped =
+                    !matches!(rx.recv_timeout(every), Err(mpsc::RecvTimeoutError::Timeout));
                 let line = status_line(&progress, verb, started.elapsed());
                 let mut err = std::io::stderr().lock();
                 if display == Display::Bar {
@@ -224,9 +222,15 @@ mod tests {
         Progress::add(&p.scanned_bytes, 50 << 20);
         Progress::add(&p.transferred_bytes, 20 << 20);
         let line = status_line(&p, "upload", Duration::from_secs(2));
-        assert!(line.starts_with("upload  50% [##########          ]"), "{line}");
+        assert!(
+            line.starts_with("upload  50% [##########          ]"),
+            "{line}"
+        );
         assert!(line.contains("50.0 MiB/100.0 MiB scanned"), "{line}");
-        assert!(line.contains("20.0 MiB sent, 10.0 MiB/s, ETA 0:02"), "{line}");
+        assert!(
+            line.contains("20.0 MiB sent, 10.0 MiB/s, ETA 0:02"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -184,7 +184,9 @@ pub fn next_data(file: &File, from: u64, limit: u64) -> io::Result<Option<ByteRa
         Ok(Some(s)) => s,
         Ok(None) => return Ok(None),
         // No hole support: everything is data.
-        Err(e) if e.kind() == io::ErrorKind::Unsupported => return Ok(Some(ByteRange::new(from, limit))),
+        Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+            return Ok(Some(ByteRange::new(from, limit)))
+        }
         Err(e) => return Err(e),
     };
     if start >= limit {
@@ -362,7 +364,8 @@ mod tests {
         let len = 24u64 << 20;
         f.set_len(len).expect("set_len");
         f.write_all_at(&[5u8; 8192], 9 << 20).expect("write");
-        f.write_all_at(&vec![0u8; 1 << 20], 16 << 20).expect("write zeros");
+        f.write_all_at(&vec![0u8; 1 << 20], 16 << 20)
+            .expect("write zeros");
         f.flush().expect("flush");
         let f = File::open(&path).expect("open");
         let examined = AtomicU64::new(0);

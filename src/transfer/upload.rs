@@ -344,11 +344,7 @@ impl Uploader {
         let deadline = Instant::now() + Duration::from_secs(u64::from(secs.max(60)) + 5);
         let mut told = false;
         loop {
-            match self
-                .client
-                .acquire_lease(&self.blob, &id, Some(secs))
-                .await
-            {
+            match self.client.acquire_lease(&self.blob, &id, Some(secs)).await {
                 Ok(got) => {
                     self.lease_id = got;
                     return Ok(());
@@ -360,9 +356,7 @@ impl Uploader {
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
-                Err(e) if e.is_lease_conflict() => {
-                    return Err(Error::Leased { blob: self.name() })
-                }
+                Err(e) if e.is_lease_conflict() => return Err(Error::Leased { blob: self.name() }),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -371,7 +365,11 @@ impl Uploader {
     /// Write the record to the blob's metadata.
     async fn record(&self) -> Result<()> {
         self.client
-            .set_metadata(&self.blob, &self.journal.to_metadata(), Some(&self.lease_id))
+            .set_metadata(
+                &self.blob,
+                &self.journal.to_metadata(),
+                Some(&self.lease_id),
+            )
             .await?;
         Ok(())
     }
@@ -430,13 +428,20 @@ impl Uploader {
 
     /// Check every recorded chunk: recorded digest, file digest and blob
     /// digest must agree; chunks that do not are un-recorded (sent again).
-    async fn verify(&mut self, file: &File, image: &SourceImage, ranges: &[ByteRange]) -> Result<()> {
+    async fn verify(
+        &mut self,
+        file: &File,
+        image: &SourceImage,
+        ranges: &[ByteRange],
+    ) -> Result<()> {
         let recorded: Vec<u64> = (0..self.grid.count())
             .filter(|c| self.journal.done[*c as usize].is_some())
             .collect();
         // The file's digests, on a blocking thread.
         let file_digests = {
-            let file = file.try_clone().map_err(io_error("open", Path::new("image")))?;
+            let file = file
+                .try_clone()
+                .map_err(io_error("open", Path::new("image")))?;
             let grid = self.grid;
             let file_data_len = image.file_data_len;
             let progress = self.progress.clone();
@@ -507,7 +512,10 @@ impl Uploader {
     async fn blob_digest(&self, c: u64, ranges: &[ByteRange]) -> Result<(u64, u32)> {
         let chunk = self.grid.range(c);
         let mut digest = ChunkDigest::new();
-        for r in ranges.iter().filter(|r| r.end > chunk.start && r.start < chunk.end) {
+        for r in ranges
+            .iter()
+            .filter(|r| r.end > chunk.start && r.start < chunk.end)
+        {
             let mut at = r.start.max(chunk.start);
             let end = r.end.min(chunk.end);
             while at < end {
@@ -527,7 +535,9 @@ impl Uploader {
         let todo: Vec<bool> = self.journal.done.iter().map(Option::is_none).collect();
         let (tx, mut rx) = mpsc::channel::<ScanEvent>(parallel);
         let scanner = {
-            let file = file.try_clone().map_err(io_error("open", Path::new("image")))?;
+            let file = file
+                .try_clone()
+                .map_err(io_error("open", Path::new("image")))?;
             let grid = self.grid;
             let file_data_len = image.file_data_len;
             let progress = self.progress.clone();
@@ -567,7 +577,13 @@ impl Uploader {
             if (stopping || !scan_open) && puts.is_empty() {
                 break;
             }
-            if self.opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) && !stopping {
+            if self
+                .opts
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::Relaxed))
+                && !stopping
+            {
                 stopping = true;
                 failure.get_or_insert(Error::Interrupted);
             }
@@ -631,11 +647,17 @@ impl Uploader {
                 }
             }
             if let Some(chunk) = commit {
-                let f = inflight.remove(&chunk).expect("a committed chunk is in flight");
+                let f = inflight
+                    .remove(&chunk)
+                    .expect("a committed chunk is in flight");
                 self.journal.done[chunk as usize] = f.digest;
                 done_this_run += 1;
                 unrecorded += 1;
-                if self.opts.stop_after_chunks.is_some_and(|n| done_this_run >= n) {
+                if self
+                    .opts
+                    .stop_after_chunks
+                    .is_some_and(|n| done_this_run >= n)
+                {
                     stopping = true;
                 }
             }
@@ -658,7 +680,11 @@ impl Uploader {
             match scanned {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => failure = Some(io_error("read", Path::new("image"))(e)),
-                Err(e) => failure = Some(io_error("scan", Path::new("image"))(std::io::Error::other(e.to_string()))),
+                Err(e) => {
+                    failure = Some(io_error("scan", Path::new("image"))(std::io::Error::other(
+                        e.to_string(),
+                    )))
+                }
             }
         }
         // Record what is done, whatever happened (a lost lease makes this
