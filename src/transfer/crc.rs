@@ -87,16 +87,39 @@ fn update_table(mut state: u32, data: &[u8]) -> u32 {
 #[target_feature(enable = "sse4.2")]
 unsafe fn update_sse42(state: u32, data: &[u8]) -> u32 {
     use std::arch::x86_64::{_mm_crc32_u64, _mm_crc32_u8};
-    let mut words = data.chunks_exact(8);
+    // A plain pointer loop, four words a turn: it is also what keeps
+    // unoptimized (test) builds at hundreds of MB/s instead of tens.
+    let words = data.len() / 8;
+    let ptr = data.as_ptr();
     let mut wide = u64::from(state);
-    for w in &mut words {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(w);
-        wide = _mm_crc32_u64(wide, u64::from_le_bytes(b));
+    let mut i = 0;
+    while i + 4 <= words {
+        let p = ptr.add(i * 8);
+        wide = _mm_crc32_u64(wide, std::ptr::read_unaligned(p as *const u64).to_le());
+        wide = _mm_crc32_u64(
+            wide,
+            std::ptr::read_unaligned(p.add(8) as *const u64).to_le(),
+        );
+        wide = _mm_crc32_u64(
+            wide,
+            std::ptr::read_unaligned(p.add(16) as *const u64).to_le(),
+        );
+        wide = _mm_crc32_u64(
+            wide,
+            std::ptr::read_unaligned(p.add(24) as *const u64).to_le(),
+        );
+        i += 4;
+    }
+    while i < words {
+        wide = _mm_crc32_u64(
+            wide,
+            std::ptr::read_unaligned(ptr.add(i * 8) as *const u64).to_le(),
+        );
+        i += 1;
     }
     // The instruction leaves the high half zero.
     let mut narrow = wide as u32;
-    for &b in words.remainder() {
+    for &b in &data[words * 8..] {
         narrow = _mm_crc32_u8(narrow, b);
     }
     narrow

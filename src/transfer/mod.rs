@@ -51,14 +51,15 @@ pub enum Error {
         message: String,
     },
     /// A local file operation failed.
-    #[error("cannot {what} {}: {source}", path.display())]
+    #[error("cannot {what} {}: {error}", path.display())]
     Io {
         /// What was being done ("read", "create").
         what: &'static str,
         /// The file.
         path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (part of the message, not a separate source, so the
+        /// CLI's one line says it once).
+        error: std::io::Error,
     },
     /// The service refused or could not be reached.
     #[error(transparent)]
@@ -122,9 +123,9 @@ pub(crate) fn io_error<'a>(
     what: &'static str,
     path: &'a std::path::Path,
 ) -> impl FnOnce(std::io::Error) -> Error + 'a {
-    move |source| Error::Io {
+    move |error| Error::Io {
         what,
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }

@@ -108,6 +108,11 @@ impl Reporter {
             loop {
                 let stopped =
                     !matches!(rx.recv_timeout(every), Err(mpsc::RecvTimeoutError::Timeout));
+                // Nothing to show until the size is known (the blob is
+                // still being created or inspected).
+                if !stopped && Progress::get(&progress.total_bytes) == 0 {
+                    continue;
+                }
                 let line = status_line(&progress, verb, started.elapsed());
                 let mut err = std::io::stderr().lock();
                 if display == Display::Bar {

@@ -483,12 +483,12 @@ impl Uploader {
             .map_err(|e| Error::Io {
                 what: "scan",
                 path: "image".into(),
-                source: std::io::Error::other(e.to_string()),
+                error: std::io::Error::other(e.to_string()),
             })?
             .map_err(|e| Error::Io {
                 what: "read",
                 path: "image".into(),
-                source: e,
+                error: e,
             })?;
         for r in blob_digests {
             let (chunk, blob_digest) = r?;
