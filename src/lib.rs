@@ -10,5 +10,6 @@ pub mod cli;
 pub mod daemon;
 pub mod drive;
 pub mod fs;
+pub mod transfer;
 pub mod units;
 pub mod vhd;

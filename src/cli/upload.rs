@@ -1,11 +1,17 @@
 //! `blobdrive upload FILE C/B`: copy a raw or VHD image into a page blob,
-//! skipping zero ranges, in parallel, with a progress bar.
+//! skipping zero ranges, in parallel, with a progress bar; `--resume`
+//! continues an interrupted upload. The work is in `crate::transfer`.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use clap::Args;
 
-use super::{CmdResult, CodedError, Context};
+use super::{output, CmdResult, Context};
+use crate::blob::{Account, BlobClient, BlobPath};
+use crate::transfer::{self, Display, Progress, Reporter, UploadOptions, UploadReport};
+use crate::units::format_size;
 
 /// Arguments of `upload`.
 #[derive(Debug, Args)]
@@ -16,9 +22,92 @@ pub struct UploadArgs {
     /// The page blob to write, CONTAINER/PATH or a full URL.
     #[arg(value_name = "C/B")]
     pub blob: String,
+    /// Replace the blob if it exists (never while it is leased).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Continue an interrupted upload of the same image, sending only what is missing.
+    #[arg(long)]
+    pub resume: bool,
+    /// Round a raw image that is not a whole number of MiB up with zeros.
+    #[arg(long)]
+    pub pad: bool,
+    /// Put Page requests in flight.
+    #[arg(long, value_name = "N", default_value_t = transfer::DEFAULT_PARALLEL as u16,
+          value_parser = clap::value_parser!(u16).range(1..=transfer::MAX_PARALLEL as i64))]
+    pub parallel: u16,
+    /// Length of the upload's lease in seconds (15-60; tests use short ones).
+    #[arg(long, hide = true, default_value_t = transfer::upload::DEFAULT_LEASE_SECS,
+          value_parser = clap::value_parser!(u32).range(15..=60))]
+    pub lease_seconds: u32,
 }
 
 /// Run `upload`.
-pub fn run(_ctx: &Context, _args: &UploadArgs) -> CmdResult {
-    Err(CodedError::not_available("upload").into())
+pub fn run(ctx: &Context, args: &UploadArgs) -> CmdResult {
+    let blob = BlobPath::parse(&args.blob)?;
+    let account = Account::from_env(ctx.connection_string.as_deref())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let opts = UploadOptions {
+        overwrite: args.overwrite,
+        resume: args.resume,
+        pad: args.pad,
+        parallel: usize::from(args.parallel),
+        lease_secs: args.lease_seconds,
+        stop: Some(stop.clone()),
+        ..UploadOptions::default()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(async {
+        let client = BlobClient::new(account)?;
+        // Ctrl-C: record what is done, release the lease, then stop.
+        let on_signal = stop.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                on_signal.store(true, Ordering::Relaxed);
+            }
+        });
+        let progress = Progress::new(0);
+        let reporter = Reporter::start(progress.clone(), "upload", Display::auto());
+        let result = transfer::upload(&client, &args.file, &blob, &opts, &progress).await;
+        reporter.finish();
+        anyhow::Ok(result?)
+    })?;
+    output::print_text(&summary(&args.file, &blob, &report));
+    Ok(())
+}
+
+/// The summary printed after an upload.
+pub fn summary(file: &std::path::Path, blob: &BlobPath, r: &UploadReport) -> String {
+    let kind = r.kind.map_or("image", |k| k.describe());
+    let mut s = format!(
+        "uploaded {} ({kind}, {} disk) to {blob}\n",
+        file.display(),
+        format_size(r.data_bytes)
+    );
+    s.push_str(&format!("  scanned  {}\n", format_size(r.scanned_bytes)));
+    s.push_str(&format!(
+        "  sent     {} in {} requests\n",
+        format_size(r.sent_bytes),
+        r.requests
+    ));
+    s.push_str(&format!(
+        "  skipped  {} as zero ({} holes, {} zero pages)\n",
+        format_size(r.hole_bytes + r.zero_bytes),
+        format_size(r.hole_bytes),
+        format_size(r.zero_bytes)
+    ));
+    if r.resumed_bytes > 0 || r.verified_bytes > 0 {
+        s.push_str(&format!(
+            "  resumed  {} already in the blob (verified), {} chunk(s) did not match and were sent again\n",
+            format_size(r.resumed_bytes),
+            r.chunks_mismatched
+        ));
+    }
+    s.push_str(&format!(
+        "  time     {:.1} s, {}\n",
+        r.seconds,
+        transfer::progress::format_rate(r.rate())
+    ));
+    s
 }

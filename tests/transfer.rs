@@ -1,0 +1,775 @@
+//! Upload and download against Azurite: sparse images send and store only
+//! their data, a qemu-made fixed VHD with ext4 round-trips, interrupted and
+//! killed uploads resume sending only the rest (corrupted chunks are caught
+//! and re-sent), refusals are one line, and dense upload throughput.
+
+mod common;
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blobdrive::blob::{BlobClient, BlobPath};
+use blobdrive::drive::{BlobPageStore, PageStore};
+use blobdrive::transfer::journal::Journal;
+use blobdrive::transfer::{self, DownloadOptions, Progress, UploadOptions, UploadReport};
+use blobdrive::units::ByteRange;
+use blobdrive::vhd::Footer;
+use bytes::Bytes;
+use common::ContainerGuard;
+
+const MIB: u64 = 1 << 20;
+
+/// Deterministic incompressible bytes (splitmix64), never a zero page.
+fn fill_random(buf: &mut [u8], seed: u64) {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for w in buf.chunks_mut(8) {
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let b = z.to_le_bytes();
+        w.copy_from_slice(&b[..w.len()]);
+    }
+}
+
+fn random(len: u64, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len as usize];
+    fill_random(&mut v, seed);
+    v
+}
+
+/// A dense file of random bytes.
+fn dense_file(path: &Path, len: u64, seed: u64) {
+    let mut f = File::create(path).unwrap();
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(4 * MIB);
+        f.write_all(&random(n, seed + at)).unwrap();
+        at += n;
+    }
+    f.sync_all().unwrap();
+}
+
+/// Are two files byte-identical (and the same length)?
+fn same_content(a: &Path, b: &Path) -> bool {
+    let (mut fa, mut fb) = (File::open(a).unwrap(), File::open(b).unwrap());
+    if fa.metadata().unwrap().len() != fb.metadata().unwrap().len() {
+        return false;
+    }
+    let (mut ba, mut bb) = (vec![0u8; 4 << 20], vec![0u8; 4 << 20]);
+    loop {
+        let n = read_full(&mut fa, &mut ba);
+        let m = read_full(&mut fb, &mut bb);
+        if n != m || ba[..n] != bb[..m] {
+            return false;
+        }
+        if n == 0 {
+            return true;
+        }
+    }
+}
+
+fn read_full(f: &mut File, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]).unwrap() {
+            0 => break,
+            k => n += k,
+        }
+    }
+    n
+}
+
+/// The blob's bytes in `range`.
+async fn blob_bytes(client: &BlobClient, path: &BlobPath, range: ByteRange) -> Vec<u8> {
+    let mut out = Vec::with_capacity(range.len() as usize);
+    let mut at = range.start;
+    while at < range.end {
+        let end = (at + 4 * MIB).min(range.end);
+        out.extend_from_slice(
+            &client
+                .get_blob_range(path, ByteRange::new(at, end))
+                .await
+                .unwrap(),
+        );
+        at = end;
+    }
+    out
+}
+
+/// Non-zero 512-byte pages of `data`, in bytes.
+fn nonzero_bytes(data: &[u8]) -> u64 {
+    data.chunks(512)
+        .filter(|p| p.iter().any(|b| *b != 0))
+        .count() as u64
+        * 512
+}
+
+async fn upload(
+    client: &BlobClient,
+    file: &Path,
+    blob: &BlobPath,
+    opts: &UploadOptions,
+) -> UploadReport {
+    let progress = Progress::new(0);
+    transfer::upload(client, file, blob, opts, &progress)
+        .await
+        .unwrap_or_else(|e| panic!("upload of {} failed: {e}", file.display()))
+}
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
+    c.env(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        common::connection_string(),
+    )
+    .env_remove("AZURE_STORAGE_ACCOUNT")
+    .env_remove("AZURE_STORAGE_KEY")
+    .env_remove("AZURE_STORAGE_SAS_TOKEN");
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("blobdrive runs")
+}
+
+/// A refusal: non-zero exit, exactly one line on stderr mentioning `needle`.
+fn assert_refused(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "should fail; stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.starts_with("blobdrive: ") && err.contains(needle),
+        "{err}"
+    );
+}
+
+fn loop_devices_usable() -> bool {
+    let ok = Path::new("/dev/loop-control").exists() && unsafe { libc::geteuid() } == 0;
+    if !ok {
+        assert!(
+            std::env::var("BLOBDRIVE_REQUIRE_FUSE").as_deref() != Ok("1"),
+            "loop devices are required (BLOBDRIVE_REQUIRE_FUSE=1) but unusable"
+        );
+        println!("SKIPPED: loop devices need root and /dev/loop-control");
+    }
+    ok
+}
+
+fn sh(cmd: &str, args: &[&str]) {
+    let out = Command::new(cmd).args(args).output().expect(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_2gib_image_sends_only_its_data_and_downloads_sparse() {
+    let c = ContainerGuard::new("xfer-sparse").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("sparse.img");
+    let size = 2048 * MIB;
+    let f = File::create(&src).unwrap();
+    f.set_len(size).unwrap();
+    // 24 blocks of 4 MiB of data spread over the disk, plus three small
+    // writes, plus three 4 MiB regions of written zeros (data, not holes).
+    let mut data_ranges = Vec::new();
+    for i in 0..24u64 {
+        let at = (i * 21 + 3) * 4 * MIB;
+        f.write_all_at(&random(4 * MIB, i), at).unwrap();
+        data_ranges.push(ByteRange::new(at, at + 4 * MIB));
+    }
+    for (i, at) in [
+        (100u64, 777 * MIB + 4096),
+        (101, 1500 * MIB + 512),
+        (102, size - 64 * 1024),
+    ] {
+        f.write_all_at(&random(64 * 1024, i), at).unwrap();
+        data_ranges.push(ByteRange::new(at, at + 64 * 1024));
+    }
+    for block in [100u64, 250, 400] {
+        f.write_all_at(&vec![0u8; 4 * MIB as usize], block * 4 * MIB)
+            .unwrap();
+    }
+    f.sync_all().unwrap();
+    let data_bytes: u64 = data_ranges.iter().map(ByteRange::len).sum();
+    let allocated = f.metadata().unwrap().blocks() * 512;
+    assert!(
+        allocated >= data_bytes + 12 * MIB,
+        "written zeros are allocated: {allocated}"
+    );
+    drop(f);
+
+    let blob = c.path("sparse.vhd");
+    let report = upload(&c.client, &src, &blob, &UploadOptions::default()).await;
+    println!(
+        "2 GiB sparse: sent {:.1} MiB in {} requests, {:.1} MiB holes, {:.1} MiB zero pages, {:.2} s",
+        report.sent_bytes as f64 / MIB as f64,
+        report.requests,
+        report.hole_bytes as f64 / MIB as f64,
+        report.zero_bytes as f64 / MIB as f64,
+        report.seconds
+    );
+    assert!(report.complete);
+    assert_eq!(
+        report.sent_bytes,
+        data_bytes + 512,
+        "data and the footer, nothing else"
+    );
+    assert!(report.sent_bytes <= 110 * MIB);
+    assert!(
+        report.zero_bytes >= 12 * MIB,
+        "written zeros found as zero pages"
+    );
+    assert_eq!(report.scanned_bytes, size);
+
+    // The blob stores exactly the data (and the footer).
+    let store = BlobPageStore::new(c.client.clone(), blob.clone());
+    let ranges = store.page_ranges(ByteRange::new(0, size)).await.unwrap();
+    let stored: u64 = ranges.iter().map(ByteRange::len).sum();
+    assert_eq!(stored, data_bytes);
+    for r in &ranges {
+        assert!(
+            data_ranges
+                .iter()
+                .any(|d| d.start <= r.start && r.end <= d.end),
+            "range {r:?} is not data"
+        );
+    }
+    let footer = blob_bytes(&c.client, &blob, ByteRange::new(size, size + 512)).await;
+    let footer = Footer::parse(footer.as_slice().try_into().unwrap(), size + 512).unwrap();
+    assert_eq!(footer.current_size_bytes, size);
+    let props = c.client.get_properties(&blob).await.unwrap();
+    assert!(
+        Journal::from_metadata(&props.metadata).is_none(),
+        "record removed"
+    );
+    assert_eq!(
+        props.lease_state,
+        Some(blobdrive::blob::LeaseState::Available)
+    );
+
+    // Download: byte-identical, sparse.
+    let back = tmp.path().join("back.img");
+    let progress = Progress::new(0);
+    let opts = DownloadOptions {
+        raw: true,
+        ..Default::default()
+    };
+    let d = transfer::download(&c.client, &blob, &back, &opts, &progress)
+        .await
+        .unwrap();
+    println!(
+        "2 GiB sparse download: received {:.1} MiB in {} requests, {:.2} s",
+        d.received_bytes as f64 / MIB as f64,
+        d.requests,
+        d.seconds
+    );
+    assert_eq!(d.received_bytes, data_bytes);
+    assert!(
+        same_content(&src, &back),
+        "download differs from the source"
+    );
+    let used = std::fs::metadata(&back).unwrap().blocks() * 512;
+    println!("download uses {:.1} MiB of disk", used as f64 / MIB as f64);
+    assert!(used <= 120 * MIB, "download uses {used} bytes");
+
+    // Without --raw the file is the VHD; an existing file is refused.
+    let vhd = tmp.path().join("back.vhd");
+    let d = transfer::download(
+        &c.client,
+        &blob,
+        &vhd,
+        &DownloadOptions::default(),
+        &Progress::new(0),
+    )
+    .await
+    .unwrap();
+    assert_eq!(d.file_bytes, size + 512);
+    let err = transfer::download(
+        &c.client,
+        &blob,
+        &vhd,
+        &DownloadOptions::default(),
+        &Progress::new(0),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_fixed_vhd_with_ext4_uploads_and_its_file_reads_back() {
+    if !loop_devices_usable() {
+        return;
+    }
+    let c = ContainerGuard::new("xfer-qemu").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let raw = tmp.path().join("fs.img");
+    File::create(&raw).unwrap().set_len(64 * MIB).unwrap();
+    sh("mkfs.ext4", &["-q", "-F", raw.to_str().unwrap()]);
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let payload = random(3 * MIB + 123, 7);
+    sh(
+        "mount",
+        &["-o", "loop", raw.to_str().unwrap(), mnt.to_str().unwrap()],
+    );
+    let written = std::fs::write(mnt.join("payload.bin"), &payload)
+        .and_then(|()| std::fs::write(mnt.join("hello.txt"), b"hello from blobdrive\n"));
+    sh("umount", &[mnt.to_str().unwrap()]);
+    written.unwrap();
+    let vhd = tmp.path().join("fs.vhd");
+    sh(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "vpc",
+            "-o",
+            "subformat=fixed,force_size=on",
+            raw.to_str().unwrap(),
+            vhd.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(std::fs::metadata(&vhd).unwrap().len(), 64 * MIB + 512);
+
+    let target = format!("{}/fs.vhd", c.name);
+    let out = run(&["upload", vhd.to_str().unwrap(), &target]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = String::from_utf8_lossy(&out.stdout);
+    println!("{summary}");
+    assert!(summary.contains("fixed VHD"), "{summary}");
+
+    // The footer is qemu's, kept as it was.
+    let blob = c.path("fs.vhd");
+    let mut vhd_footer = [0u8; 512];
+    File::open(&vhd)
+        .unwrap()
+        .read_exact_at(&mut vhd_footer, 64 * MIB)
+        .unwrap();
+    let stored = blob_bytes(&c.client, &blob, ByteRange::new(64 * MIB, 64 * MIB + 512)).await;
+    assert_eq!(stored, vhd_footer);
+    assert_eq!(
+        Footer::parse(&vhd_footer, 64 * MIB + 512)
+            .unwrap()
+            .creator_app_name(),
+        "qem2"
+    );
+
+    // Attach with plain tools: download the data area, loop-mount read-only.
+    let back = tmp.path().join("back.img");
+    let out = run(&["download", &target, back.to_str().unwrap(), "--raw"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        same_content(&raw, &back),
+        "data area differs from the ext4 image"
+    );
+    let mnt2 = tmp.path().join("mnt2");
+    std::fs::create_dir(&mnt2).unwrap();
+    sh(
+        "mount",
+        &[
+            "-o",
+            "loop,ro",
+            back.to_str().unwrap(),
+            mnt2.to_str().unwrap(),
+        ],
+    );
+    let read = std::fs::read(mnt2.join("payload.bin"));
+    let hello = std::fs::read_to_string(mnt2.join("hello.txt"));
+    sh("umount", &[mnt2.to_str().unwrap()]);
+    assert_eq!(read.unwrap(), payload);
+    assert_eq!(hello.unwrap(), "hello from blobdrive\n");
+}
+
+/// Which chunks the blob's upload record has as done.
+async fn recorded_chunks(client: &BlobClient, blob: &BlobPath) -> Vec<u64> {
+    let props = client.get_properties(blob).await.unwrap();
+    let j = Journal::from_metadata(&props.metadata)
+        .expect("an interrupted upload leaves its record")
+        .expect("record is valid");
+    (0..j.done.len() as u64)
+        .filter(|c| j.done[*c as usize].is_some())
+        .collect()
+}
+
+async fn assert_no_footer(client: &BlobClient, blob: &BlobPath, data_len: u64) {
+    let tail = blob_bytes(client, blob, ByteRange::new(data_len, data_len + 512)).await;
+    assert!(
+        Footer::parse(tail.as_slice().try_into().unwrap(), data_len + 512).is_err(),
+        "an incomplete upload must not be a valid drive"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_upload_resumes_sending_only_the_rest() {
+    let c = ContainerGuard::new("xfer-resume").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("dense.img");
+    let len = 64 * MIB;
+    dense_file(&src, len, 1);
+    let blob = c.path("dense.vhd");
+    let first = upload(
+        &c.client,
+        &src,
+        &blob,
+        &UploadOptions {
+            parallel: 4,
+            stop_after_chunks: Some(6),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(!first.complete);
+    let done = recorded_chunks(&c.client, &blob).await;
+    assert!(done.len() >= 6 && done.len() < 16, "{done:?}");
+    assert_no_footer(&c.client, &blob, len).await;
+
+    // Without --resume (or --overwrite) the partial blob is refused.
+    let err = transfer::upload(
+        &c.client,
+        &src,
+        &blob,
+        &UploadOptions::default(),
+        &Progress::new(0),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("--resume"), "{err}");
+
+    let second = upload(
+        &c.client,
+        &src,
+        &blob,
+        &UploadOptions {
+            resume: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let remaining = len - done.len() as u64 * 4 * MIB;
+    println!(
+        "first run sent {} MiB ({} chunks recorded); resume sent {} MiB (remaining {} MiB + footer), verified {} MiB",
+        first.sent_bytes / MIB,
+        done.len(),
+        second.sent_bytes / MIB,
+        remaining / MIB,
+        second.verified_bytes / MIB
+    );
+    assert!(second.complete);
+    assert_eq!(second.sent_bytes, remaining + 512);
+    assert_eq!(second.chunks_mismatched, 0);
+    assert_eq!(second.resumed_bytes, done.len() as u64 * 4 * MIB);
+    let stored = blob_bytes(&c.client, &blob, ByteRange::new(0, len)).await;
+    assert!(
+        stored == std::fs::read(&src).unwrap(),
+        "blob differs from the file"
+    );
+    let props = c.client.get_properties(&blob).await.unwrap();
+    assert!(Journal::from_metadata(&props.metadata).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_chunk_is_detected_on_resume_and_sent_again() {
+    let c = ContainerGuard::new("xfer-corrupt").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("img");
+    let len = 32 * MIB;
+    dense_file(&src, len, 2);
+    // A zero region inside chunk 3: a stray page there must be caught too.
+    File::options()
+        .write(true)
+        .open(&src)
+        .unwrap()
+        .write_all_at(&vec![0u8; MIB as usize], 13 * MIB)
+        .unwrap();
+    let blob = c.path("img.vhd");
+    // One request at a time: chunks 0-4 are recorded, perhaps chunk 5 too
+    // (its Put Page may be in flight when the hook stops the run).
+    let first = upload(
+        &c.client,
+        &src,
+        &blob,
+        &UploadOptions {
+            parallel: 1,
+            stop_after_chunks: Some(5),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(!first.complete);
+    let done = recorded_chunks(&c.client, &blob).await;
+    assert!(
+        done == vec![0, 1, 2, 3, 4] || done == vec![0, 1, 2, 3, 4, 5],
+        "{done:?}"
+    );
+
+    // Corrupt chunk 1 (other bytes over data) and chunk 3 (a page where the
+    // image has zeros).
+    let junk = Bytes::from(vec![0xEEu8; 8192]);
+    c.client
+        .put_pages(&blob, 4 * MIB + 65536, junk, None)
+        .await
+        .unwrap();
+    let junk = Bytes::from(vec![0x55u8; 512]);
+    c.client
+        .put_pages(&blob, 13 * MIB + 4096, junk, None)
+        .await
+        .unwrap();
+
+    let second = upload(
+        &c.client,
+        &src,
+        &blob,
+        &UploadOptions {
+            resume: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let data = std::fs::read(&src).unwrap();
+    let resent: u64 = (0..8u64)
+        .filter(|c| *c == 1 || *c == 3 || !done.contains(c))
+        .map(|c| nonzero_bytes(&data[(c * 4 * MIB) as usize..((c + 1) * 4 * MIB) as usize]))
+        .sum();
+    println!(
+        "resume: {} chunks mismatched, sent {} bytes (chunks 1, 3 and the unrecorded: {resent} + footer)",
+        second.chunks_mismatched, second.sent_bytes
+    );
+    assert!(second.complete);
+    assert_eq!(second.chunks_mismatched, 2);
+    assert_eq!(second.sent_bytes, resent + 512);
+    let stored = blob_bytes(&c.client, &blob, ByteRange::new(0, len)).await;
+    assert!(stored == data, "blob differs from the file after resume");
+    let store = BlobPageStore::new(c.client.clone(), blob.clone());
+    let ranges = store
+        .page_ranges(ByteRange::new(13 * MIB, 14 * MIB))
+        .await
+        .unwrap();
+    assert!(ranges.is_empty(), "the stray page was cleared: {ranges:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_upload_process_resumes_after_its_lease_lapses() {
+    let c = ContainerGuard::new("xfer-kill").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("big.img");
+    let len = 256 * MIB;
+    dense_file(&src, len, 3);
+    let blob = c.path("big.vhd");
+    let target = format!("{}/big.vhd", c.name);
+    let mut child = bin()
+        .args([
+            "upload",
+            src.to_str().unwrap(),
+            &target,
+            "--parallel",
+            "2",
+            "--lease-seconds",
+            "15",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it once it has recorded some chunks.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let recorded = loop {
+        assert!(Instant::now() < deadline, "upload recorded nothing in time");
+        if let Ok(props) = c.client.get_properties(&blob).await {
+            if let Some(Ok(j)) = Journal::from_metadata(&props.metadata) {
+                if j.done_count() > 0 {
+                    child.kill().unwrap();
+                    break j.done_count();
+                }
+            }
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "upload ended before it could be killed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    child.wait().unwrap();
+    assert_no_footer(&c.client, &blob, len).await;
+    let now = recorded_chunks(&c.client, &blob).await.len();
+    println!("killed with {recorded} chunks recorded ({now} at the end)");
+
+    // The killed process's lease is still held: a mount (or upload) is refused.
+    let out = run(&["upload", src.to_str().unwrap(), &target, "--overwrite"]);
+    assert_refused(&out, "leased");
+
+    let started = Instant::now();
+    let out = run(&["upload", src.to_str().unwrap(), &target, "--resume"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!(
+        "resumed in {:.1} s:\n{stdout}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(stdout.contains("resumed"), "{stdout}");
+    let stored = blob_bytes(&c.client, &blob, ByteRange::new(0, len)).await;
+    assert!(
+        stored == std::fs::read(&src).unwrap(),
+        "blob differs from the file"
+    );
+    let tail = blob_bytes(&c.client, &blob, ByteRange::new(len, len + 512)).await;
+    Footer::parse(tail.as_slice().try_into().unwrap(), len + 512).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_one_line_with_a_nonzero_exit() {
+    let c = ContainerGuard::new("xfer-refuse").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("disk.img");
+    dense_file(&img, 16 * MIB, 4);
+    let target = format!("{}/disk.vhd", c.name);
+    let out = run(&["upload", img.to_str().unwrap(), &target]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // An existing blob.
+    let out = run(&["upload", img.to_str().unwrap(), &target]);
+    assert_refused(&out, "already exists");
+
+    // A leased blob, even with --overwrite.
+    let blob = c.path("disk.vhd");
+    let lease = c
+        .client
+        .acquire_lease(&blob, &uuid::Uuid::new_v4().to_string(), None)
+        .await
+        .unwrap();
+    let out = run(&["upload", img.to_str().unwrap(), &target, "--overwrite"]);
+    assert_refused(&out, "leased");
+    c.client.release_lease(&blob, &lease).await.unwrap();
+    let out = run(&["upload", img.to_str().unwrap(), &target, "--overwrite"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A raw size that is not whole MiB, unless padded.
+    let odd = tmp.path().join("odd.img");
+    dense_file(&odd, 10 * MIB + 1000, 5);
+    let odd_target = format!("{}/odd.vhd", c.name);
+    let out = run(&["upload", odd.to_str().unwrap(), &odd_target]);
+    assert_refused(&out, "not a whole number of MiB");
+    let out = run(&["upload", odd.to_str().unwrap(), &odd_target, "--pad"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let props = c.client.get_properties(&c.path("odd.vhd")).await.unwrap();
+    assert_eq!(props.content_length, 11 * MIB + 512);
+
+    // A dynamic VHD.
+    let dynamic = tmp.path().join("dyn.vhd");
+    sh(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "vpc",
+            "-o",
+            "subformat=dynamic",
+            dynamic.to_str().unwrap(),
+            "32M",
+        ],
+    );
+    let out = run(&[
+        "upload",
+        dynamic.to_str().unwrap(),
+        &format!("{}/dyn.vhd", c.name),
+    ]);
+    assert_refused(&out, "only fixed VHDs");
+
+    // Resume of a complete blob; download over an existing file.
+    let out = run(&["upload", img.to_str().unwrap(), &target, "--resume"]);
+    assert_refused(&out, "no interrupted upload");
+    let out = run(&["download", &target, img.to_str().unwrap()]);
+    assert_refused(&out, "already exists");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dense_256mib_upload_throughput_against_the_put_page_ceiling() {
+    let c = ContainerGuard::new("xfer-bench").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("dense.img");
+    let len = 256 * MIB;
+    dense_file(&src, len, 6);
+
+    // The ceiling: the same bytes as bare 4 MiB Put Pages, 8 in flight.
+    let raw = c.path("ceiling");
+    c.client.create_page_blob(&raw, len).await.unwrap();
+    let mut file = File::open(&src).unwrap();
+    let mut blocks = Vec::new();
+    for _ in 0..len / (4 * MIB) {
+        let mut b = vec![0u8; 4 * MIB as usize];
+        file.read_exact(&mut b).unwrap();
+        blocks.push(Bytes::from(b));
+    }
+    let started = Instant::now();
+    let client = Arc::new(c.client.clone());
+    futures::future::try_join_all((0..8).map(|lane| {
+        let (client, raw, blocks) = (client.clone(), raw.clone(), blocks.clone());
+        async move {
+            for (i, b) in blocks.into_iter().enumerate().skip(lane).step_by(8) {
+                client.put_pages(&raw, i as u64 * 4 * MIB, b, None).await?;
+            }
+            Ok::<(), blobdrive::blob::Error>(())
+        }
+    }))
+    .await
+    .unwrap();
+    let ceiling = len as f64 / MIB as f64 / started.elapsed().as_secs_f64();
+
+    let report = upload(
+        &c.client,
+        &src,
+        &c.path("dense.vhd"),
+        &UploadOptions::default(),
+    )
+    .await;
+    let mibs = report.rate() / MIB as f64;
+    println!(
+        "upload throughput: {mibs:.1} MiB/s (256 MiB dense, parallel 8, {} requests); \
+         bare Put Page ceiling {ceiling:.1} MiB/s; ratio {:.2}",
+        report.requests,
+        mibs / ceiling
+    );
+    assert!(report.complete);
+    assert_eq!(report.sent_bytes, len + 512);
+}
