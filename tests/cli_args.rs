@@ -123,20 +123,6 @@ fn bad_sizes_give_one_line_and_exit_2() {
 }
 
 #[test]
-fn commands_not_built_yet_say_so_and_exit_2() {
-    // The drive commands are built (tests/cli_drives.rs runs them against
-    // Azurite), and so are mount, unmount and stats.
-    let cases: [&[&str]; 2] = [&["upload", "f", "c/d"], &["download", "c/d", "f"]];
-    for args in cases {
-        let err = assert_one_line_failure(args, 2);
-        assert_eq!(
-            err.trim_end(),
-            format!("blobdrive: '{}' is not available yet", args[0])
-        );
-    }
-}
-
-#[test]
 fn unmount_and_stats_of_a_directory_that_is_not_a_mount_fail_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_str().unwrap();
