@@ -299,9 +299,11 @@ fn print_error_line(message: &str) {
 /// overrides. Calling it twice (tests) keeps the first setup.
 fn init_logging(verbose: u8) {
     use tracing_subscriber::EnvFilter;
+    // rustls-platform-verifier logs a refused certificate as an ERROR of its
+    // own; the command's error line already says it (and what to do).
     let level = match verbose {
-        0 => "warn",
-        1 => "info",
+        0 => "warn,rustls_platform_verifier=off",
+        1 => "info,rustls_platform_verifier=off",
         2 => "debug",
         _ => "trace",
     };
