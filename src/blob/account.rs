@@ -729,4 +729,74 @@ mod tests {
         assert!(matches!(&a.credential, Credential::Sas(t) if t == "sv=1&sig=x"));
         assert!(Account::from_lookup(None, env(&[("AZURE_STORAGE_ACCOUNT", "acct1")])).is_err());
     }
+
+    #[test]
+    fn sign_in_modes_pick_credentials_and_say_what_is_missing() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let opts = |auth, account: Option<&str>| AccountOptions {
+            auth,
+            account: account.map(str::to_string),
+            ..Default::default()
+        };
+        // Entra sign-in needs to know which account.
+        let e = Account::from_lookup_with(None, &opts(Some(AuthMode::Msi), None), env(&[]))
+            .unwrap_err();
+        assert!(e.to_string().contains("--account"), "{e}");
+        // --account NAME gives the public endpoint and a token credential.
+        let a =
+            Account::from_lookup_with(None, &opts(Some(AuthMode::Msi), Some("myacct")), env(&[]))
+                .unwrap();
+        assert_eq!(a.endpoint.as_str(), "https://myacct.blob.core.windows.net/");
+        assert!(matches!(a.credential, Credential::Token(_)));
+        // AZURE_STORAGE_AUTH_MODE=login with AZURE_STORAGE_ACCOUNT.
+        let a = Account::from_lookup_with(
+            None,
+            &opts(None, None),
+            env(&[
+                ("AZURE_STORAGE_AUTH_MODE", "login"),
+                ("AZURE_STORAGE_ACCOUNT", "envacct"),
+                ("AZURE_STORAGE_KEY", "a2V5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(a.name, "envacct");
+        assert!(format!("{a:?}").contains("Token("), "{a:?}");
+        // --auth key insists on a key; --auth sp on its variables.
+        let e = Account::from_lookup_with(
+            None,
+            &opts(Some(AuthMode::Key), Some("myacct")),
+            env(&[("AZURE_STORAGE_SAS_TOKEN", "sv=1&sig=x")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("AZURE_STORAGE_KEY"), "{e}");
+        let e =
+            Account::from_lookup_with(None, &opts(Some(AuthMode::Sp), Some("myacct")), env(&[]))
+                .unwrap_err();
+        assert!(e.to_string().contains("AZURE_CLIENT_SECRET"), "{e}");
+        // A bad mode name, and --account with --connection-string.
+        assert!(Account::from_lookup_with(
+            None,
+            &opts(None, None),
+            env(&[("AZURE_STORAGE_AUTH_MODE", "password")])
+        )
+        .is_err());
+        assert!(Account::from_lookup_with(
+            Some("UseDevelopmentStorage=true"),
+            &opts(None, Some("myacct")),
+            env(&[])
+        )
+        .is_err());
+        // An account without any credential says how to sign in.
+        let e = Account::from_lookup_with(None, &opts(None, Some("myacct")), env(&[])).unwrap_err();
+        assert!(e.to_string().contains("--auth login"), "{e}");
+        // A URL names a path-style (Azurite) account.
+        let a = Account::from_name_or_url("https://127.0.0.1:10443/devstoreaccount1").unwrap();
+        assert_eq!(a.name, "devstoreaccount1");
+    }
 }
