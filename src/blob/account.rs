@@ -1,18 +1,24 @@
 //! Which storage account to talk to and how to prove it: the account name,
-//! its blob endpoint and a credential (Shared Key, SAS token or none).
+//! its blob endpoint, a credential (Shared Key, SAS token, Microsoft Entra
+//! token source, or none) and how to connect (extra CA roots, plain HTTP).
 //!
 //! Owns connection-string parsing and the account-selection order of the
 //! design (argument, `AZURE_STORAGE_CONNECTION_STRING`, `AZURE_STORAGE_ACCOUNT`
-//! with `AZURE_STORAGE_KEY` or `AZURE_STORAGE_SAS_TOKEN`, else Azurite).
-//! Invariant: no error message and no `Debug` output contains a key or a SAS
-//! signature.
+//! with `AZURE_STORAGE_KEY` or `AZURE_STORAGE_SAS_TOKEN`, else Azurite), and
+//! its extension by `--auth` / `AZURE_STORAGE_AUTH_MODE` and `--account`
+//! ([`Account::from_env_with`]). Invariant: no error message and no `Debug`
+//! output contains a key, a SAS signature, a client secret or a token.
 
 use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine as _;
 use url::Url;
 
 use super::error::{Error, ErrorKind, Result};
+use super::token::{self, TokenProvider};
 
 /// Azurite's well-known development account name.
 pub const DEV_ACCOUNT_NAME: &str = "devstoreaccount1";
@@ -34,6 +40,131 @@ pub struct Account {
     pub endpoint: Url,
     /// How requests are authorized.
     pub credential: Credential,
+    /// How the client connects (CA roots, plain HTTP, token refresh).
+    pub options: ClientOptions,
+}
+
+/// How a client connects, besides which account.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// Extra trusted root certificates (`--ca-file`), added to the system's.
+    pub ca_file: Option<CaFile>,
+    /// Allow plain HTTP to an account other than local development storage
+    /// (`--allow-http`).
+    pub allow_http: bool,
+    /// Refresh an access token this long before it expires.
+    pub token_refresh_margin: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            ca_file: None,
+            allow_http: false,
+            token_refresh_margin: token::DEFAULT_REFRESH_MARGIN,
+        }
+    }
+}
+
+/// A PEM file of root certificates, read and checked when the account is built.
+#[derive(Clone)]
+pub struct CaFile {
+    /// Where it came from (for messages).
+    pub path: PathBuf,
+    /// Its contents.
+    pub pem: Arc<Vec<u8>>,
+}
+
+impl fmt::Debug for CaFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CaFile({})", self.path.display())
+    }
+}
+
+impl CaFile {
+    /// Read `path` and check that it holds at least one PEM certificate.
+    pub fn load(path: &std::path::Path) -> Result<CaFile> {
+        let target = path.display().to_string();
+        let pem = std::fs::read(path)
+            .map_err(|e| config_error(&target, format!("cannot read the CA file: {e}")))?;
+        match reqwest::Certificate::from_pem_bundle(&pem) {
+            Ok(certs) if !certs.is_empty() => Ok(CaFile {
+                path: path.to_path_buf(),
+                pem: Arc::new(pem),
+            }),
+            _ => Err(config_error(
+                &target,
+                "the CA file holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+            )),
+        }
+    }
+}
+
+/// How to sign in (`--auth`, or `AZURE_STORAGE_AUTH_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Shared Key: `AZURE_STORAGE_KEY` or a connection string's `AccountKey`.
+    Key,
+    /// SAS token: `AZURE_STORAGE_SAS_TOKEN` or a connection string's signature.
+    Sas,
+    /// Microsoft Entra ID, first available of: service principal from the
+    /// environment, managed identity, Azure CLI.
+    Login,
+    /// Microsoft Entra ID through the managed identity (IMDS or `IDENTITY_ENDPOINT`).
+    Msi,
+    /// Microsoft Entra ID as a service principal (secret or certificate).
+    Sp,
+    /// Microsoft Entra ID through the Azure CLI's login (`az login`).
+    Cli,
+}
+
+impl AuthMode {
+    /// Every mode's name, as `--auth` takes it.
+    pub const NAMES: [&'static str; 6] = ["key", "sas", "login", "msi", "sp", "cli"];
+
+    fn token_mode(self) -> Option<token::TokenMode> {
+        match self {
+            AuthMode::Key | AuthMode::Sas => None,
+            AuthMode::Login => Some(token::TokenMode::Login),
+            AuthMode::Msi => Some(token::TokenMode::ManagedIdentity),
+            AuthMode::Sp => Some(token::TokenMode::ServicePrincipal),
+            AuthMode::Cli => Some(token::TokenMode::AzureCli),
+        }
+    }
+}
+
+impl std::str::FromStr for AuthMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "key" => AuthMode::Key,
+            "sas" => AuthMode::Sas,
+            "login" => AuthMode::Login,
+            "msi" | "managed-identity" => AuthMode::Msi,
+            "sp" | "service-principal" => AuthMode::Sp,
+            "cli" | "azure-cli" => AuthMode::Cli,
+            other => {
+                return Err(format!(
+                    "unknown sign-in mode '{other}' (one of {})",
+                    AuthMode::NAMES.join(", ")
+                ))
+            }
+        })
+    }
+}
+
+/// Account selection beyond the connection string: the global flags
+/// `--auth`, `--account`, `--ca-file` and `--allow-http`.
+#[derive(Debug, Clone, Default)]
+pub struct AccountOptions {
+    /// `--auth`; `None` reads `AZURE_STORAGE_AUTH_MODE`, else the classic order.
+    pub auth: Option<AuthMode>,
+    /// `--account`: an account name or a blob endpoint URL.
+    pub account: Option<String>,
+    /// `--ca-file`.
+    pub ca_file: Option<PathBuf>,
+    /// `--allow-http`.
+    pub allow_http: bool,
 }
 
 /// How requests are authorized.
@@ -46,6 +177,8 @@ pub enum Credential {
     },
     /// A SAS token: the query string, without a leading `?`.
     Sas(String),
+    /// Microsoft Entra ID bearer tokens from this source.
+    Token(Arc<dyn TokenProvider>),
     /// No credential (public containers only).
     Anonymous,
 }
@@ -55,6 +188,7 @@ impl fmt::Debug for Credential {
         match self {
             Credential::SharedKey { .. } => f.write_str("SharedKey { key: <redacted> }"),
             Credential::Sas(token) => write!(f, "Sas({:?})", redact_sas(token)),
+            Credential::Token(p) => write!(f, "Token({})", p.name()),
             Credential::Anonymous => f.write_str("Anonymous"),
         }
     }
@@ -66,6 +200,7 @@ impl fmt::Debug for Account {
             .field("name", &self.name)
             .field("endpoint", &self.endpoint.as_str())
             .field("credential", &self.credential)
+            .field("options", &self.options)
             .finish()
     }
 }
@@ -138,6 +273,7 @@ impl Account {
                     .decode(DEV_ACCOUNT_KEY)
                     .expect("the development key is valid base64"),
             },
+            options: ClientOptions::default(),
         }
     }
 
@@ -149,6 +285,7 @@ impl Account {
             name: name.to_string(),
             endpoint: cloud_endpoint(name, "https", "core.windows.net")?,
             credential: Credential::SharedKey { key },
+            options: ClientOptions::default(),
         })
     }
 
@@ -158,6 +295,7 @@ impl Account {
             name: name.to_string(),
             endpoint: cloud_endpoint(name, "https", "core.windows.net")?,
             credential: Credential::Sas(sas.trim().trim_start_matches('?').to_string()),
+            options: ClientOptions::default(),
         })
     }
 
@@ -255,6 +393,7 @@ impl Account {
             name,
             endpoint,
             credential,
+            options: ClientOptions::default(),
         })
     }
 
@@ -310,10 +449,158 @@ impl Account {
                 s.push_str(";SharedAccessSignature=");
                 s.push_str(t);
             }
-            Credential::Anonymous => {}
+            Credential::Token(_) | Credential::Anonymous => {}
         }
         s
     }
+
+    /// An account named by `--account`: a bare name (public cloud endpoint
+    /// `https://NAME.blob.core.windows.net`) or a blob endpoint URL (the name
+    /// is its first host label, or its first path segment for Azurite's
+    /// path-style URLs on an IP address or `localhost`). No credential yet.
+    pub fn from_name_or_url(s: &str) -> Result<Account> {
+        let s = s.trim();
+        let endpoint = if s.contains("://") {
+            parse_endpoint(s, s)?
+        } else {
+            cloud_endpoint(s, "https", "core.windows.net")?
+        };
+        let name = account_from_endpoint(&endpoint)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| config_error(s, "cannot tell the account name from this URL"))?;
+        Ok(Account {
+            name,
+            endpoint,
+            credential: Credential::Anonymous,
+            options: ClientOptions::default(),
+        })
+    }
+
+    /// True for local development storage: an endpoint on loopback, or the
+    /// development account's name (Azurite in a container).
+    pub fn is_development(&self) -> bool {
+        self.name == DEV_ACCOUNT_NAME || super::token::is_loopback(&self.endpoint)
+    }
+
+    /// [`Account::from_env`] with the global flags: `--auth` (else
+    /// `AZURE_STORAGE_AUTH_MODE`), `--account`, `--ca-file`, `--allow-http`.
+    /// This is the one function commands call to pick their account.
+    pub fn from_env_with(
+        connection_string: Option<&str>,
+        opts: &AccountOptions,
+    ) -> Result<Account> {
+        Self::from_lookup_with(connection_string, opts, |k| std::env::var(k).ok())
+    }
+
+    /// [`Account::from_env_with`] with an explicit variable lookup (for tests).
+    ///
+    /// Without a sign-in mode, the classic order of [`Account::from_lookup`]
+    /// applies (with `--account` taking the place of `AZURE_STORAGE_ACCOUNT`).
+    /// `key` and `sas` insist on that credential; `login`, `msi`, `sp` and
+    /// `cli` take the account's name and endpoint from `--account`, the
+    /// connection string or `AZURE_STORAGE_ACCOUNT`, and sign in with tokens.
+    pub fn from_lookup_with(
+        connection_string: Option<&str>,
+        opts: &AccountOptions,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Account> {
+        let get = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
+        let mode = match opts.auth {
+            Some(m) => Some(m),
+            None => match get("AZURE_STORAGE_AUTH_MODE") {
+                Some(v) => Some(
+                    v.parse::<AuthMode>()
+                        .map_err(|e| config_error("AZURE_STORAGE_AUTH_MODE", e))?,
+                ),
+                None => None,
+            },
+        };
+        if opts.account.is_some() && connection_string.is_some() {
+            return Err(config_error(
+                "account",
+                "give --account or --connection-string, not both",
+            ));
+        }
+        // Where the account is, with whatever credential its source carries.
+        let mut account = match &opts.account {
+            Some(a) => {
+                let mut acct = Account::from_name_or_url(a)?;
+                acct.credential = credential_from_env(&acct.name, &get)?;
+                Some(acct)
+            }
+            None => match (connection_string, get("AZURE_STORAGE_CONNECTION_STRING")) {
+                (Some(cs), _) => Some(Account::from_connection_string(cs)?),
+                (None, Some(cs)) => Some(Account::from_connection_string(&cs)?),
+                (None, None) => match get("AZURE_STORAGE_ACCOUNT") {
+                    Some(name) => {
+                        let mut acct = Account::from_name_or_url(&name)?;
+                        acct.credential = credential_from_env(&acct.name, &get)?;
+                        Some(acct)
+                    }
+                    None => None,
+                },
+            },
+        };
+        let token_mode = mode.and_then(AuthMode::token_mode);
+        if let Some(tm) = token_mode {
+            let Some(acct) = account.as_mut() else {
+                return Err(config_error(
+                    "account",
+                    "signing in with Microsoft Entra ID needs an account: --account NAME (or URL), or AZURE_STORAGE_ACCOUNT",
+                ));
+            };
+            let provider = token::provider_from_lookup(tm, &|k: &str| get(k))
+                .map_err(|e| config_error(&acct.name, e))?;
+            acct.credential = Credential::Token(provider);
+        }
+        let mut account = account.unwrap_or_else(Account::development);
+        match (mode, &account.credential) {
+            (Some(AuthMode::Key), Credential::SharedKey { .. }) => {}
+            (Some(AuthMode::Key), _) => {
+                return Err(config_error(
+                    &account.name,
+                    "--auth key needs the account key: AZURE_STORAGE_KEY, or a connection string with AccountKey",
+                ))
+            }
+            (Some(AuthMode::Sas), Credential::Sas(_)) => {}
+            (Some(AuthMode::Sas), _) => {
+                return Err(config_error(
+                    &account.name,
+                    "--auth sas needs a SAS token: AZURE_STORAGE_SAS_TOKEN, or a connection string with SharedAccessSignature",
+                ))
+            }
+            (None, Credential::Anonymous)
+                if opts.account.is_some()
+                    || (connection_string.is_none()
+                        && get("AZURE_STORAGE_CONNECTION_STRING").is_none()) => {
+                return Err(config_error(
+                    &account.name,
+                    "no credential for this account: set AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, or sign in with Microsoft Entra ID (--auth login)",
+                ))
+            }
+            _ => {}
+        }
+        account.options.allow_http = opts.allow_http;
+        if let Some(path) = &opts.ca_file {
+            account.options.ca_file = Some(CaFile::load(path)?);
+        }
+        Ok(account)
+    }
+}
+
+/// The credential `AZURE_STORAGE_KEY` or `AZURE_STORAGE_SAS_TOKEN` gives, if any.
+fn credential_from_env(account: &str, get: &dyn Fn(&str) -> Option<String>) -> Result<Credential> {
+    if let Some(key) = get("AZURE_STORAGE_KEY") {
+        return Ok(Credential::SharedKey {
+            key: decode_key(account, &key)?,
+        });
+    }
+    if let Some(sas) = get("AZURE_STORAGE_SAS_TOKEN") {
+        return Ok(Credential::Sas(
+            sas.trim().trim_start_matches('?').to_string(),
+        ));
+    }
+    Ok(Credential::Anonymous)
 }
 
 fn cloud_endpoint(name: &str, proto: &str, suffix: &str) -> Result<Url> {
@@ -441,5 +728,75 @@ mod tests {
         .unwrap();
         assert!(matches!(&a.credential, Credential::Sas(t) if t == "sv=1&sig=x"));
         assert!(Account::from_lookup(None, env(&[("AZURE_STORAGE_ACCOUNT", "acct1")])).is_err());
+    }
+
+    #[test]
+    fn sign_in_modes_pick_credentials_and_say_what_is_missing() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let opts = |auth, account: Option<&str>| AccountOptions {
+            auth,
+            account: account.map(str::to_string),
+            ..Default::default()
+        };
+        // Entra sign-in needs to know which account.
+        let e = Account::from_lookup_with(None, &opts(Some(AuthMode::Msi), None), env(&[]))
+            .unwrap_err();
+        assert!(e.to_string().contains("--account"), "{e}");
+        // --account NAME gives the public endpoint and a token credential.
+        let a =
+            Account::from_lookup_with(None, &opts(Some(AuthMode::Msi), Some("myacct")), env(&[]))
+                .unwrap();
+        assert_eq!(a.endpoint.as_str(), "https://myacct.blob.core.windows.net/");
+        assert!(matches!(a.credential, Credential::Token(_)));
+        // AZURE_STORAGE_AUTH_MODE=login with AZURE_STORAGE_ACCOUNT.
+        let a = Account::from_lookup_with(
+            None,
+            &opts(None, None),
+            env(&[
+                ("AZURE_STORAGE_AUTH_MODE", "login"),
+                ("AZURE_STORAGE_ACCOUNT", "envacct"),
+                ("AZURE_STORAGE_KEY", "a2V5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(a.name, "envacct");
+        assert!(format!("{a:?}").contains("Token("), "{a:?}");
+        // --auth key insists on a key; --auth sp on its variables.
+        let e = Account::from_lookup_with(
+            None,
+            &opts(Some(AuthMode::Key), Some("myacct")),
+            env(&[("AZURE_STORAGE_SAS_TOKEN", "sv=1&sig=x")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("AZURE_STORAGE_KEY"), "{e}");
+        let e =
+            Account::from_lookup_with(None, &opts(Some(AuthMode::Sp), Some("myacct")), env(&[]))
+                .unwrap_err();
+        assert!(e.to_string().contains("AZURE_CLIENT_SECRET"), "{e}");
+        // A bad mode name, and --account with --connection-string.
+        assert!(Account::from_lookup_with(
+            None,
+            &opts(None, None),
+            env(&[("AZURE_STORAGE_AUTH_MODE", "password")])
+        )
+        .is_err());
+        assert!(Account::from_lookup_with(
+            Some("UseDevelopmentStorage=true"),
+            &opts(None, Some("myacct")),
+            env(&[])
+        )
+        .is_err());
+        // An account without any credential says how to sign in.
+        let e = Account::from_lookup_with(None, &opts(None, Some("myacct")), env(&[])).unwrap_err();
+        assert!(e.to_string().contains("--auth login"), "{e}");
+        // A URL names a path-style (Azurite) account.
+        let a = Account::from_name_or_url("https://127.0.0.1:10443/devstoreaccount1").unwrap();
+        assert_eq!(a.name, "devstoreaccount1");
     }
 }

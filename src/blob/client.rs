@@ -4,9 +4,11 @@
 //! The typed operations live beside it (`containers.rs`, `blobs.rs`,
 //! `lease.rs`) and describe each request as a [`Request`]. Invariants: every
 //! request carries the same `x-ms-version`; every attempt is re-signed with a
-//! fresh `x-ms-date`; a body shorter than the caller expects is never
-//! returned as success; nothing logged or put in an error holds the key, the
-//! `Authorization` header or a SAS signature.
+//! fresh `x-ms-date` (or carries the current bearer token); a body shorter
+//! than the caller expects is never returned as success; nothing logged or
+//! put in an error holds the key, the `Authorization` header, a token or a
+//! SAS signature; plain HTTP is used only for development storage or when
+//! the account allows it; a server certificate is always checked.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use super::auth::{self, Signable};
 use super::error::{Error, ErrorKind, Result};
 use super::path::{encode_component, BlobPath};
 use super::retry::RetryPolicy;
+use super::token::{Secret, TokenCache};
 use super::xml;
 
 /// The REST API version sent with every request.
@@ -104,6 +107,8 @@ struct Inner {
     account: Account,
     http: reqwest::Client,
     retries: AtomicU64,
+    /// The token cache, for an account signed in with Microsoft Entra ID.
+    tokens: Option<TokenCache>,
 }
 
 /// An Azure Blob REST client for one account. Cheap to clone: clones share
@@ -125,28 +130,80 @@ impl std::fmt::Debug for BlobClient {
 
 impl BlobClient {
     /// A client for `account` with the default retry policy.
+    ///
+    /// Refuses a plain-HTTP endpoint unless it is development storage or the
+    /// account allows it (`--allow-http`); trusts the system's root
+    /// certificates plus the account's `--ca-file`.
     pub fn new(account: Account) -> Result<Self> {
-        let http = reqwest::Client::builder()
+        let config =
+            |msg: String| Error::other(ErrorKind::Config, "create client", &account.name, msg);
+        if account.endpoint.scheme() == "http"
+            && !account.is_development()
+            && !account.options.allow_http
+        {
+            return Err(config(format!(
+                "refusing plain HTTP to {}: requests, data and credentials would travel unencrypted; use an https:// endpoint, or pass --allow-http for a trusted test endpoint",
+                account.endpoint.host_str().unwrap_or_default()
+            )));
+        }
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .pool_idle_timeout(Duration::from_secs(50))
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| {
-                Error::other(
-                    ErrorKind::Config,
-                    "create client",
-                    &account.name,
-                    format!("cannot build the HTTP client: {}", e.without_url()),
-                )
+            .tcp_nodelay(true);
+        if let Some(ca) = &account.options.ca_file {
+            let certs = reqwest::Certificate::from_pem_bundle(&ca.pem).map_err(|e| {
+                config(format!(
+                    "the CA file {} is unusable: {}",
+                    ca.path.display(),
+                    e.without_url()
+                ))
             })?;
+            builder = builder.tls_certs_merge(certs);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| config(format!("cannot build the HTTP client: {}", e.without_url())))?;
+        let tokens = match &account.credential {
+            Credential::Token(p) => Some(TokenCache::new(
+                p.clone(),
+                account.options.token_refresh_margin,
+            )),
+            _ => None,
+        };
         Ok(BlobClient {
             inner: Arc::new(Inner {
                 account,
                 http,
                 retries: AtomicU64::new(0),
+                tokens,
             }),
             policy: RetryPolicy::default(),
         })
+    }
+
+    /// Access tokens fetched so far (0 unless signed in with Microsoft Entra ID).
+    pub fn token_fetches(&self) -> u64 {
+        self.inner.tokens.as_ref().map_or(0, TokenCache::fetches)
+    }
+
+    /// The current bearer token, fetching one when needed; `None` for the
+    /// other credentials.
+    async fn bearer(&self, op: &'static str, target: &str) -> Result<Option<Secret>> {
+        let Some(cache) = &self.inner.tokens else {
+            return Ok(None);
+        };
+        match cache.token(&self.inner.http).await {
+            Ok(t) => Ok(Some(t)),
+            Err(e) => Err(Error::other(
+                ErrorKind::Credential,
+                op,
+                target,
+                format!(
+                    "cannot sign in to account '{}' with Microsoft Entra ID: {e}",
+                    self.inner.account.name
+                ),
+            )),
+        }
     }
 
     /// The same client (same connections and counter) with another retry policy.
@@ -233,6 +290,7 @@ impl BlobClient {
         let started = Instant::now();
         let target = self.target(&req.resource);
         let mut attempt = 0u32;
+        let mut token_renewed = false;
         loop {
             attempt += 1;
             let remaining = self.policy.max_total.saturating_sub(started.elapsed());
@@ -240,7 +298,23 @@ impl BlobClient {
                 .policy
                 .attempt_timeout
                 .min(remaining.max(Duration::from_secs(1)));
-            let outcome = self.attempt(&req, &target, timeout).await;
+            let bearer = match self.bearer(req.op, &target).await {
+                Ok(b) => b,
+                Err(e) => return (Err(e), attempt),
+            };
+            let outcome = self.attempt(&req, &target, timeout, bearer.as_ref()).await;
+            // A token the service calls expired or invalid (clock skew, a
+            // revoked token): drop it and try once more with a fresh one.
+            if let (Err((e, _)), Some(used), Some(cache)) = (&outcome, &bearer, &self.inner.tokens)
+            {
+                if !token_renewed && e.is_stale_token() {
+                    debug!(op = req.op, target = %target, code = ?e.code(), "access token refused; fetching a new one");
+                    cache.invalidate(used);
+                    token_renewed = true;
+                    attempt -= 1;
+                    continue;
+                }
+            }
             let retryable = match &outcome {
                 Ok(_) => false,
                 Err((e, short_body)) => *short_body || e.is_transient(),
@@ -274,6 +348,7 @@ impl BlobClient {
         req: &Request<'_>,
         target: &str,
         timeout: Duration,
+        bearer: Option<&Secret>,
     ) -> std::result::Result<Response, (Error, bool)> {
         let account = &self.inner.account;
         let (path, url) = self.url(req);
@@ -322,6 +397,22 @@ impl BlobClient {
                 )
             })?;
             map.insert(name, value);
+        }
+        if let Some(token) = bearer {
+            let mut value =
+                HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
+                    (
+                        Error::other(
+                            ErrorKind::Credential,
+                            req.op,
+                            target,
+                            "the access token has characters HTTP cannot carry",
+                        ),
+                        false,
+                    )
+                })?;
+            value.set_sensitive(true);
+            map.insert(reqwest::header::AUTHORIZATION, value);
         }
         if req.body.is_empty() && req.method == Method::PUT {
             // hyper omits a zero Content-Length; the service requires it on
@@ -411,6 +502,19 @@ impl BlobClient {
             src = s.source();
         }
         let host = self.inner.account.endpoint.host_str().unwrap_or_default();
+        if is_certificate_problem(&msg) {
+            // Not transient: retrying cannot make the certificate trusted.
+            let hint = match &self.inner.account.options.ca_file {
+                Some(ca) => format!("it is not signed by the system's roots nor by {}", ca.path.display()),
+                None => "if the endpoint uses a private CA, pass its root certificate with --ca-file PEM".to_string(),
+            };
+            return Error::other(
+                ErrorKind::Tls,
+                op,
+                target,
+                format!("the TLS certificate of {host} is not trusted ({msg}); {hint}"),
+            );
+        }
         Error::other(
             ErrorKind::Transport,
             op,
@@ -436,11 +540,9 @@ impl BlobClient {
         let service_msg = parsed
             .map(|(_, m)| m.lines().next().unwrap_or_default().trim().to_string())
             .unwrap_or_default();
+        let detail = xml::parse_error_detail(body);
         let message = match status {
-            401 | 403 => format!(
-                "the service refused the credentials for account '{}': check the account key or SAS token (and that it allows this operation)",
-                self.inner.account.name
-            ),
+            401 | 403 => self.auth_failure(code.as_deref(), detail.as_deref()),
             _ if !service_msg.is_empty() => service_msg,
             _ => reqwest::StatusCode::from_u16(status)
                 .ok()
@@ -448,6 +550,43 @@ impl BlobClient {
                 .unwrap_or("")
                 .to_string(),
         };
-        Error::service(op, target, status, code, message)
+        let mut e = Error::service(op, target, status, code, message);
+        e.detail = detail;
+        e
     }
+
+    /// What to say when the service refuses the credentials (401/403).
+    fn auth_failure(&self, code: Option<&str>, detail: Option<&str>) -> String {
+        let name = &self.inner.account.name;
+        let detail = detail
+            .map(|d| format!(" ({})", d.lines().next().unwrap_or_default().trim()))
+            .unwrap_or_default();
+        match (&self.inner.tokens, code) {
+            (Some(cache), Some("AuthorizationPermissionMismatch" | "AuthorizationFailure")) => format!(
+                "the identity signed in with {} may not do this on account '{name}': give it a data role on the account or container, such as 'Storage Blob Data Contributor' (read-write; 'Storage Blob Data Reader' for read-only use); new role assignments take a few minutes to apply",
+                cache.source_name()
+            ),
+            (Some(cache), _) => format!(
+                "the service refused the access token from {} for account '{name}'{detail}: check that the identity is in the account's tenant and that the account allows Microsoft Entra sign-in",
+                cache.source_name()
+            ),
+            (None, _) => format!(
+                "the service refused the credentials for account '{name}'{detail}: check the account key or SAS token (and that it allows this operation)"
+            ),
+        }
+    }
+}
+
+/// Does a transport error's text say the server's certificate was refused?
+fn is_certificate_problem(msg: &str) -> bool {
+    [
+        "invalid peer certificate",
+        "UnknownIssuer",
+        "certificate verify failed",
+        "NotValidForName",
+        "CertExpired",
+        "BadSignature",
+    ]
+    .iter()
+    .any(|needle| msg.contains(needle))
 }

@@ -19,8 +19,13 @@ pub enum ErrorKind {
     /// (malformed XML, missing header, short body).
     Protocol,
     /// The account configuration is unusable (malformed connection string,
-    /// key that is not base64).
+    /// key that is not base64, plain HTTP refused).
     Config,
+    /// No access token could be had (no identity available, or the identity
+    /// service refused): the message names the source and the service's reason.
+    Credential,
+    /// The server's TLS certificate is not trusted (not retried).
+    Tls,
 }
 
 /// An error from the Azure Blob REST client.
@@ -38,6 +43,8 @@ pub struct Error {
     pub code: Option<String>,
     /// A human explanation (never containing secrets).
     pub message: String,
+    /// The service's `AuthenticationErrorDetail`, when it sent one.
+    pub detail: Option<String>,
 }
 
 impl Error {
@@ -56,6 +63,7 @@ impl Error {
             status: Some(status),
             code,
             message: message.into(),
+            detail: None,
         }
     }
 
@@ -73,6 +81,7 @@ impl Error {
             status: None,
             code: None,
             message: message.into(),
+            detail: None,
         }
     }
 
@@ -121,6 +130,25 @@ impl Error {
     /// True when the credentials were refused (401/403).
     pub fn is_auth_failure(&self) -> bool {
         matches!(self.status, Some(401) | Some(403))
+    }
+
+    /// True when a bearer token was refused in a way a fresh token may cure:
+    /// 401 (`InvalidAuthenticationInfo`: expired or malformed token), or 403
+    /// `AuthenticationFailed` whose detail says the token's lifetime is over.
+    pub fn is_stale_token(&self) -> bool {
+        match self.status {
+            Some(401) => true,
+            Some(403) => {
+                matches!(
+                    self.code(),
+                    Some("AuthenticationFailed") | Some("InvalidAuthenticationInfo")
+                ) && self
+                    .detail
+                    .as_deref()
+                    .is_some_and(|d| d.contains("expired") || d.contains("Lifetime"))
+            }
+            _ => false,
+        }
     }
 
     /// True for failures worth retrying: 5xx, 408, 429 and transport faults.

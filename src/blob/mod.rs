@@ -14,10 +14,11 @@ pub mod error;
 mod lease;
 pub mod path;
 pub mod retry;
+pub mod token;
 pub mod types;
 mod xml;
 
-pub use account::{Account, Credential};
+pub use account::{Account, AccountOptions, AuthMode, CaFile, ClientOptions, Credential};
 pub use blobs::CREATE_ID_METADATA;
 pub use client::{BlobClient, API_VERSION};
 pub use error::{Error, ErrorKind, Result};

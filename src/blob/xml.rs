@@ -275,6 +275,16 @@ pub(crate) fn parse_error(body: &[u8]) -> Option<(Option<String>, String)> {
     ))
 }
 
+/// The `AuthenticationErrorDetail` of an error body (why a token or
+/// signature was refused, e.g. "Lifetime validation failed. The token is expired.").
+pub(crate) fn parse_error_detail(body: &[u8]) -> Option<String> {
+    let root = parse_tree(body).ok()?;
+    if root.name != "Error" {
+        return None;
+    }
+    root.nonempty_text_of("AuthenticationErrorDetail")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

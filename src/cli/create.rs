@@ -44,7 +44,7 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
     }
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "a new drive cannot be a snapshot")?;
-    let client = drives::connect(ctx.connection_string.as_deref())?;
+    let client = drives::connect(ctx)?;
     let size_bytes = args.size;
     drives::block_on(async move {
         let started = Instant::now();

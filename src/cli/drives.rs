@@ -14,8 +14,8 @@ use anyhow::anyhow;
 
 use super::CodedError;
 use crate::blob::{
-    Account, BlobClient, BlobPath, BlobProperties, BlobType, Error as BlobError, ErrorKind,
-    LeaseDuration, LeaseState, LeaseStatus, ListBlobsOptions,
+    BlobClient, BlobPath, BlobProperties, BlobType, Error as BlobError, ErrorKind, LeaseDuration,
+    LeaseState, LeaseStatus, ListBlobsOptions,
 };
 use crate::drive::{BlobPageStore, PageStore};
 use crate::units::{ByteRange, VHD_FOOTER_BYTES};
@@ -30,10 +30,10 @@ pub fn block_on<F: Future<Output = anyhow::Result<()>>>(body: F) -> anyhow::Resu
     rt.block_on(body)
 }
 
-/// The client of the account chosen as DESIGN.md says (flag, environment,
-/// else Azurite).
-pub fn connect(connection_string: Option<&str>) -> anyhow::Result<BlobClient> {
-    let account = Account::from_env(connection_string).map_err(|e| anyhow!(explain(&e)))?;
+/// The client of the account chosen as DESIGN.md says (flags, environment,
+/// else Azurite), signed in as `--auth` says.
+pub fn connect(ctx: &super::Context) -> anyhow::Result<BlobClient> {
+    let account = ctx.account().map_err(|e| anyhow!(explain(&e)))?;
     BlobClient::new(account).map_err(|e| anyhow!(explain(&e)))
 }
 

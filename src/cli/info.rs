@@ -72,7 +72,7 @@ pub struct DriveInfo {
 /// Run `info`.
 pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, args.snapshot.as_deref())?;
-    let client = drives::connect(ctx.connection_string.as_deref())?;
+    let client = drives::connect(ctx)?;
     let json = args.json;
     drives::block_on(async move {
         let props = drives::properties(&client, &path).await?;

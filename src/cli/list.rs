@@ -78,7 +78,7 @@ pub fn run(ctx: &Context, args: &ListArgs) -> CmdResult {
         crate::blob::path::validate_container_name(c)
             .map_err(|e| super::CodedError::usage(e.message))?;
     }
-    let client = drives::connect(ctx.connection_string.as_deref())?;
+    let client = drives::connect(ctx)?;
     drives::block_on(async move {
         let containers = match &args.container {
             Some(c) => vec![c.clone()],

@@ -11,6 +11,8 @@ use std::io::{IsTerminal, Write};
 
 use clap::{Parser, Subcommand};
 
+use crate::blob;
+
 pub mod break_lease;
 pub mod create;
 pub mod delete;
@@ -37,14 +39,36 @@ pub const EXIT_USAGE: i32 = 2;
 #[derive(Debug, Parser)]
 #[command(name = "blobdrive", version, about, long_about = None)]
 #[command(
-    after_help = "Account: --connection-string, else AZURE_STORAGE_CONNECTION_STRING, \
+    after_help = "Account: --account or --connection-string, else AZURE_STORAGE_CONNECTION_STRING, \
 else AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, \
-else the local Azurite development storage."
+else the local Azurite development storage.\n\
+Sign-in (--auth, or AZURE_STORAGE_AUTH_MODE=login): key, sas, or Microsoft Entra ID: \
+login (service principal from AZURE_TENANT_ID/AZURE_CLIENT_ID/AZURE_CLIENT_SECRET or \
+AZURE_CLIENT_CERTIFICATE_PATH, else managed identity, else 'az login'), msi (managed identity; \
+AZURE_CLIENT_ID picks a user-assigned one; IDENTITY_ENDPOINT/IDENTITY_HEADER on App Service and Arc), \
+sp (service principal; AZURE_AUTHORITY_HOST for other clouds), cli (Azure CLI). \
+Entra sign-in needs a role such as Storage Blob Data Contributor on the account."
 )]
 pub struct Cli {
     /// Storage account connection string (default: from the environment, else Azurite).
     #[arg(long, global = true, value_name = "S", hide_env_values = true)]
     pub connection_string: Option<String>,
+
+    /// Storage account name (endpoint https://NAME.blob.core.windows.net) or blob endpoint URL [default: AZURE_STORAGE_ACCOUNT].
+    #[arg(long, global = true, value_name = "NAME|URL")]
+    pub account: Option<String>,
+
+    /// How to sign in: key, sas, login (Microsoft Entra ID, first available identity), msi, sp, cli [default: AZURE_STORAGE_AUTH_MODE, else key or SAS from the environment].
+    #[arg(long, global = true, value_name = "MODE", value_parser = parse_auth_mode)]
+    pub auth: Option<blob::AuthMode>,
+
+    /// Also trust the root certificates in this PEM file for HTTPS (private endpoints, private CAs).
+    #[arg(long, global = true, value_name = "PEM")]
+    pub ca_file: Option<std::path::PathBuf>,
+
+    /// Allow plain, unencrypted HTTP to a storage account that is not local development storage.
+    #[arg(long, global = true)]
+    pub allow_http: bool,
 
     /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -101,11 +125,26 @@ impl Command {
     }
 }
 
+/// `--auth MODE`, with the modes' names in the error.
+fn parse_auth_mode(s: &str) -> Result<blob::AuthMode, String> {
+    s.parse()
+}
+
 /// What every command gets besides its own arguments.
 #[derive(Debug, Clone, Default)]
 pub struct Context {
     /// `--connection-string`, when given (the account code reads the environment).
     pub connection_string: Option<String>,
+    /// `--auth`, `--account`, `--ca-file`, `--allow-http`.
+    pub account_options: blob::AccountOptions,
+}
+
+impl Context {
+    /// The account the global flags and the environment select: the one
+    /// way commands pick their account (see [`blob::Account::from_env_with`]).
+    pub fn account(&self) -> blob::Result<blob::Account> {
+        blob::Account::from_env_with(self.connection_string.as_deref(), &self.account_options)
+    }
 }
 
 /// An error that carries its own exit code (usage errors, commands not available).
@@ -154,6 +193,12 @@ where
     init_logging(cli.verbose);
     let ctx = Context {
         connection_string: cli.connection_string.clone(),
+        account_options: blob::AccountOptions {
+            auth: cli.auth,
+            account: cli.account.clone(),
+            ca_file: cli.ca_file.clone(),
+            allow_http: cli.allow_http,
+        },
     };
     tracing::debug!(command = cli.command.name(), "starting");
     let result = match &cli.command {
@@ -254,9 +299,11 @@ fn print_error_line(message: &str) {
 /// overrides. Calling it twice (tests) keeps the first setup.
 fn init_logging(verbose: u8) {
     use tracing_subscriber::EnvFilter;
+    // rustls-platform-verifier logs a refused certificate as an ERROR of its
+    // own; the command's error line already says it (and what to do).
     let level = match verbose {
-        0 => "warn",
-        1 => "info",
+        0 => "warn,rustls_platform_verifier=off",
+        1 => "info,rustls_platform_verifier=off",
         2 => "debug",
         _ => "trace",
     };
@@ -324,6 +371,27 @@ mod tests {
         let cli = Cli::try_parse_from(["blobdrive", "list", "--connection-string", "X=1"])
             .expect("parses");
         assert_eq!(cli.connection_string.as_deref(), Some("X=1"));
+    }
+
+    #[test]
+    fn sign_in_flags_are_global() {
+        let cli = Cli::try_parse_from([
+            "blobdrive",
+            "list",
+            "--auth",
+            "login",
+            "--account",
+            "myacct",
+            "--ca-file",
+            "/tmp/ca.pem",
+            "--allow-http",
+        ])
+        .expect("parses");
+        assert_eq!(cli.auth, Some(blob::AuthMode::Login));
+        assert_eq!(cli.account.as_deref(), Some("myacct"));
+        assert!(cli.allow_http);
+        let e = Cli::try_parse_from(["blobdrive", "list", "--auth", "password"]).unwrap_err();
+        assert!(e.to_string().contains("login"), "{e}");
     }
 
     #[test]

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod fault_proxy;
+pub mod https_azurite;
+pub mod token_server;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

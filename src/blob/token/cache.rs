@@ -1,0 +1,213 @@
+//! One cached token per client, refreshed before it expires.
+//!
+//! A token is used until `margin` before its expiry; then the first caller
+//! refreshes it while the others keep using the old one (still valid), so a
+//! refresh never stalls a mount. Only when no valid token is left do callers
+//! wait, and then they all wait for the same single request. A token the
+//! service rejected is dropped with [`TokenCache::invalidate`] so the next
+//! caller fetches a new one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use super::{AccessToken, Secret, TokenError, TokenProvider};
+
+/// Refresh this long before a token expires (what the Azure SDKs do).
+pub const DEFAULT_REFRESH_MARGIN: Duration = Duration::from_secs(5 * 60);
+
+/// A token is only handed out while it has at least this long to live.
+const MIN_LIFE: Duration = Duration::from_secs(2);
+
+/// The token cache of one client.
+#[derive(Debug)]
+pub struct TokenCache {
+    provider: Arc<dyn TokenProvider>,
+    margin: Duration,
+    current: Mutex<Option<AccessToken>>,
+    refresh: tokio::sync::Mutex<()>,
+    fetches: AtomicU64,
+}
+
+impl TokenCache {
+    /// A cache over `provider` that refreshes `margin` before expiry.
+    pub fn new(provider: Arc<dyn TokenProvider>, margin: Duration) -> Self {
+        TokenCache {
+            provider,
+            margin,
+            current: Mutex::new(None),
+            refresh: tokio::sync::Mutex::new(()),
+            fetches: AtomicU64::new(0),
+        }
+    }
+
+    /// The source's name, for messages.
+    pub fn source_name(&self) -> String {
+        self.provider.name()
+    }
+
+    /// Tokens fetched so far.
+    pub fn fetches(&self) -> u64 {
+        self.fetches.load(Ordering::Relaxed)
+    }
+
+    fn snapshot(&self) -> Option<AccessToken> {
+        self.current
+            .lock()
+            .expect("token cache lock is never poisoned")
+            .clone()
+    }
+
+    /// True when `t` should be replaced now.
+    fn due(&self, t: &AccessToken, now: SystemTime) -> bool {
+        let left = t.expires_at.duration_since(now).unwrap_or_default();
+        left <= self.margin.max(MIN_LIFE)
+    }
+
+    fn usable(t: &AccessToken, now: SystemTime) -> bool {
+        t.expires_at.duration_since(now).unwrap_or_default() > MIN_LIFE
+    }
+
+    /// A valid token, fetching one when needed.
+    pub async fn token(&self, http: &reqwest::Client) -> Result<Secret, TokenError> {
+        let now = SystemTime::now();
+        let old = self.snapshot();
+        if let Some(t) = &old {
+            if !self.due(t, now) {
+                return Ok(t.token.clone());
+            }
+        }
+        // Due for refresh. If another caller is refreshing and the old token
+        // still works, use it rather than wait.
+        let _guard = match self.refresh.try_lock() {
+            Ok(g) => g,
+            Err(_) => match &old {
+                Some(t) if Self::usable(t, now) => return Ok(t.token.clone()),
+                _ => self.refresh.lock().await,
+            },
+        };
+        // Someone may have refreshed while we waited for the lock.
+        let now = SystemTime::now();
+        let old = self.snapshot();
+        if let Some(t) = &old {
+            if !self.due(t, now) {
+                return Ok(t.token.clone());
+            }
+        }
+        match self.provider.fetch(http).await {
+            Ok(t) => {
+                self.fetches.fetch_add(1, Ordering::Relaxed);
+                let left = t
+                    .expires_at
+                    .duration_since(SystemTime::now())
+                    .unwrap_or_default();
+                tracing::debug!(source = %self.provider.name(), expires_in_s = left.as_secs(), "got an access token");
+                let secret = t.token.clone();
+                *self
+                    .current
+                    .lock()
+                    .expect("token cache lock is never poisoned") = Some(t);
+                Ok(secret)
+            }
+            Err(e) => match old {
+                Some(t) if Self::usable(&t, SystemTime::now()) => {
+                    tracing::warn!(error = %e, "token refresh failed; using the current token until it expires");
+                    Ok(t.token)
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// Forget `used` (the service rejected it) unless it was already replaced.
+    pub fn invalidate(&self, used: &Secret) {
+        let mut cur = self
+            .current
+            .lock()
+            .expect("token cache lock is never poisoned");
+        if cur.as_ref().is_some_and(|t| &t.token == used) {
+            *cur = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blob::token::TokenErrorKind;
+
+    #[derive(Debug)]
+    struct Counting {
+        n: AtomicU64,
+        life: Duration,
+        delay: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl TokenProvider for Counting {
+        fn name(&self) -> String {
+            "counting".into()
+        }
+        async fn fetch(&self, _: &reqwest::Client) -> Result<AccessToken, TokenError> {
+            tokio::time::sleep(self.delay).await;
+            let n = self.n.fetch_add(1, Ordering::SeqCst);
+            if self.life.is_zero() {
+                return Err(TokenError::new(TokenErrorKind::Refused, "counting", "no"));
+            }
+            Ok(AccessToken {
+                token: Secret::new(format!("token-{n}")),
+                expires_at: SystemTime::now() + self.life,
+            })
+        }
+    }
+
+    fn cache(life_s: u64, delay_ms: u64, margin_s: u64) -> (Arc<Counting>, Arc<TokenCache>) {
+        let p = Arc::new(Counting {
+            n: AtomicU64::new(0),
+            life: Duration::from_secs(life_s),
+            delay: Duration::from_millis(delay_ms),
+        });
+        let c = Arc::new(TokenCache::new(p.clone(), Duration::from_secs(margin_s)));
+        (p, c)
+    }
+
+    #[tokio::test]
+    async fn concurrent_callers_share_one_fetch() {
+        let (p, c) = cache(3600, 100, 300);
+        let http = reqwest::Client::new();
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let c = c.clone();
+                let http = http.clone();
+                tokio::spawn(async move { c.token(&http).await.unwrap() })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap().expose(), "token-0");
+        }
+        assert_eq!(p.n.load(Ordering::SeqCst), 1);
+        assert_eq!(c.fetches(), 1);
+    }
+
+    #[tokio::test]
+    async fn token_inside_the_margin_is_refreshed_and_invalidate_forces_a_fetch() {
+        let (p, c) = cache(10, 0, 10);
+        let http = reqwest::Client::new();
+        assert_eq!(c.token(&http).await.unwrap().expose(), "token-0");
+        // 10 s of life, 10 s margin: due at once.
+        assert_eq!(c.token(&http).await.unwrap().expose(), "token-1");
+        let (p2, c2) = cache(3600, 0, 300);
+        let t = c2.token(&http).await.unwrap();
+        c2.invalidate(&t);
+        assert_eq!(c2.token(&http).await.unwrap().expose(), "token-1");
+        assert_eq!(p2.n.load(Ordering::SeqCst), 2);
+        assert_eq!(p.n.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn failed_first_fetch_is_an_error() {
+        let (_, c) = cache(0, 0, 300);
+        let e = c.token(&reqwest::Client::new()).await.unwrap_err();
+        assert_eq!(e.kind, TokenErrorKind::Refused);
+    }
+}

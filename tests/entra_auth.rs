@@ -1,0 +1,625 @@
+//! Signing in the way production does: Microsoft Entra ID bearer tokens over
+//! HTTPS. Each test starts its own Azurite with HTTPS (a certificate made
+//! here) and `--oauth basic`, and a local token endpoint that speaks the
+//! managed-identity and client-credentials protocols (tests/common).
+//!
+//! Every log line of this test binary is captured at trace level, and the
+//! final checks look for every secret and token in it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use blobdrive::blob::{
+    Account, AccountOptions, AuthMode, BlobClient, BlobPath, ErrorKind, ListBlobsOptions,
+};
+use blobdrive::units::ByteRange;
+use bytes::Bytes;
+use common::https_azurite::HttpsAzurite;
+use common::token_server::{TokenServer, CLIENT_ID, CLIENT_SECRET, IDENTITY_HEADER, TENANT};
+
+// ------------------------------------------------------------ log capture
+
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// All log output of this process, at trace level for every crate.
+fn logs() -> &'static LogBuffer {
+    static LOGS: OnceLock<LogBuffer> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = LogBuffer::default();
+        let writer = buf.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("trace"))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .try_init();
+        buf
+    })
+}
+
+fn log_text() -> String {
+    String::from_utf8_lossy(&logs().0.lock().unwrap()).to_string()
+}
+
+// ------------------------------------------------------------ helpers
+
+type Vars = Vec<(&'static str, String)>;
+
+fn lookup(vars: Vars) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<&'static str, String> = vars.into_iter().collect();
+    move |k| map.get(k).cloned()
+}
+
+/// The account the global flags would give: `--auth MODE --account URL
+/// --ca-file CA`, with `vars` as the environment.
+fn account(az: &HttpsAzurite, mode: AuthMode, vars: Vars, ca: bool) -> Account {
+    let opts = AccountOptions {
+        auth: Some(mode),
+        account: Some(az.endpoint()),
+        ca_file: ca.then(|| az.pki.ca_path.clone()),
+        allow_http: false,
+    };
+    Account::from_lookup_with(None, &opts, lookup(vars)).expect("account builds")
+}
+
+fn imds_vars(ts: &TokenServer) -> Vars {
+    vec![("BLOBDRIVE_IMDS_ENDPOINT", ts.imds_endpoint())]
+}
+
+fn sp_vars(ts: &TokenServer, secret: &str) -> Vars {
+    vec![
+        ("AZURE_TENANT_ID", TENANT.to_string()),
+        ("AZURE_CLIENT_ID", CLIENT_ID.to_string()),
+        ("AZURE_CLIENT_SECRET", secret.to_string()),
+        ("AZURE_AUTHORITY_HOST", ts.url.clone()),
+    ]
+}
+
+fn pattern(len: usize, seed: u8) -> Bytes {
+    Bytes::from(
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn container() -> String {
+    common::unique_name("entra")
+}
+
+/// Every blob operation blobdrive uses, once.
+async fn exercise_every_operation(client: &BlobClient) {
+    let c = container();
+    assert!(client.create_container(&c).await.unwrap());
+    let path = BlobPath::new(&c, "disk.vhd").unwrap();
+    let size = 1 << 20;
+    client.create_page_blob(&path, size).await.unwrap();
+    client
+        .put_pages(&path, 4096, pattern(8192, 3), None)
+        .await
+        .unwrap();
+    client
+        .clear_pages(&path, ByteRange::new(8192, 12288), None)
+        .await
+        .unwrap();
+    let ranges = client.get_page_ranges(&path, None).await.unwrap();
+    assert_eq!(ranges.blob_size_bytes, size);
+    assert_eq!(ranges.ranges, vec![ByteRange::new(4096, 8192)]);
+    let got = client
+        .get_blob_range(&path, ByteRange::new(4096, 8192))
+        .await
+        .unwrap();
+    assert_eq!(got, pattern(8192, 3).slice(0..4096));
+    let lease = uuid::Uuid::new_v4().to_string();
+    client.acquire_lease(&path, &lease, None).await.unwrap();
+    client
+        .put_pages(&path, 0, pattern(512, 9), Some(&lease))
+        .await
+        .unwrap();
+    let snap = client.snapshot(&path).await.unwrap();
+    client.release_lease(&path, &lease).await.unwrap();
+    let props = client.get_properties(&path).await.unwrap();
+    assert_eq!(props.content_length, size);
+    let listed = client
+        .list_blobs(
+            &c,
+            &ListBlobsOptions {
+                include_snapshots: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.blobs.len(), 2, "the blob and its snapshot");
+    let snap_path = path.clone().with_snapshot(Some(&snap));
+    let old = client
+        .get_blob_range(&snap_path, ByteRange::new(0, 512))
+        .await
+        .unwrap();
+    assert_eq!(old, pattern(512, 9));
+    assert!(client
+        .list_containers()
+        .await
+        .unwrap()
+        .iter()
+        .any(|x| x.name == c));
+    client.delete_blob(&path, true, None).await.unwrap();
+    client.delete_container(&c).await.unwrap();
+}
+
+// ------------------------------------------------------------ tests
+
+#[tokio::test]
+async fn every_blob_operation_works_with_a_managed_identity_token() {
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    let client = BlobClient::new(account(&az, AuthMode::Msi, imds_vars(&ts), true)).unwrap();
+    exercise_every_operation(&client).await;
+    assert_eq!(ts.state.count("imds"), 1, "one token serves every request");
+    assert_eq!(client.token_fetches(), 1);
+}
+
+#[tokio::test]
+async fn service_principal_with_a_secret_signs_in_with_client_credentials() {
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    let client = BlobClient::new(account(
+        &az,
+        AuthMode::Sp,
+        sp_vars(&ts, CLIENT_SECRET),
+        true,
+    ))
+    .unwrap();
+    exercise_every_operation(&client).await;
+    assert_eq!(ts.state.count("secret"), 1);
+}
+
+#[tokio::test]
+async fn login_chain_uses_the_first_identity_available() {
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    // No service principal variables: the chain skips it and finds IMDS.
+    let client = BlobClient::new(account(&az, AuthMode::Login, imds_vars(&ts), true)).unwrap();
+    let c = container();
+    assert!(client.create_container(&c).await.unwrap());
+    client.delete_container(&c).await.unwrap();
+    assert_eq!(ts.state.count("imds"), 1);
+    // AZURE_STORAGE_AUTH_MODE=login means the same as --auth login.
+    let opts = AccountOptions {
+        account: Some(az.endpoint()),
+        ca_file: Some(az.pki.ca_path.clone()),
+        ..Default::default()
+    };
+    let mut vars = imds_vars(&ts);
+    vars.push(("AZURE_STORAGE_AUTH_MODE", "login".into()));
+    let acct = Account::from_lookup_with(None, &opts, lookup(vars)).unwrap();
+    assert!(format!("{acct:?}").contains("Token("), "{acct:?}");
+}
+
+#[tokio::test]
+async fn app_service_identity_endpoint_sends_its_header() {
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    let vars = vec![
+        ("IDENTITY_ENDPOINT", ts.identity_endpoint()),
+        ("IDENTITY_HEADER", IDENTITY_HEADER.to_string()),
+    ];
+    let acct = account(&az, AuthMode::Msi, vars, true);
+    assert!(!format!("{acct:?}").contains(IDENTITY_HEADER));
+    let client = BlobClient::new(acct).unwrap();
+    client.list_containers().await.unwrap();
+    assert_eq!(ts.state.count("app-service"), 1);
+    assert_eq!(ts.state.count("imds"), 0);
+}
+
+#[tokio::test]
+async fn service_principal_certificate_sends_a_verifiable_assertion() {
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    // An RSA key and a self-signed certificate in one PEM, as the SDKs take it.
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "blobdrive test app");
+    let cert = params.self_signed(&key).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pem_path = dir.path().join("app.pem");
+    std::fs::write(&pem_path, format!("{}{}", cert.pem(), key.serialize_pem())).unwrap();
+    let vars = vec![
+        ("AZURE_TENANT_ID", TENANT.to_string()),
+        ("AZURE_CLIENT_ID", CLIENT_ID.to_string()),
+        (
+            "AZURE_CLIENT_CERTIFICATE_PATH",
+            pem_path.display().to_string(),
+        ),
+        ("AZURE_AUTHORITY_HOST", ts.url.clone()),
+    ];
+    let acct = account(&az, AuthMode::Sp, vars, true);
+    assert!(!format!("{acct:?}").contains("PRIVATE KEY"));
+    let client = BlobClient::new(acct).unwrap();
+    client.list_containers().await.unwrap();
+    assert_eq!(ts.state.count("certificate"), 1);
+
+    // The assertion: RS256, x5t = SHA-1 thumbprint, signed by the key.
+    let assertion = ts.state.assertions.lock().unwrap()[0].clone();
+    let parts: Vec<&str> = assertion.split('.').collect();
+    assert_eq!(parts.len(), 3);
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let header: serde_json::Value = serde_json::from_slice(&b64.decode(parts[0]).unwrap()).unwrap();
+    assert_eq!(header["alg"], "RS256");
+    let thumb = aws_lc_rs::digest::digest(
+        &aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY,
+        cert.der().as_ref(),
+    );
+    assert_eq!(header["x5t"], b64.encode(thumb.as_ref()));
+    let claims: serde_json::Value = serde_json::from_slice(&b64.decode(parts[1]).unwrap()).unwrap();
+    assert_eq!(claims["iss"], CLIENT_ID);
+    assert_eq!(claims["sub"], CLIENT_ID);
+    assert_eq!(
+        claims["aud"],
+        format!("{}/{TENANT}/oauth2/v2.0/token", ts.url)
+    );
+    let public = aws_lc_rs::signature::UnparsedPublicKey::new(
+        &aws_lc_rs::signature::RSA_PKCS1_2048_8192_SHA256,
+        key.public_key_raw(),
+    );
+    public
+        .verify(
+            format!("{}.{}", parts[0], parts[1]).as_bytes(),
+            &b64.decode(parts[2]).unwrap(),
+        )
+        .expect("the assertion is signed by the certificate's key");
+}
+
+#[tokio::test]
+async fn short_lived_tokens_are_refreshed_during_a_long_run() {
+    logs();
+    let az = HttpsAzurite::start();
+    // Tokens live 4 s; the client refreshes 2 s before expiry.
+    let ts = TokenServer::start(4);
+    let mut acct = account(&az, AuthMode::Msi, imds_vars(&ts), true);
+    acct.options.token_refresh_margin = Duration::from_secs(2);
+    let client = BlobClient::new(acct).unwrap();
+    let c = container();
+    client.create_container(&c).await.unwrap();
+    let path = BlobPath::new(&c, "long.vhd").unwrap();
+    client.create_page_blob(&path, 1 << 20).await.unwrap();
+    let started = Instant::now();
+    let mut ops = 0u64;
+    let mut i = 0u64;
+    // Several writers at once, so refreshes meet concurrent requests.
+    while started.elapsed() < Duration::from_secs(11) {
+        let mut tasks = Vec::new();
+        for w in 0..4u64 {
+            let client = client.clone();
+            let path = path.clone();
+            let off = ((i * 4 + w) % 2048) * 512;
+            tasks.push(tokio::spawn(async move {
+                client
+                    .put_pages(&path, off, pattern(512, off as u8), None)
+                    .await
+                    .unwrap();
+                let got = client
+                    .get_blob_range(&path, ByteRange::new(off, off + 512))
+                    .await
+                    .unwrap();
+                assert_eq!(got, pattern(512, off as u8));
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+            ops += 2;
+        }
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    client.delete_container(&c).await.unwrap();
+    let fetched = ts.state.count("imds");
+    eprintln!("{ops} operations in 11 s used {fetched} tokens");
+    // 11 s of 4 s tokens refreshed at 2 s left: about 5 or 6 tokens.
+    assert!((4..=8).contains(&fetched), "{fetched} token requests");
+    assert_eq!(client.token_fetches(), fetched);
+    assert_eq!(client.retries(), 0, "no request needed a retry");
+}
+
+#[tokio::test]
+async fn a_token_the_service_calls_expired_is_replaced_once() {
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    // The first token claims an hour but is already expired inside.
+    ts.state.lie_about_expiry.store(true, Ordering::SeqCst);
+    let client = BlobClient::new(account(&az, AuthMode::Msi, imds_vars(&ts), true)).unwrap();
+    client.list_containers().await.unwrap();
+    assert_eq!(ts.state.count("imds"), 2, "refused token replaced once");
+    client.list_containers().await.unwrap();
+    assert_eq!(ts.state.count("imds"), 2);
+}
+
+#[tokio::test]
+async fn unknown_ca_is_refused_clearly_and_accepted_with_ca_file() {
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    let client = BlobClient::new(account(&az, AuthMode::Msi, imds_vars(&ts), false)).unwrap();
+    let started = Instant::now();
+    let e = client.list_containers().await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Tls, "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("not trusted") && msg.contains("--ca-file"),
+        "{msg}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a certificate refusal is not retried"
+    );
+    // The same with --ca-file works.
+    let client = BlobClient::new(account(&az, AuthMode::Msi, imds_vars(&ts), true)).unwrap();
+    client.list_containers().await.unwrap();
+
+    // The command line: `list` refused without --ca-file, fine with it.
+    let base = |extra: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_blobdrive"));
+        cmd.env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("BLOBDRIVE_IMDS_ENDPOINT", ts.imds_endpoint())
+            .args(["--auth", "msi", "--account", &az.endpoint(), "list"])
+            .args(extra);
+        cmd.output().unwrap()
+    };
+    let out = base(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--ca-file"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    let ca = az.pki.ca_path.display().to_string();
+    let out = base(&["--ca-file", &ca]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn refused_token_request_says_why_without_the_secret() {
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    let wrong = "Wr0ng~client-secret-value-do-not-print";
+    let client = BlobClient::new(account(&az, AuthMode::Sp, sp_vars(&ts, wrong), true)).unwrap();
+    let e = client.list_containers().await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Credential, "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("AADSTS7000215"), "{msg}");
+    assert!(msg.contains("invalid_client"), "{msg}");
+    assert!(
+        !msg.contains(wrong) && !msg.contains(CLIENT_SECRET),
+        "{msg}"
+    );
+    assert!(!format!("{e:?}").contains(wrong));
+    assert_eq!(ts.state.count("secret"), 1, "a refusal is not retried");
+
+    // An unknown application (AADSTS700016) through the command line.
+    ts.state.refuse.store(true, Ordering::SeqCst);
+    let out = Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .envs(sp_vars(&ts, CLIENT_SECRET))
+        .args(["-vvv", "--auth", "sp", "--account", &az.endpoint()])
+        .args(["--ca-file", &az.pki.ca_path.display().to_string(), "list"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let last = stderr.trim().lines().last().unwrap_or_default();
+    assert!(last.starts_with("blobdrive: "), "{last}");
+    assert!(last.contains("AADSTS700016"), "{last}");
+    assert!(!stderr.contains(CLIENT_SECRET), "{stderr}");
+}
+
+#[tokio::test]
+async fn no_identity_available_names_every_source_tried() {
+    logs();
+    let az = HttpsAzurite::start();
+    let closed = common::https_azurite::free_port();
+    let empty_path = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .env_clear()
+        .env("PATH", empty_path.path())
+        .env(
+            "BLOBDRIVE_IMDS_ENDPOINT",
+            format!("http://127.0.0.1:{closed}/metadata/identity/oauth2/token"),
+        )
+        .env("AZURE_STORAGE_AUTH_MODE", "login")
+        .env("AZURE_STORAGE_ACCOUNT", az.endpoint())
+        .args(["--ca-file", &az.pki.ca_path.display().to_string(), "list"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    for source in [
+        "no Microsoft Entra identity is available",
+        "environment service principal",
+        "managed identity",
+        "Azure CLI",
+        "az login",
+    ] {
+        assert!(stderr.contains(source), "{source} missing: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn missing_role_assignment_names_the_role_needed() {
+    logs();
+    let ts = TokenServer::start(3600);
+    // A loopback "account" whose every answer is 403 AuthorizationPermissionMismatch.
+    let opts = AccountOptions {
+        auth: Some(AuthMode::Msi),
+        account: Some(format!("{}/denied", ts.url)),
+        ..Default::default()
+    };
+    let acct = Account::from_lookup_with(None, &opts, lookup(imds_vars(&ts))).unwrap();
+    let client = BlobClient::new(acct).unwrap();
+    let e = client.list_containers().await.unwrap_err();
+    assert_eq!(e.status, Some(403));
+    assert_eq!(e.code(), Some("AuthorizationPermissionMismatch"));
+    let msg = e.to_string();
+    assert!(msg.contains("Storage Blob Data Contributor"), "{msg}");
+    assert!(msg.contains("managed identity"), "{msg}");
+    assert_eq!(
+        ts.state.denied.load(Ordering::SeqCst),
+        1,
+        "a 403 is not retried"
+    );
+}
+
+#[test]
+fn plain_http_is_refused_for_a_real_account_unless_allowed() {
+    let opts = |allow_http| AccountOptions {
+        account: Some("http://myacct.blob.core.windows.net".into()),
+        allow_http,
+        ..Default::default()
+    };
+    let vars = || lookup(vec![("AZURE_STORAGE_KEY", "a2V5LWZvci10ZXN0cw==".into())]);
+    let acct = Account::from_lookup_with(None, &opts(false), vars()).unwrap();
+    let e = BlobClient::new(acct).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Config);
+    assert!(e.to_string().contains("--allow-http"), "{e}");
+    let acct = Account::from_lookup_with(None, &opts(true), vars()).unwrap();
+    BlobClient::new(acct).unwrap();
+    // Development storage on loopback needs no flag.
+    BlobClient::new(Account::development()).unwrap();
+}
+
+#[tokio::test]
+async fn no_secret_in_logs_errors_or_help() {
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    // Work with a secret, a certificate-less SP refusal and an identity header.
+    let client = BlobClient::new(account(
+        &az,
+        AuthMode::Sp,
+        sp_vars(&ts, CLIENT_SECRET),
+        true,
+    ))
+    .unwrap();
+    exercise_every_operation(&client).await;
+    let dbg = format!("{client:?}");
+    let vars = vec![
+        ("IDENTITY_ENDPOINT", ts.identity_endpoint()),
+        ("IDENTITY_HEADER", IDENTITY_HEADER.to_string()),
+    ];
+    let msi = BlobClient::new(account(&az, AuthMode::Msi, vars, true)).unwrap();
+    msi.list_containers().await.unwrap();
+
+    // The command line at the highest verbosity, with every secret in its environment.
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .envs(sp_vars(&ts, CLIENT_SECRET))
+            .env("IDENTITY_HEADER", IDENTITY_HEADER)
+            .env("AZURE_STORAGE_KEY", "c2VjcmV0LWtleS1ieXRlcw==")
+            .env("RUST_LOG", "trace")
+            .args(args)
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let ca = az.pki.ca_path.display().to_string();
+    let endpoint = az.endpoint();
+    let mut outputs = vec![
+        run(&["--help"]),
+        run(&["list", "--help"]),
+        run(&["mount", "--help"]),
+        run(&[
+            "-vvv",
+            "--auth",
+            "sp",
+            "--account",
+            &endpoint,
+            "--ca-file",
+            &ca,
+            "list",
+        ]),
+    ];
+    ts.state.refuse.store(true, Ordering::SeqCst);
+    outputs.push(run(&[
+        "-vvv",
+        "--auth",
+        "sp",
+        "--account",
+        &endpoint,
+        "--ca-file",
+        &ca,
+        "list",
+    ]));
+    assert!(
+        outputs[3].contains("signed") || outputs[3].contains("token"),
+        "trace output expected: {}",
+        outputs[3]
+    );
+
+    let mut secrets: Vec<String> = ts.tokens();
+    assert!(secrets.len() >= 3, "tokens were issued");
+    secrets.extend(
+        [CLIENT_SECRET, IDENTITY_HEADER, "c2VjcmV0LWtleS1ieXRlcw=="]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    let logs = log_text();
+    assert!(
+        logs.contains("TRACE") || logs.contains("DEBUG"),
+        "logs captured"
+    );
+    for secret in &secrets {
+        // A JWT's claims part is unique to each token (the signature is fake).
+        let parts: Vec<&str> = secret.split('.').collect();
+        let needle = if parts.len() == 3 {
+            parts[1]
+        } else {
+            secret.as_str()
+        };
+        if let Some(i) = logs.find(needle) {
+            let start = logs[..i].rfind('\n').map_or(0, |n| n + 1);
+            let line = &logs[start..i];
+            panic!("a secret in the logs, after: {line}");
+        }
+        assert!(!dbg.contains(needle), "a secret in Debug output");
+        for out in &outputs {
+            assert!(!out.contains(needle), "a secret in CLI output: {out}");
+        }
+        assert!(!logs.contains(secret.as_str()));
+    }
+}
