@@ -1,6 +1,7 @@
 //! Running one system tool and turning its failure into one readable line.
 
 use std::ffi::OsStr;
+use std::path::PathBuf;
 use std::process::Command;
 
 /// A system tool that failed or could not be started.
@@ -15,6 +16,28 @@ pub struct ToolError {
     pub code: Option<i32>,
 }
 
+/// Directories searched after `$PATH`: mount(8) runs its helpers with a
+/// minimal environment whose `PATH` may lack the sbin directories.
+const SYSTEM_DIRS: [&str; 6] = [
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+/// The program's path: the first match in `$PATH`, then in [`SYSTEM_DIRS`];
+/// the bare name when none matches (the spawn then reports it missing).
+fn resolve(program: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(SYSTEM_DIRS.iter().map(PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| PathBuf::from(program))
+}
+
 /// Run `program args...`, returning its trimmed stdout on success.
 pub(crate) fn run<I, S>(program: &str, args: I) -> Result<String, ToolError>
 where
@@ -23,7 +46,7 @@ where
 {
     let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
     tracing::debug!(program, ?args, "running");
-    let out = Command::new(program)
+    let out = Command::new(resolve(program))
         .args(&args)
         .output()
         .map_err(|e| ToolError {

@@ -18,6 +18,7 @@ pub mod download;
 pub mod info;
 pub mod list;
 pub mod mount;
+pub mod mount_helper;
 pub mod output;
 pub mod snapshot;
 pub mod stats;
@@ -137,7 +138,11 @@ pub type CmdResult = anyhow::Result<()>;
 
 /// Entry point of the `blobdrive` binary; returns the process exit code.
 pub fn main() -> i32 {
-    run_with_args(std::env::args_os())
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if args.first().is_some_and(mount_helper::invoked_as_helper) {
+        return mount_helper::main(args);
+    }
+    run_with_args(args)
 }
 
 /// Parse `args` (program name first), run the command, report; returns the exit code.
