@@ -1,10 +1,22 @@
 //! `blobdrive create C/B --size SIZE [--mkfs FS]`: a new page blob of size + 512
-//! bytes whose last page is a fixed VHD footer. The size rules are checked while
-//! parsing; the create itself must be conditional so it never replaces a blob.
+//! bytes whose last page is a fixed VHD footer.
+//!
+//! The size rules are checked while parsing. The create is conditional
+//! (`If-None-Match: *`), so an existing blob is never replaced (CloudDrive's
+//! Create() could lose a drive that way). Only the footer is written: a new
+//! drive of any size stores 512 bytes. If the footer cannot be written, the
+//! blob just created (ours, empty) is deleted again, so a failed create leaves
+//! nothing that looks like a half-made drive.
 
+use std::time::Instant;
+
+use bytes::Bytes;
 use clap::Args;
 
-use super::{values, CmdResult, CodedError, Context};
+use super::drives::{self, blob_err};
+use super::{output, values, CmdResult, CodedError, Context};
+use crate::units::{exact_size, format_size};
+use crate::vhd::Footer;
 
 /// Arguments of `create`.
 #[derive(Debug, Args)]
@@ -21,6 +33,52 @@ pub struct CreateArgs {
 }
 
 /// Run `create`.
-pub fn run(_ctx: &Context, _args: &CreateArgs) -> CmdResult {
-    Err(CodedError::not_available("create").into())
+pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
+    if args.mkfs.is_some() {
+        // Refused before anything is created: a drive made without the
+        // filesystem asked for would surprise whoever mounts it.
+        return Err(CodedError::usage(
+            "--mkfs needs the attach support, not available yet; create the drive without it",
+        )
+        .into());
+    }
+    let path = drives::parse_blob(&args.blob, None)?;
+    drives::require_base(&path, "a new drive cannot be a snapshot")?;
+    let client = drives::connect(ctx.connection_string.as_deref())?;
+    let size_bytes = args.size;
+    drives::block_on(async move {
+        let started = Instant::now();
+        if client
+            .create_container(&path.container)
+            .await
+            .map_err(blob_err)?
+        {
+            tracing::info!(container = %path.container, "created container");
+        }
+        let footer = Footer::new_fixed(size_bytes);
+        client
+            .create_page_blob(&path, footer.blob_size_bytes())
+            .await
+            .map_err(blob_err)?;
+        let bytes = Bytes::copy_from_slice(&footer.to_bytes());
+        if let Err(e) = client.put_pages(&path, size_bytes, bytes, None).await {
+            let why = drives::explain(&e);
+            return Err(match client.delete_blob(&path, false, None).await {
+                Ok(()) => anyhow::anyhow!(
+                    "writing the VHD footer of {path} failed, so the empty blob was deleted again: {why}"
+                ),
+                Err(d) => anyhow::anyhow!(
+                    "writing the VHD footer of {path} failed ({why}), and deleting the empty blob failed too ({}); delete it with 'blobdrive delete --force {path}'",
+                    d
+                ),
+            });
+        }
+        tracing::info!(drive = %path, ms = started.elapsed().as_millis() as u64, "created drive");
+        output::print_text(&format!(
+            "created {path}: {} fixed VHD ({})\n",
+            format_size(size_bytes),
+            exact_size(size_bytes)
+        ));
+        Ok(())
+    })
 }

@@ -15,6 +15,7 @@ pub mod break_lease;
 pub mod create;
 pub mod delete;
 pub mod download;
+pub mod drives;
 pub mod info;
 pub mod list;
 pub mod mount;
