@@ -21,6 +21,7 @@
 
 pub mod attach;
 pub mod control;
+pub mod format;
 pub mod freeze;
 pub mod readiness;
 pub mod registry;

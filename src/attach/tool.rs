@@ -74,3 +74,8 @@ where
         code: out.status.code(),
     })
 }
+
+/// True when `program` is installed (in `$PATH` or a system directory).
+pub fn tool_exists(program: &str) -> bool {
+    resolve(program).is_absolute()
+}
