@@ -73,6 +73,8 @@ pub(crate) struct Cache {
     dirty: Mutex<DirtyIndex>,
     /// Signalled whenever a pin is dropped.
     pub unpinned: Arc<Notify>,
+    /// Signalled whenever a fetch ends (pages filled or marks cleared).
+    pub filled: Arc<Notify>,
 }
 
 impl Cache {
@@ -83,6 +85,7 @@ impl Cache {
             max_chunks,
             dirty: Mutex::new(DirtyIndex::default()),
             unpinned: Arc::new(Notify::new()),
+            filled: Arc::new(Notify::new()),
         }
     }
 

@@ -37,6 +37,8 @@ pub(crate) struct Chunk {
     data: Box<[u8]>,
     valid: PageBits,
     dirty: PageBits,
+    /// Pages a fetch is reading from the blob right now (others wait for it).
+    fetching: PageBits,
     dirty_pages: usize,
     gens: Box<[u32]>,
 }
@@ -58,6 +60,7 @@ impl Chunk {
             data: vec![0u8; CHUNK_BYTES as usize].into_boxed_slice(),
             valid: PageBits::default(),
             dirty: PageBits::default(),
+            fetching: PageBits::default(),
             dirty_pages: 0,
             gens: vec![0u32; CHUNK_PAGES].into_boxed_slice(),
         }
@@ -69,6 +72,19 @@ impl Chunk {
 
     pub fn is_dirty(&self, page: usize) -> bool {
         self.dirty.get(page)
+    }
+
+    pub fn is_fetching(&self, page: usize) -> bool {
+        self.fetching.get(page)
+    }
+
+    /// Mark (or unmark) a page as being read from the blob by one fetch.
+    pub fn set_fetching(&mut self, page: usize, on: bool) {
+        if on {
+            self.fetching.set(page)
+        } else {
+            self.fetching.clear(page)
+        }
     }
 
     pub fn dirty_pages(&self) -> usize {

@@ -1,14 +1,17 @@
 //! Flushing: dirty pages become Put Page (update) and Clear Pages requests.
 //!
-//! A pass walks the dirty chunks in order and cuts their dirty pages into
-//! runs: an all-zero page that may hold data joins a clear run; an all-zero
-//! page that holds none is skipped (counted as elided) and made clean at once;
-//! any other page joins an update run of at most 4 MiB. Runs span chunk
-//! boundaries and go out in parallel (bounded). Invariants: every request
-//! carries the lease id; one pass at a time (so a page is never in two
-//! uploads at once); a page written again while its run is in flight keeps
-//! its dirty bit (its generation moved); the sparse map gains pages before an
-//! update is sent and loses them only after a clear succeeded.
+//! A pass walks the dirty chunks in order and gathers contiguous dirty pages
+//! into spans (at most 16 MiB), then cuts each span into runs: an all-zero
+//! page that may hold data joins a clear run; an all-zero page that holds
+//! none is skipped (counted as elided); any other page joins an update run of
+//! at most 4 MiB. A short stretch of zero pages between data pages (a zero
+//! sector inside a filesystem block) is written as part of the update rather
+//! than splitting it into three requests. Runs span chunk boundaries and go
+//! out in parallel (bounded). Invariants: every request carries the lease id;
+//! one pass at a time (so a page is never in two uploads at once); a page
+//! written again after it was copied keeps its dirty bit (its generation
+//! moved); the sparse map gains pages before an update is sent and loses them
+//! only after a clear succeeded.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -27,6 +30,12 @@ use super::Inner;
 use crate::units::{MAX_PUT_PAGE_BYTES, PAGE_SIZE};
 
 const MAX_UPDATE_PAGES: u64 = MAX_PUT_PAGE_BYTES / PAGE_SIZE;
+/// Longest span gathered before it is cut (a multiple of the update limit,
+/// so long sequential writes still go out in full 4 MiB requests).
+const SPAN_PAGES: u64 = 4 * MAX_UPDATE_PAGES;
+/// Zero stretches up to this long between data pages are written, not split out.
+const ZERO_ISLAND_PAGES: usize = 8;
+const PAGE: usize = PAGE_SIZE as usize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -34,20 +43,74 @@ enum Kind {
     Clear,
 }
 
+/// What a dirty page needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Not all zero: Put Page.
+    Data,
+    /// All zero, may hold data in the blob: Clear Pages.
+    ZeroHeld,
+    /// All zero, holds nothing in the blob: nothing to send.
+    ZeroNone,
+}
+
 /// Consecutive dirty pages that go out in one request.
 struct Run {
     kind: Kind,
     pages: PageRange,
     /// Page contents, for updates.
-    data: Vec<u8>,
+    data: Bytes,
     /// Generation of each page when it was copied.
     gens: Vec<u32>,
     /// The chunks the run covers, in order (pinned until it settles).
     chunks: Vec<ChunkRef>,
 }
 
-/// Cuts the dirty pages of the given chunks into runs, lazily, so that at
-/// most `flush_parallelism` runs' data is copied at any time.
+/// Contiguous dirty pages, copied with their classes and generations.
+struct Span {
+    start: u64,
+    classes: Vec<Class>,
+    gens: Vec<u32>,
+    data: Vec<u8>,
+    chunks: Vec<ChunkRef>,
+}
+
+impl Span {
+    fn end(&self) -> u64 {
+        self.start + self.classes.len() as u64
+    }
+}
+
+/// The chunks of `chunks` that hold pages of `pages`.
+fn chunks_for(chunks: &[ChunkRef], pages: PageRange) -> Vec<ChunkRef> {
+    let first = pages.start / CHUNK_PAGES as u64;
+    let last = (pages.end - 1) / CHUNK_PAGES as u64;
+    chunks
+        .iter()
+        .filter(|r| r.index >= first && r.index <= last)
+        .cloned()
+        .collect()
+}
+
+/// Reclassify short zero stretches lying between data pages as data.
+fn absorb_zero_islands(classes: &mut [Class]) {
+    let n = classes.len();
+    let mut i = 0;
+    while i < n {
+        if classes[i] == Class::Data {
+            i += 1;
+            continue;
+        }
+        let j = (i..n).find(|&j| classes[j] == Class::Data).unwrap_or(n);
+        if i > 0 && j < n && j - i <= ZERO_ISLAND_PAGES {
+            classes[i..j].fill(Class::Data);
+        }
+        i = j;
+    }
+}
+
+/// Gathers spans of dirty pages from the given chunks and cuts them into
+/// runs, lazily, so only a span and the runs in flight are copied at a time.
 struct RunBuilder<'a> {
     inner: &'a Inner,
     chunks: VecDeque<ChunkRef>,
@@ -55,7 +118,7 @@ struct RunBuilder<'a> {
     slot: usize,
     /// Which pages of the front chunk may hold data.
     has_data: Option<PageBits>,
-    current: Option<Run>,
+    ready: VecDeque<Run>,
 }
 
 impl<'a> RunBuilder<'a> {
@@ -65,7 +128,7 @@ impl<'a> RunBuilder<'a> {
             chunks,
             slot: 0,
             has_data: None,
-            current: None,
+            ready: VecDeque::new(),
         }
     }
 
@@ -79,68 +142,55 @@ impl<'a> RunBuilder<'a> {
         }
         bits
     }
-}
 
-impl Iterator for RunBuilder<'_> {
-    type Item = Run;
-
-    fn next(&mut self) -> Option<Run> {
+    /// The next span of contiguous dirty pages, or `None` when all are done.
+    fn next_span(&mut self) -> Option<Span> {
+        let mut span: Option<Span> = None;
         loop {
             let Some(front) = self.chunks.front().cloned() else {
-                return self.current.take();
+                return span;
             };
             let first_page = front.index * CHUNK_PAGES as u64;
             let has_data = match self.has_data {
                 Some(b) => b,
                 None => *self.has_data.insert(self.data_map(first_page)),
             };
-            let mut c = front.lock();
+            let c = front.lock();
             while self.slot < CHUNK_PAGES {
                 let slot = self.slot;
+                let page = first_page + slot as u64;
                 if !c.is_dirty(slot) {
                     self.slot += 1;
+                    if span.is_some() {
+                        return span;
+                    }
                     continue;
                 }
-                let page = first_page + slot as u64;
-                let zero = c.page(slot).iter().all(|&b| b == 0);
-                let kind = match (zero, has_data.get(slot)) {
-                    (false, _) => Kind::Update,
-                    (true, true) => Kind::Clear,
-                    (true, false) => {
-                        // Already zero in the blob: nothing to send.
-                        let gen = c.generation(slot);
-                        let delta = c.settle(slot, gen);
-                        self.inner.cache.note(front.index, delta);
-                        add(&self.inner.meters.pages_elided, 1);
-                        self.slot += 1;
-                        continue;
+                if let Some(s) = &span {
+                    if s.end() != page || s.classes.len() as u64 >= SPAN_PAGES {
+                        return span;
                     }
-                };
-                if let Some(run) = &mut self.current {
-                    let fits = run.kind == kind
-                        && run.pages.end == page
-                        && (kind == Kind::Clear || run.pages.len_pages() < MAX_UPDATE_PAGES);
-                    if !fits {
-                        // Emit the finished run; this page starts the next one.
-                        return self.current.take();
-                    }
+                }
+                let s = span.get_or_insert_with(|| Span {
+                    start: page,
+                    classes: Vec::new(),
+                    gens: Vec::new(),
+                    data: Vec::new(),
+                    chunks: Vec::new(),
+                });
+                let bytes = c.page(slot);
+                let class = if bytes.iter().any(|&b| b != 0) {
+                    Class::Data
+                } else if has_data.get(slot) {
+                    Class::ZeroHeld
                 } else {
-                    self.current = Some(Run {
-                        kind,
-                        pages: PageRange::new(page, page),
-                        data: Vec::new(),
-                        gens: Vec::new(),
-                        chunks: Vec::new(),
-                    });
-                }
-                let run = self.current.as_mut().expect("a run was just ensured");
-                run.pages.end += 1;
-                run.gens.push(c.generation(slot));
-                if kind == Kind::Update {
-                    run.data.extend_from_slice(c.page(slot));
-                }
-                if run.chunks.last().map(|r| r.index) != Some(front.index) {
-                    run.chunks.push(front.clone());
+                    Class::ZeroNone
+                };
+                s.classes.push(class);
+                s.gens.push(c.generation(slot));
+                s.data.extend_from_slice(bytes);
+                if s.chunks.last().map(|r| r.index) != Some(front.index) {
+                    s.chunks.push(front.clone());
                 }
                 self.slot += 1;
             }
@@ -148,6 +198,64 @@ impl Iterator for RunBuilder<'_> {
             self.chunks.pop_front();
             self.slot = 0;
             self.has_data = None;
+        }
+    }
+
+    /// Cut a span into runs; pages needing nothing are settled here.
+    fn cut(&mut self, span: Span) {
+        let mut classes = span.classes;
+        absorb_zero_islands(&mut classes);
+        let data = Bytes::from(span.data);
+        let n = classes.len();
+        let mut i = 0;
+        while i < n {
+            let class = classes[i];
+            let mut j = i + 1;
+            while j < n
+                && classes[j] == class
+                && (class != Class::Data || ((j - i) as u64) < MAX_UPDATE_PAGES)
+            {
+                j += 1;
+            }
+            let pages = PageRange::new(span.start + i as u64, span.start + j as u64);
+            let chunks = chunks_for(&span.chunks, pages);
+            let gens = &span.gens[i..j];
+            match class {
+                Class::Data => self.ready.push_back(Run {
+                    kind: Kind::Update,
+                    pages,
+                    data: data.slice(i * PAGE..j * PAGE),
+                    gens: gens.to_vec(),
+                    chunks,
+                }),
+                Class::ZeroHeld => self.ready.push_back(Run {
+                    kind: Kind::Clear,
+                    pages,
+                    data: Bytes::new(),
+                    gens: gens.to_vec(),
+                    chunks,
+                }),
+                Class::ZeroNone => {
+                    // Already zero in the blob: clean unless written since.
+                    self.inner.settle(pages, gens, &chunks);
+                    add(&self.inner.meters.pages_elided, pages.len_pages());
+                }
+            }
+            i = j;
+        }
+    }
+}
+
+impl Iterator for RunBuilder<'_> {
+    type Item = Run;
+
+    fn next(&mut self) -> Option<Run> {
+        loop {
+            if let Some(run) = self.ready.pop_front() {
+                return Some(run);
+            }
+            let span = self.next_span()?;
+            self.cut(span);
         }
     }
 }
@@ -166,19 +274,46 @@ impl Inner {
             return Ok(());
         }
         self.lease.check()?;
+        let began = std::time::Instant::now();
+        let dirty_bytes = self.cache.dirty_bytes();
         let refs: VecDeque<ChunkRef> = dirty.iter().filter_map(|&i| self.cache.get(i)).collect();
         let mut sends = futures::stream::iter(RunBuilder::new(self, refs))
             .map(|run| self.send_run(run))
             .buffer_unordered(self.flush_parallelism);
         let mut first_err = None;
+        let mut runs = 0u64;
         while let Some(r) = sends.next().await {
+            runs += 1;
             if let Err(e) = r {
                 first_err.get_or_insert(e);
             }
         }
+        tracing::debug!(
+            target = %self.target,
+            dirty_bytes,
+            runs,
+            elapsed_ms = began.elapsed().as_millis() as u64,
+            ok = first_err.is_none(),
+            "flush pass"
+        );
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// Pages `pages` reached the blob as copied at generations `gens`: clear
+    /// the dirty bit of each one not written again since.
+    fn settle(&self, pages: PageRange, gens: &[u32], chunks: &[ChunkRef]) {
+        for r in chunks {
+            let first = r.index * CHUNK_PAGES as u64;
+            let from = pages.start.max(first);
+            let to = pages.end.min(first + CHUNK_PAGES as u64);
+            let mut c = r.lock();
+            for page in from..to {
+                let delta = c.settle((page - first) as usize, gens[(page - pages.start) as usize]);
+                self.cache.note(r.index, delta);
+            }
         }
     }
 
@@ -198,7 +333,7 @@ impl Inner {
                 add(&self.meters.put_page, 1);
                 add(&self.meters.bytes_up, data.len() as u64);
                 self.store
-                    .write_pages(pages.bytes().start, Bytes::from(data), lease)
+                    .write_pages(pages.bytes().start, data, lease)
                     .await
             }
             Kind::Clear => {
@@ -213,17 +348,7 @@ impl Inner {
         if let Err(e) = sent {
             return Err(self.write_error(e));
         }
-        // Settle: pages not written again since they were copied are clean.
-        for r in &chunks {
-            let first = r.index * CHUNK_PAGES as u64;
-            let from = pages.start.max(first);
-            let to = pages.end.min(first + CHUNK_PAGES as u64);
-            let mut c = r.lock();
-            for page in from..to {
-                let delta = c.settle((page - first) as usize, gens[(page - pages.start) as usize]);
-                self.cache.note(r.index, delta);
-            }
-        }
+        self.settle(pages, &gens, &chunks);
         Ok(())
     }
 }
@@ -257,4 +382,23 @@ pub(super) fn spawn_background(inner: &Arc<Inner>) -> JoinHandle<()> {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Class::{Data as D, ZeroHeld as H, ZeroNone as N};
+
+    #[test]
+    fn only_short_zero_stretches_between_data_are_absorbed() {
+        let mut c = vec![N, D, N, H, D, N];
+        absorb_zero_islands(&mut c);
+        assert_eq!(c, vec![N, D, D, D, D, N], "edges stay, the middle joins");
+        let mut long = vec![D];
+        long.extend(std::iter::repeat_n(H, ZERO_ISLAND_PAGES + 1));
+        long.push(D);
+        let before = long.clone();
+        absorb_zero_islands(&mut long);
+        assert_eq!(long, before, "a long zero stretch is cleared, not written");
+    }
 }

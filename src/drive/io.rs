@@ -1,14 +1,14 @@
 //! Reads, writes and discards through the page cache.
 //!
-//! What it owns: getting the chunks an operation needs into memory (pinned),
-//! filling invalid pages from the blob (only pages the sparse map says may
-//! hold data, coalesced into few Get Blob requests; the rest are zeros), and
-//! copying bytes in or out. Invariants: no chunk lock is held across an
-//! await; a partial-page write fills the page and applies the bytes under the
-//! chunk's lock, so two read-modify-writes of one page never lose an update;
-//! a fill never overwrites a valid page (it is at least as new as the blob).
+//! What it owns: getting the chunks an operation needs into memory (pinned,
+//! all of one step at once), having their pages filled (`fetch.rs`), copying
+//! bytes in or out, writer throttling at the dirty bound, and discard.
+//! Invariants: no chunk lock is held across an await; a partial-page write
+//! has the page filled first and then applies its bytes under the chunk's
+//! lock, so two read-modify-writes of one page never lose an update.
 
 use bytes::Bytes;
+use futures::StreamExt;
 
 use super::cache::ChunkRef;
 use super::chunk::{CHUNK_BYTES, CHUNK_PAGES};
@@ -18,29 +18,18 @@ use super::extents::PageRange;
 use super::Inner;
 use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES, PAGE_SIZE};
 
-/// Largest single Get Blob a fill issues.
-const MAX_GET_BYTES: u64 = 4 * 1024 * 1024;
-
-/// What a fill found, for the hit/miss counters.
-#[derive(Default)]
-struct FillStats {
-    hits: u64,
-    misses: u64,
-    holes: u64,
-}
-
 /// Chunk numbers touched by `[start, end)` bytes.
-fn chunks_of(start: u64, end: u64) -> std::ops::Range<u64> {
+pub(crate) fn chunks_of(start: u64, end: u64) -> std::ops::Range<u64> {
     start / CHUNK_BYTES..end.div_ceil(CHUNK_BYTES)
 }
 
 /// The pages of chunk `index`, as a global page range.
-fn chunk_pages(index: u64) -> PageRange {
+pub(crate) fn chunk_pages(index: u64) -> PageRange {
     let first = index * CHUNK_PAGES as u64;
     PageRange::new(first, first + CHUNK_PAGES as u64)
 }
 
-fn intersect(a: PageRange, b: PageRange) -> PageRange {
+pub(crate) fn intersect(a: PageRange, b: PageRange) -> PageRange {
     let start = a.start.max(b.start);
     PageRange::new(start, a.end.min(b.end).max(start))
 }
@@ -48,7 +37,7 @@ fn intersect(a: PageRange, b: PageRange) -> PageRange {
 impl Inner {
     /// Pin `indices`, waiting (and flushing, when dirty chunks fill the
     /// cache) until there is room. Never called while holding pins.
-    async fn pin_all(&self, indices: &[u64]) -> Result<Vec<ChunkRef>> {
+    pub(crate) async fn pin_all(&self, indices: &[u64]) -> Result<Vec<ChunkRef>> {
         loop {
             let notified = self.cache.unpinned.notified();
             tokio::pin!(notified);
@@ -78,127 +67,47 @@ impl Inner {
         Ok(())
     }
 
-    /// Make every page of `want` (global pages, within the pinned `refs`)
-    /// valid: pages that may hold data are read from the blob, the others
-    /// become zeros.
-    /// Hits, misses and holes are counted for the pages inside `count` only.
-    async fn fill(
-        &self,
-        refs: &[ChunkRef],
-        want: &[PageRange],
-        count: PageRange,
-    ) -> Result<FillStats> {
-        let mut stats = FillStats::default();
-        let mut missing: Vec<PageRange> = Vec::new();
-        for r in refs {
-            let span = chunk_pages(r.index);
-            let c = r.lock();
-            for w in want {
-                let part = intersect(span, *w);
-                for page in part.start..part.end {
-                    let counted = page >= count.start && page < count.end;
-                    if c.is_valid((page - span.start) as usize) {
-                        stats.hits += counted as u64;
-                        continue;
-                    }
-                    stats.misses += counted as u64;
-                    match missing.last_mut() {
-                        Some(m) if m.end == page => m.end += 1,
-                        _ => missing.push(PageRange::new(page, page + 1)),
-                    }
-                }
-            }
-        }
-        if missing.is_empty() {
-            return Ok(stats);
-        }
-        let mut fetch: Vec<PageRange> = Vec::new();
-        {
-            let extents = self.extents();
-            for m in &missing {
-                stats.holes += intersect(*m, count).len_pages();
-                for d in extents.within(*m) {
-                    stats.holes -= intersect(d, count).len_pages();
-                    let mut start = d.start;
-                    while start < d.end {
-                        let end = d.end.min(start + MAX_GET_BYTES / PAGE_SIZE);
-                        fetch.push(PageRange::new(start, end));
-                        start = end;
-                    }
-                }
-            }
-        }
-        let reads = fetch.iter().map(|f| {
-            add(&self.meters.get, 1);
-            self.store.read(f.bytes())
-        });
-        let bodies: Vec<Bytes> = futures::future::try_join_all(reads).await?;
-        for b in &bodies {
-            add(&self.meters.bytes_down, b.len() as u64);
-        }
-        for r in refs {
-            let span = chunk_pages(r.index);
-            let mut c = r.lock();
-            for m in &missing {
-                let part = intersect(span, *m);
-                for page in part.start..part.end {
-                    let slot = (page - span.start) as usize;
-                    // `fetch` is sorted and disjoint: find the range holding `page`.
-                    let i = fetch.partition_point(|f| f.end <= page);
-                    let content = match fetch.get(i) {
-                        Some(f) if f.start <= page => {
-                            let at = ((page - f.start) * PAGE_SIZE) as usize;
-                            Some(&bodies[i][at..at + PAGE_SIZE as usize])
-                        }
-                        _ => None,
-                    };
-                    c.fill(slot, content);
-                }
-            }
-        }
-        Ok(stats)
-    }
-
-    /// Where a read of `[start, end)` should fetch up to, given how reads have
-    /// been going: a sequential reader gets `read_ahead_bytes` beyond its
-    /// read, fetched in large steps (half the window at a time).
-    fn read_ahead_end(&self, start: u64, end: u64) -> u64 {
+    /// The read-ahead window to start after a read of `[start, end)`, given
+    /// how reads have been going: a sequential reader keeps about
+    /// `read_ahead_bytes` fetched beyond its reads, in steps of half of it.
+    fn read_ahead_window(&self, start: u64, end: u64) -> Option<(u64, u64)> {
         let ra = self.read_ahead_bytes;
         let mut st = self.read_ahead.lock().expect("read-ahead mutex poisoned");
         let sequential = start == st.last_end && start > 0;
         st.last_end = end;
-        if !sequential || ra == 0 {
-            return end;
+        if !sequential || ra == 0 || st.fetched_until >= end + ra / 2 {
+            return None;
         }
-        if st.fetched_until >= end + ra / 2 {
-            return end;
-        }
+        let from = end.max(st.fetched_until);
         let until = (end + ra).min(self.size_bytes);
         st.fetched_until = until;
-        until
+        (from < until).then_some((from, until))
     }
 
-    pub(crate) async fn read_at(&self, offset_bytes: u64, len: usize) -> Result<Bytes> {
+    /// Read `[offset, offset + len)` clipped to the drive; also returns the
+    /// read-ahead window the caller should start in the background.
+    pub(crate) async fn read_at(
+        &self,
+        offset_bytes: u64,
+        len: usize,
+    ) -> Result<(Bytes, Option<(u64, u64)>)> {
         self.check_open()?;
         let end = self.size_bytes.min(offset_bytes.saturating_add(len as u64));
         if offset_bytes >= end {
-            return Ok(Bytes::new());
+            return Ok((Bytes::new(), None));
         }
-        let fetch_end = self.read_ahead_end(offset_bytes, end);
         let want = PageRange::covering(ByteRange::new(offset_bytes, end));
-        let window = PageRange::covering(ByteRange::new(offset_bytes, fetch_end));
         let mut out = vec![0u8; (end - offset_bytes) as usize];
-        let all: Vec<u64> = chunks_of(offset_bytes, fetch_end).collect();
+        let all: Vec<u64> = chunks_of(offset_bytes, end).collect();
         for batch in all.chunks(self.cache.max_pins()) {
             // Chunks not in memory whose pages hold no data read as zeros
             // (already in `out`) without a request or an allocation.
             let mut need = Vec::with_capacity(batch.len());
             for &idx in batch {
-                let part = intersect(chunk_pages(idx), window);
+                let part = intersect(chunk_pages(idx), want);
                 if !self.cache.contains(idx) && !self.extents().any_in(part) {
-                    let asked = intersect(part, want).len_pages();
-                    add(&self.meters.cache_misses, asked);
-                    add(&self.meters.pages_elided, asked);
+                    add(&self.meters.cache_misses, part.len_pages());
+                    add(&self.meters.pages_elided, part.len_pages());
                 } else {
                     need.push(idx);
                 }
@@ -207,14 +116,11 @@ impl Inner {
                 continue;
             }
             let refs = self.pin_all(&need).await?;
-            let stats = self.fill(&refs, &[window], want).await?;
+            let stats = self.fill(&refs, &[want], want).await?;
             for r in &refs {
                 let span = chunk_pages(r.index);
                 let from = offset_bytes.max(span.start * PAGE_SIZE);
                 let to = end.min(span.end * PAGE_SIZE);
-                if from >= to {
-                    continue;
-                }
                 let c = r.lock();
                 let base = span.start * PAGE_SIZE;
                 out[(from - offset_bytes) as usize..(to - offset_bytes) as usize]
@@ -224,7 +130,8 @@ impl Inner {
             add(&self.meters.cache_hits, stats.hits);
             add(&self.meters.pages_elided, stats.holes);
         }
-        Ok(Bytes::from(out))
+        let ahead = self.read_ahead_window(offset_bytes, end);
+        Ok((Bytes::from(out), ahead))
     }
 
     fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<u64> {
@@ -306,13 +213,31 @@ impl Inner {
         let _g = self.flush_lock.lock().await;
         self.check_writable()?;
         let parts = self.extents().within(whole);
-        for part in parts {
-            add(&self.meters.clear_page, 1);
-            if let Err(e) = self.store.clear_pages(part.bytes(), self.lease.id()).await {
-                return Err(self.write_error(e));
+        let lease = self.lease.id();
+        let cleared: Vec<(PageRange, std::result::Result<(), crate::blob::Error>)> =
+            futures::stream::iter(parts)
+                .map(|part| async move {
+                    add(&self.meters.clear_page, 1);
+                    (part, self.store.clear_pages(part.bytes(), lease).await)
+                })
+                .buffer_unordered(self.flush_parallelism)
+                .collect()
+                .await;
+        let mut failed = Vec::new();
+        let mut first_err = None;
+        for (part, r) in cleared {
+            match r {
+                Ok(()) => self.extents().remove(part),
+                Err(e) => {
+                    failed.push(part);
+                    first_err.get_or_insert(self.write_error(e));
+                }
             }
-            self.extents().remove(part);
         }
+        // Cached pages become zero: clean where the blob is now zero; dirty
+        // where the clear failed (the blob may hold either), so a later
+        // flush clears them and cache and blob agree again.
+        let zeros = [0u8; PAGE_SIZE as usize];
         for idx in self
             .cache
             .present_in(chunks_of(whole.start * PAGE_SIZE, whole.end * PAGE_SIZE))
@@ -324,11 +249,22 @@ impl Inner {
             let part = intersect(span, whole);
             let mut c = r.lock();
             for page in part.start..part.end {
-                let delta = c.zero_clean((page - span.start) as usize);
+                let slot = (page - span.start) as usize;
+                let delta = if failed.iter().any(|f| page >= f.start && page < f.end) {
+                    c.write(slot * PAGE_SIZE as usize, &zeros)
+                } else {
+                    c.zero_clean(slot)
+                };
                 self.cache.note(idx, delta);
             }
         }
-        Ok(())
+        match first_err {
+            Some(e) => {
+                self.kick.notify_one();
+                Err(e)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Turn a failed Put Page / Clear Pages into the drive's error, noting a

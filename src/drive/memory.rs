@@ -7,7 +7,8 @@
 //! updates at most 4 MiB (413); leases follow the service's rules and error
 //! codes (409 `LeaseAlreadyPresent`, 412 `LeaseIdMissing`, ...); snapshots
 //! are read-only copies that cannot be leased. It counts requests by kind
-//! and can fail the next writes on demand, or delay them, for fault tests.
+//! and can fail the next writes on demand, or delay reads and writes, for
+//! fault and concurrency tests.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,7 +38,11 @@ struct State {
     /// Fail this many of the next writes (update or clear) with `fail_with`.
     fail_writes: u32,
     fail_with: Option<Error>,
+    /// Fail this many of the next reads with `fail_reads_with`.
+    fail_reads: u32,
+    fail_reads_with: Option<Error>,
     write_delay: Duration,
+    read_delay: Duration,
 }
 
 /// Requests a [`MemoryStore`] has served, by kind.
@@ -92,7 +97,10 @@ impl MemoryStore {
                 lease: LeaseState::Available,
                 fail_writes: 0,
                 fail_with: None,
+                fail_reads: 0,
+                fail_reads_with: None,
                 write_delay: Duration::ZERO,
+                read_delay: Duration::ZERO,
             }),
             meters: Meters::default(),
             snapshot: false,
@@ -114,7 +122,10 @@ impl MemoryStore {
                 lease: LeaseState::Available,
                 fail_writes: 0,
                 fail_with: None,
+                fail_reads: 0,
+                fail_reads_with: None,
                 write_delay: Duration::ZERO,
+                read_delay: Duration::ZERO,
             }),
             meters: Meters::default(),
             snapshot: true,
@@ -161,10 +172,22 @@ impl MemoryStore {
         st.fail_with = Some(error);
     }
 
+    /// Fail the next `n` reads with `error`.
+    pub fn fail_next_reads(&self, n: u32, error: Error) {
+        let mut st = self.state();
+        st.fail_reads = n;
+        st.fail_reads_with = Some(error);
+    }
+
     /// Delay every write by `delay` before it is applied (to hold uploads in
     /// flight in concurrency tests).
     pub fn set_write_delay(&self, delay: Duration) {
         self.state().write_delay = delay;
+    }
+
+    /// Delay every read by `delay` (to hold fetches in flight).
+    pub fn set_read_delay(&self, delay: Duration) {
+        self.state().read_delay = delay;
     }
 
     /// The lease id held, if any.
@@ -292,7 +315,17 @@ impl PageStore for MemoryStore {
 
     async fn read(&self, range: ByteRange) -> Result<Bytes> {
         self.meters.reads.fetch_add(1, Ordering::Relaxed);
-        let st = self.state();
+        let delay = self.state().read_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let mut st = self.state();
+        if st.fail_reads > 0 {
+            st.fail_reads -= 1;
+            if let Some(e) = &st.fail_reads_with {
+                return Err(e.clone());
+            }
+        }
         if range.end > st.size_bytes {
             return Err(self.err(
                 "get blob",

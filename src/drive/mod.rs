@@ -14,6 +14,7 @@ mod chunk;
 pub mod counters;
 pub mod error;
 pub mod extents;
+mod fetch;
 mod flush;
 mod io;
 mod lease;
@@ -27,7 +28,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 
 pub use blob_store::BlobPageStore;
 pub use counters::Counters;
@@ -152,7 +153,12 @@ impl Inner {
 pub struct Drive {
     inner: Arc<Inner>,
     flusher: Mutex<Option<JoinHandle<()>>>,
+    /// Background read-ahead fetches; aborted on close and drop.
+    read_aheads: Mutex<JoinSet<()>>,
 }
+
+/// Read-ahead fetches in flight at most.
+const MAX_READ_AHEADS: usize = 2;
 
 impl Drive {
     /// Open the drive in `store`: check the VHD footer, take the lease for
@@ -167,6 +173,7 @@ impl Drive {
         Ok(Drive {
             inner,
             flusher: Mutex::new(flusher),
+            read_aheads: Mutex::new(JoinSet::new()),
         })
     }
 
@@ -193,7 +200,34 @@ impl Drive {
     /// Read `len` bytes at `offset_bytes` (any alignment). Reads past the end
     /// are clipped, like a file: fewer bytes come back.
     pub async fn read_at(&self, offset_bytes: u64, len: usize) -> Result<Bytes> {
-        self.inner.read_at(offset_bytes, len).await
+        let (data, ahead) = self.inner.read_at(offset_bytes, len).await?;
+        if let Some((start, end)) = ahead {
+            self.start_read_ahead(start, end);
+        }
+        Ok(data)
+    }
+
+    /// Fetch `[start, end)` in the background. Its pages are marked before
+    /// this returns, so the next sequential read waits for them instead of
+    /// fetching them again. At most `MAX_READ_AHEADS` run at once.
+    fn start_read_ahead(&self, start: u64, end: u64) {
+        let mut set = self
+            .read_aheads
+            .lock()
+            .expect("read-ahead set mutex poisoned");
+        while set.try_join_next().is_some() {}
+        if set.len() >= MAX_READ_AHEADS {
+            return;
+        }
+        let Some(job) = self.inner.reserve_read_ahead(start, end) else {
+            return;
+        };
+        let inner = self.inner.clone();
+        set.spawn(async move {
+            if let Err(e) = inner.run_job(job).await {
+                tracing::debug!(target = %inner.target, error = %e, "read-ahead failed");
+            }
+        });
     }
 
     /// Write `data` at `offset_bytes` (any alignment). The data is in the
@@ -227,6 +261,13 @@ impl Drive {
         if self.inner.mode == Mode::ReadWrite {
             self.inner.flush_pass().await?;
         }
+        let mut aheads = std::mem::take(
+            &mut *self
+                .read_aheads
+                .lock()
+                .expect("read-ahead set mutex poisoned"),
+        );
+        aheads.shutdown().await;
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.stop.notify_one();
         let handle = self.flusher.lock().expect("flusher mutex poisoned").take();

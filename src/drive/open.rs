@@ -20,26 +20,15 @@ use crate::units::{ByteRange, MAX_PAGE_BLOB_BYTES, PAGE_SIZE, VHD_FOOTER_BYTES};
 
 /// Smallest cache, in chunks: enough for a few operations to pin at once.
 const MIN_CACHE_CHUNKS: u64 = 8;
-/// First Get Page Ranges segment.
-const FIRST_SEGMENT_BYTES: u64 = 256 * 1024 * 1024;
-/// Segments never grow past this.
-const MAX_SEGMENT_BYTES: u64 = 1024 * 1024 * 1024 * 1024;
-/// Segments never shrink below this.
-const MIN_SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
 
-/// Validate the footer read from the end of the blob.
-///
-/// MERGE NOTE: this is the single call site for footer validation. After the
-/// merge it becomes `crate::vhd::Footer::parse(footer, blob_bytes)` (mapping
-/// `vhd::Error` to `Error::NotADrive`); for now it only checks the cookie.
+/// Validate the footer read from the end of the blob: a fixed VHD whose
+/// size matches the blob's.
 fn check_footer(footer: &[u8; 512], blob_bytes: u64) -> Result<()> {
-    let _ = blob_bytes;
-    if &footer[0..8] != b"conectix" {
-        return Err(Error::NotADrive {
-            reason: "no VHD footer (cookie 'conectix' missing at the end of the blob)".into(),
-        });
-    }
-    Ok(())
+    crate::vhd::Footer::parse(footer, blob_bytes)
+        .map(|_| ())
+        .map_err(|e| Error::NotADrive {
+            reason: e.to_string(),
+        })
 }
 
 pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) -> Result<Inner> {
@@ -114,25 +103,14 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
     })
 }
 
-/// The sparse map of the data area, from Get Page Ranges in segments whose
-/// size adapts to how fragmented the answers are.
+/// The sparse map of the data area, from Get Page Ranges. The store cuts the
+/// query into segments the service can answer in time (`BlobPageStore`
+/// adapts their size to how fragmented the blob is), so it is asked once.
 async fn load_extents(store: &dyn PageStore, size_bytes: u64, meters: &Meters) -> Result<Extents> {
     let mut extents = Extents::new();
-    let mut segment = FIRST_SEGMENT_BYTES;
-    let mut pos = 0;
-    while pos < size_bytes {
-        let end = size_bytes.min(pos.saturating_add(segment));
-        add(&meters.page_ranges, 1);
-        let ranges = store.page_ranges(ByteRange::new(pos, end)).await?;
-        for r in &ranges {
-            extents.insert(PageRange::covering(*r));
-        }
-        if ranges.len() < 1000 {
-            segment = (segment * 4).min(MAX_SEGMENT_BYTES);
-        } else if ranges.len() > 5000 {
-            segment = (segment / 2).max(MIN_SEGMENT_BYTES);
-        }
-        pos = end;
+    add(&meters.page_ranges, 1);
+    for r in store.page_ranges(ByteRange::new(0, size_bytes)).await? {
+        extents.insert(PageRange::covering(r));
     }
     Ok(extents)
 }

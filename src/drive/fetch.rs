@@ -1,0 +1,223 @@
+//! Filling cache pages from the blob, each page fetched once.
+//!
+//! What it owns: turning "these pages must be valid" into few Get Blob
+//! requests (only the parts the sparse map says may hold data, coalesced; the
+//! rest become zeros), and making sure two readers of the same missing page
+//! do not both fetch it: a fetch marks its pages `fetching` in their chunks;
+//! others wait for it, or fetch themselves if it failed. Invariants: a fill
+//! never overwrites a valid page (it is at least as new as the blob); a
+//! [`FetchJob`] that ends without filling (error, cancellation) clears its
+//! marks in `Drop`, so nobody waits forever. A job pins its chunks.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use super::cache::ChunkRef;
+use super::counters::add;
+use super::error::Result;
+use super::extents::PageRange;
+use super::io::{chunk_pages, chunks_of, intersect};
+use super::Inner;
+use crate::units::{ByteRange, PAGE_SIZE};
+
+/// Largest single Get Blob a fetch issues.
+const MAX_GET_BYTES: u64 = 4 * 1024 * 1024;
+
+/// What a fill found, for the hit/miss counters (pages).
+#[derive(Debug, Default)]
+pub(crate) struct FillStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub holes: u64,
+}
+
+/// Pages one caller marked `fetching`, and the reads that will fill them.
+pub(crate) struct FetchJob {
+    refs: Vec<ChunkRef>,
+    /// Pages this job fills (sorted, disjoint).
+    mine: Vec<PageRange>,
+    /// The parts of `mine` to read from the blob; the rest are zeros.
+    fetch: Vec<PageRange>,
+    filled: Arc<Notify>,
+    done: bool,
+}
+
+/// Append `page` to sorted page ranges, merging with the last one.
+fn push_page(ranges: &mut Vec<PageRange>, page: u64) {
+    match ranges.last_mut() {
+        Some(r) if r.end == page => r.end += 1,
+        _ => ranges.push(PageRange::new(page, page + 1)),
+    }
+}
+
+impl FetchJob {
+    fn is_empty(&self) -> bool {
+        self.mine.is_empty()
+    }
+
+    /// Fill this job's pages from `bodies` (or leave them invalid when
+    /// `None`), clear their marks and wake waiters.
+    fn finish(&mut self, bodies: Option<&[Bytes]>) {
+        self.done = true;
+        for r in &self.refs {
+            let span = chunk_pages(r.index);
+            let mut c = r.lock();
+            for m in &self.mine {
+                let part = intersect(span, *m);
+                for page in part.start..part.end {
+                    let slot = (page - span.start) as usize;
+                    if let Some(bodies) = bodies {
+                        let i = self.fetch.partition_point(|f| f.end <= page);
+                        let content = match self.fetch.get(i) {
+                            Some(f) if f.start <= page => {
+                                let at = ((page - f.start) * PAGE_SIZE) as usize;
+                                Some(&bodies[i][at..at + PAGE_SIZE as usize])
+                            }
+                            _ => None,
+                        };
+                        c.fill(slot, content);
+                    }
+                    c.set_fetching(slot, false);
+                }
+            }
+        }
+        self.filled.notify_waiters();
+    }
+}
+
+impl Drop for FetchJob {
+    fn drop(&mut self) {
+        if !self.done && !self.mine.is_empty() {
+            self.finish(None);
+        }
+    }
+}
+
+impl Inner {
+    /// Mark the pages of `want` within `refs` that are neither valid nor
+    /// being fetched as this caller's. Returns the job, the counts for pages
+    /// inside `count`, and the pages someone else is fetching.
+    fn reserve(
+        &self,
+        refs: &[ChunkRef],
+        want: &[PageRange],
+        count: PageRange,
+    ) -> (FetchJob, FillStats, Vec<PageRange>) {
+        let mut stats = FillStats::default();
+        let mut mine = Vec::new();
+        let mut others = Vec::new();
+        for r in refs {
+            let span = chunk_pages(r.index);
+            let mut c = r.lock();
+            for w in want {
+                let part = intersect(span, *w);
+                for page in part.start..part.end {
+                    let slot = (page - span.start) as usize;
+                    let counted = (page >= count.start && page < count.end) as u64;
+                    if c.is_valid(slot) {
+                        stats.hits += counted;
+                    } else if c.is_fetching(slot) {
+                        stats.misses += counted;
+                        push_page(&mut others, page);
+                    } else {
+                        stats.misses += counted;
+                        c.set_fetching(slot, true);
+                        push_page(&mut mine, page);
+                    }
+                }
+            }
+        }
+        let mut fetch = Vec::new();
+        {
+            let extents = self.extents();
+            for m in &mine {
+                stats.holes += intersect(*m, count).len_pages();
+                for d in extents.within(*m) {
+                    stats.holes -= intersect(d, count).len_pages();
+                    let mut start = d.start;
+                    while start < d.end {
+                        let end = d.end.min(start + MAX_GET_BYTES / PAGE_SIZE);
+                        fetch.push(PageRange::new(start, end));
+                        start = end;
+                    }
+                }
+            }
+        }
+        let job = FetchJob {
+            refs: refs.to_vec(),
+            mine,
+            fetch,
+            filled: self.cache.filled.clone(),
+            done: false,
+        };
+        (job, stats, others)
+    }
+
+    /// Read a job's data parts (in parallel) and fill its pages.
+    pub(crate) async fn run_job(&self, mut job: FetchJob) -> Result<()> {
+        if job.is_empty() {
+            job.done = true;
+            return Ok(());
+        }
+        let reads = job.fetch.iter().map(|f| {
+            add(&self.meters.get, 1);
+            self.store.read(f.bytes())
+        });
+        // On error the job is dropped: its marks are cleared, pages stay invalid.
+        let bodies: Vec<Bytes> = futures::future::try_join_all(reads).await?;
+        for b in &bodies {
+            add(&self.meters.bytes_down, b.len() as u64);
+        }
+        job.finish(Some(&bodies));
+        Ok(())
+    }
+
+    /// Make every page of `want` (within the pinned `refs`) valid: fetch the
+    /// pages nobody is fetching, wait for the others. Hits, misses and holes
+    /// are counted for the pages inside `count` only.
+    pub(crate) async fn fill(
+        &self,
+        refs: &[ChunkRef],
+        want: &[PageRange],
+        count: PageRange,
+    ) -> Result<FillStats> {
+        let (job, stats, mut waiting) = self.reserve(refs, want, count);
+        self.run_job(job).await?;
+        while !waiting.is_empty() {
+            let notified = self.cache.filled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Pages whose fetch failed are free again: take them over.
+            let (job, _, still) = self.reserve(refs, &waiting, PageRange::new(0, 0));
+            waiting = still;
+            if !job.is_empty() {
+                self.run_job(job).await?;
+                continue;
+            }
+            if !waiting.is_empty() {
+                notified.await;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Start reading ahead `[start_bytes, end_bytes)`: pin the chunks that
+    /// hold data there (only if there is room now) and mark their pages, so
+    /// a reader arriving before the data waits instead of fetching again.
+    /// The caller runs the returned job in the background.
+    pub(crate) fn reserve_read_ahead(&self, start_bytes: u64, end_bytes: u64) -> Option<FetchJob> {
+        let window = PageRange::covering(ByteRange::new(start_bytes, end_bytes));
+        let indices: Vec<u64> = chunks_of(start_bytes, end_bytes)
+            .filter(|&i| self.extents().any_in(intersect(chunk_pages(i), window)))
+            .take(self.cache.max_pins())
+            .collect();
+        if indices.is_empty() {
+            return None;
+        }
+        let refs = self.cache.try_pin_all(&indices)?;
+        let (job, _, _) = self.reserve(&refs, &[window], PageRange::new(0, 0));
+        (!job.is_empty()).then_some(job)
+    }
+}
