@@ -330,6 +330,7 @@ where
         listener,
         ended_rx,
         &mut attachment,
+        &socket_path,
     ));
     readiness::notify_systemd("STOPPING=1");
     if let Some(att) = attachment.as_mut() {
@@ -377,6 +378,7 @@ async fn run_until_shutdown(
     listener: tokio::net::UnixListener,
     mut ended: SessionEnd,
     attachment: &mut Option<Attachment>,
+    socket_path: &Path,
 ) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
@@ -422,6 +424,12 @@ async fn run_until_shutdown(
                         request.answer(Err(reason)).await;
                     }
                     result => {
+                        // Gone from the registry and the run directory before
+                        // the requester hears back, so what it sees next is final.
+                        if let Some(att) = attachment.as_mut() {
+                            att.finish();
+                        }
+                        let _ = std::fs::remove_file(socket_path);
                         request.answer(result.as_ref().map_err(|e| e.to_string()).copied()).await;
                         break result;
                     }
