@@ -741,3 +741,48 @@ fn foreground_attach_tells_systemd_ready_only_once_dir_is_mounted() {
     );
     site.ok(&["unmount", &dir.to_string_lossy()]);
 }
+
+#[test]
+fn xfs_snapshot_attaches_beside_its_live_drive() {
+    if !can_run("xfs_snapshot_attaches_beside_its_live_drive") {
+        return;
+    }
+    if !blobdrive::attach::tool_exists("mkfs.xfs") {
+        assert!(
+            std::env::var("BLOBDRIVE_REQUIRE_FUSE").as_deref() != Ok("1"),
+            "mkfs.xfs is required"
+        );
+        println!("SKIPPED: xfs_snapshot_attaches_beside_its_live_drive: no mkfs.xfs");
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-xfs"));
+    let drive = drive_name(&guard, "x.vhd");
+    // mkfs.xfs refuses filesystems under 300 MB.
+    site.ok(&["create", &drive, "--size", "320M", "--mkfs", "xfs"]);
+    let live = site.dir("live");
+    let then = site.dir("then");
+    site.ok(&["mount", &drive, &live.to_string_lossy()]);
+    std::fs::write(live.join("f.txt"), b"before\n").unwrap();
+    let time = site.ok(&["snapshot", &drive]);
+    std::fs::write(live.join("f.txt"), b"after\n").unwrap();
+    // Same filesystem UUID as the live mount: read-only xfs needs nouuid.
+    site.ok(&[
+        "mount",
+        &drive,
+        &then.to_string_lossy(),
+        "--snapshot",
+        &time,
+    ]);
+    assert_eq!(
+        std::fs::read_to_string(then.join("f.txt")).unwrap(),
+        "before\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(live.join("f.txt")).unwrap(),
+        "after\n"
+    );
+    site.ok(&["unmount", &then.to_string_lossy()]);
+    site.ok(&["unmount", &live.to_string_lossy()]);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}

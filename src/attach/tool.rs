@@ -10,7 +10,7 @@ use std::process::Command;
 pub struct ToolError {
     /// The program, e.g. `losetup`.
     pub tool: String,
-    /// Its last line of stderr, or why it could not run.
+    /// Its first line of stderr, or why it could not run.
     pub detail: String,
     /// Its exit code, when it ran and exited.
     pub code: Option<i32>,
@@ -62,9 +62,10 @@ where
         return Ok(String::from_utf8_lossy(&out.stdout).trim().to_string());
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // The first line holds the reason (mount, mkfs.xfs); later ones are hints
+    // ("dmesg(1) may have more information") or a usage text.
     let detail = stderr
         .lines()
-        .rev()
         .find(|l| !l.trim().is_empty())
         .map(|l| l.trim().to_string())
         .unwrap_or_else(|| format!("exited with {}", out.status));

@@ -259,9 +259,11 @@ fn print_error_line(message: &str) {
 /// overrides. Calling it twice (tests) keeps the first setup.
 fn init_logging(verbose: u8) {
     use tracing_subscriber::EnvFilter;
+    // fuser reports kernel requests it does not implement (ioctl, getxattr) and
+    // replies raced by an unmount as warnings: noise unless debugging.
     let level = match verbose {
-        0 => "warn",
-        1 => "info",
+        0 => "warn,fuser=off",
+        1 => "info,fuser=error",
         2 => "debug",
         _ => "trace",
     };
