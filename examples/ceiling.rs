@@ -89,7 +89,11 @@ async fn measure(
                 let offset = slot * op.bytes();
                 let range = ByteRange::new(offset, offset + op.bytes());
                 match op {
-                    Op::Put4M => client.put_pages(&path, offset, payload.clone(), None).await?,
+                    Op::Put4M => {
+                        client
+                            .put_pages(&path, offset, payload.clone(), None)
+                            .await?
+                    }
                     Op::Get4M | Op::Get4K => {
                         client.get_blob_range(&path, range).await?;
                     }
@@ -122,7 +126,10 @@ async fn best(
             Op::Get4K => per_sec,
             _ => per_sec * op.bytes() as f64 / (1 << 20) as f64,
         };
-        levels.insert(p.to_string(), serde_json::json!((rate * 10.0).round() / 10.0));
+        levels.insert(
+            p.to_string(),
+            serde_json::json!((rate * 10.0).round() / 10.0),
+        );
         if rate > best_rate {
             (best_rate, best_level) = (rate, p);
         }
@@ -160,7 +167,10 @@ async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let account = Account::from_env(None)?;
     let client = BlobClient::new(account)?;
-    let container = format!("ceiling-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let container = format!(
+        "ceiling-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
     client.create_container(&container).await?;
     let path = BlobPath::new(&container, "ceiling.bin")?;
     let result = async {

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # The main job, end to end on one machine: build blobdrive, start a persistent
-# Azurite (data kept in .azurite/data across runs), and use it.
+# Azurite (data kept in .azurite/data across runs), create a demo drive with an
+# ext4 filesystem (once: it is kept across runs), attach it at a directory and
+# use it like any disk.
 #
-#   scripts/demo.sh
+#   sudo scripts/demo.sh          (mounting needs root: FUSE, loop devices)
 #
-# Today it creates a demo drive (once: it is kept in Azurite's data across runs),
-# shows it with 'info' and lists the drives; the mount step lands with attach.
-# Drive name: BLOBDRIVE_DEMO_DRIVE (default demo/disk1.vhd), size 1G.
+# Drive: BLOBDRIVE_DEMO_DRIVE (default demo/data.vhd, 1G, ext4).
+# Directory: BLOBDRIVE_DEMO_DIR (default /mnt/blobdrive-demo).
 # Port: BLOBDRIVE_AZURITE_PORT (default 10000). An account configured in the
 # environment (AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_ACCOUNT) is used
 # instead of Azurite; Azurite is still started so the demo has a fallback.
+# The drive stays mounted when the demo ends; it prints how to unmount it.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 port=${BLOBDRIVE_AZURITE_PORT:-10000}
+drive=${BLOBDRIVE_DEMO_DRIVE:-demo/data.vhd}
+dir=${BLOBDRIVE_DEMO_DIR:-/mnt/blobdrive-demo}
 
 say() { echo "demo: $*" >&2; }
 
@@ -29,16 +33,40 @@ if [ -z "${AZURE_STORAGE_CONNECTION_STRING:-}${AZURE_STORAGE_ACCOUNT:-}" ] && [ 
   export AZURE_STORAGE_CONNECTION_STRING="DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;BlobEndpoint=http://127.0.0.1:$port/devstoreaccount1;"
 fi
 
-drive=${BLOBDRIVE_DEMO_DRIVE:-demo/disk1.vhd}
+if [ "$(id -u)" != 0 ]; then
+  say "mounting needs root (FUSE, loop devices, mount): run 'sudo $0'"
+  exit 1
+fi
+
 if "$bin" info "$drive" >/dev/null 2>&1; then
   say "drive $drive exists (kept from an earlier run)"
 else
-  say "blobdrive create $drive --size 1G"
-  "$bin" create "$drive" --size 1G
+  say "blobdrive create $drive --size 1G --mkfs ext4"
+  "$bin" create "$drive" --size 1G --mkfs ext4
 fi
 
-say "blobdrive info $drive"
-"$bin" info "$drive"
+mkdir -p "$dir"
+if mountpoint -q "$dir"; then
+  say "$dir is already mounted (from an earlier run)"
+else
+  say "blobdrive mount $drive $dir"
+  "$bin" mount "$drive" "$dir"
+fi
 
-say "blobdrive list"
-"$bin" list
+say "writing and reading a file on $dir"
+date -u "+written by scripts/demo.sh at %Y-%m-%dT%H:%M:%SZ" >> "$dir/demo.log"
+sync "$dir/demo.log"
+tail -n 3 "$dir/demo.log"
+df -h "$dir"
+
+say "blobdrive list --mounted"
+"$bin" list --mounted
+
+say "blobdrive stats $dir (requests the drive engine sent to the blob)"
+"$bin" stats "$dir" | head -n 20
+
+cat >&2 <<MSG
+demo: $drive is mounted at $dir and stays mounted: use it like any disk.
+demo:   snapshot it:  $bin snapshot $drive
+demo:   unmount it:   $bin unmount $dir
+MSG

@@ -11,9 +11,20 @@
 //! close every device (flush + release the lease). On a signal, a mount still held
 //! by a loop device or an open file is detached lazily and the daemon waits for
 //! its last user; an `unmount` request answers "busy" instead.
+//!
+//! Attach mode (`MountOptions::attach`, see `attach.rs`): the FUSE mount is a
+//! private one under the run directory, the drive file in it backs a loop
+//! device whose filesystem is mounted at the user's directory, and readiness
+//! is signalled only once that directory is mounted. The control socket is
+//! keyed by the user's directory. Teardown first unmounts that directory and
+//! detaches the loop device, then follows the order above.
 
+pub mod attach;
 pub mod control;
+pub mod format;
+pub mod freeze;
 pub mod readiness;
+pub mod registry;
 
 use std::ffi::CString;
 use std::future::Future;
@@ -27,7 +38,9 @@ use fuser::{MountOption, SessionACL};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot};
 
-pub use control::{request_stats, request_unmount};
+pub use attach::AttachOptions;
+use attach::Attachment;
+pub use control::{request_flush, request_stats, request_unmount};
 use readiness::{ParentView, Readiness};
 
 use crate::fs::{BlobFs, Catalog, FsConfig, FsCore};
@@ -50,6 +63,9 @@ pub struct MountOptions {
     pub log_file: Option<PathBuf>,
     /// Source shown in `/proc/mounts` (default `blobdrive`).
     pub source: Option<String>,
+    /// Attach one drive: the mountpoint is where its filesystem goes, and the
+    /// FUSE mount is private (the catalog should show just that drive).
+    pub attach: Option<AttachOptions>,
 }
 
 /// Mounts the namespace of the catalog that `make_catalog` builds at `mountpoint`
@@ -263,6 +279,20 @@ where
         let _entered = runtime.enter();
         control::bind(&socket_path)?
     };
+    let fuse_mountpoint = match &opts.attach {
+        None => mountpoint.to_path_buf(),
+        Some(_) => match private_fuse_dir(mountpoint) {
+            Ok(dir) => dir,
+            Err(err) => {
+                let _ = std::fs::remove_file(&socket_path);
+                return Err(err);
+            }
+        },
+    };
+    let mut attachment = opts
+        .attach
+        .clone()
+        .map(|spec| Attachment::new(mountpoint, &fuse_mountpoint, spec, opts.read_only));
     let config = FsConfig {
         read_only: opts.read_only,
         container: opts.container.clone(),
@@ -272,18 +302,21 @@ where
     };
     let core = Arc::new(FsCore::new(catalog, config));
     let fs = BlobFs::new(core.clone(), runtime.handle().clone());
-    let session = match fuser::Session::new(fs, mountpoint, &fuse_config(opts)) {
+    let session = match fuser::Session::new(fs, &fuse_mountpoint, &fuse_config(opts)) {
         Ok(session) => session,
         Err(err) => {
             let _ = std::fs::remove_file(&socket_path);
+            if let Some(att) = attachment.as_mut() {
+                att.finish();
+            }
             return Err(err)
-                .with_context(|| format!("cannot mount FUSE at {}", mountpoint.display()));
+                .with_context(|| format!("cannot mount FUSE at {}", fuse_mountpoint.display()));
         }
     };
     let background = session
         .spawn()
         .context("cannot start the FUSE session thread")?;
-    let (ended_tx, ended_rx) = oneshot::channel();
+    let (ended_tx, mut ended_rx) = oneshot::channel();
     let joiner = std::thread::Builder::new()
         .name("fuse-join".into())
         .spawn(move || {
@@ -291,16 +324,43 @@ where
             let _ = ended_tx.send(result);
         })
         .context("cannot start the session watcher thread")?;
+    tracing::info!(mountpoint = %fuse_mountpoint.display(), "FUSE mounted");
+
+    if let Some(att) = attachment.as_mut() {
+        let setup = runtime.block_on(att.setup(&core));
+        if let Err(err) = setup {
+            tracing::error!("{err:#}; undoing the attach");
+            let undo = runtime.block_on(async {
+                att.detach(OnBusy::DetachLazily).await?;
+                let lazy = OnBusy::DetachLazily;
+                shut_down(&core, &fuse_mountpoint, &mut ended_rx, lazy, lazy).await
+            });
+            if let Err(undo_err) = undo {
+                tracing::error!("undoing the attach: {undo_err}");
+            }
+            att.finish();
+            let _ = std::fs::remove_file(&socket_path);
+            let _ = joiner.join();
+            runtime.shutdown_timeout(Duration::from_secs(5));
+            return Err(err);
+        }
+    }
 
     tracing::info!(mountpoint = %mountpoint.display(), "mounted");
     ready.ready();
     let result = runtime.block_on(run_until_shutdown(
         core,
         mountpoint.to_path_buf(),
+        fuse_mountpoint,
         listener,
         ended_rx,
+        &mut attachment,
+        &socket_path,
     ));
     readiness::notify_systemd("STOPPING=1");
+    if let Some(att) = attachment.as_mut() {
+        att.finish();
+    }
     let _ = std::fs::remove_file(&socket_path);
     let _ = joiner.join();
     runtime.shutdown_timeout(Duration::from_secs(5));
@@ -311,13 +371,39 @@ where
     result
 }
 
+/// The private FUSE mountpoint of an attach at `dir`, created empty; a dead
+/// FUSE mount left there by a crashed daemon is detached first.
+fn private_fuse_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+    let fuse_dir = registry::fuse_dir_of(dir);
+    if attach::is_mount_point(&fuse_dir).unwrap_or(false) {
+        tracing::warn!(dir = %fuse_dir.display(), "detaching a stale FUSE mount");
+        let path = CString::new(fuse_dir.as_os_str().as_bytes())
+            .context("run directory path holds a NUL byte")?;
+        // SAFETY: `path` is a valid NUL-terminated string for the call's duration.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    }
+    std::fs::create_dir_all(&fuse_dir)
+        .with_context(|| format!("cannot create {}", fuse_dir.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(
+            registry::attach_dir(),
+            std::fs::Permissions::from_mode(0o700),
+        );
+    }
+    Ok(fuse_dir)
+}
+
 type SessionEnd = oneshot::Receiver<std::io::Result<()>>;
 
 async fn run_until_shutdown(
     core: Arc<FsCore>,
     mountpoint: PathBuf,
+    fuse_mountpoint: PathBuf,
     listener: tokio::net::UnixListener,
     mut ended: SessionEnd,
+    attachment: &mut Option<Attachment>,
+    socket_path: &Path,
 ) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
@@ -328,24 +414,47 @@ async fn run_until_shutdown(
         mountpoint.clone(),
         unmount_tx,
     ));
+    // An attached filesystem unmounted from outside (`umount DIR`, systemd
+    // stopping an fstab mount) ends the attach like a signal does.
+    let watched = attachment.as_ref().map(|a| a.dir().to_path_buf());
+    let watching = watched.is_some();
+    let outside = attach::wait_until_unmounted_outside(watched.unwrap_or_default());
+    tokio::pin!(outside);
+    let mut watching = watching;
     let result = loop {
         tokio::select! {
             _ = sigterm.recv() => {
                 tracing::info!("SIGTERM: unmounting");
-                break shut_down(&core, &mountpoint, &mut ended, OnBusy::DetachLazily).await;
+                readiness::notify_systemd("STOPPING=1");
+                break shut_down_all(&core, &fuse_mountpoint, &mut ended, attachment, OnBusy::DetachLazily).await;
             }
             _ = sigint.recv() => {
                 tracing::info!("SIGINT: unmounting");
-                break shut_down(&core, &mountpoint, &mut ended, OnBusy::DetachLazily).await;
+                readiness::notify_systemd("STOPPING=1");
+                break shut_down_all(&core, &fuse_mountpoint, &mut ended, attachment, OnBusy::DetachLazily).await;
+            }
+            _ = &mut outside, if watching => {
+                watching = false;
+                if attachment.as_ref().is_some_and(Attachment::is_mounted) {
+                    tracing::info!(dir = %mountpoint.display(), "filesystem unmounted from outside; detaching the drive");
+                    readiness::notify_systemd("STOPPING=1");
+                    break shut_down_all(&core, &fuse_mountpoint, &mut ended, attachment, OnBusy::DetachLazily).await;
+                }
             }
             Some(request) = unmount_rx.recv() => {
                 tracing::info!("unmount requested over the control socket");
-                match shut_down(&core, &mountpoint, &mut ended, OnBusy::Refuse).await {
+                match shut_down_all(&core, &fuse_mountpoint, &mut ended, attachment, OnBusy::Refuse).await {
                     Err(ShutdownError::Refused(reason)) => {
                         tracing::warn!(%reason, "unmount refused; still serving");
                         request.answer(Err(reason)).await;
                     }
                     result => {
+                        // Gone from the registry and the run directory before
+                        // the requester hears back, so what it sees next is final.
+                        if let Some(att) = attachment.as_mut() {
+                            att.finish();
+                        }
+                        let _ = std::fs::remove_file(socket_path);
                         request.answer(result.as_ref().map_err(|e| e.to_string()).copied()).await;
                         break result;
                     }
@@ -355,7 +464,12 @@ async fn run_until_shutdown(
                 if let Ok(Err(err)) = end {
                     tracing::warn!(%err, "FUSE session ended with an error");
                 }
-                tracing::info!("unmounted from outside; closing devices");
+                tracing::info!("FUSE unmounted from outside; closing devices");
+                if let Some(att) = attachment.as_mut() {
+                    if let Err(err) = att.detach(OnBusy::DetachLazily).await {
+                        tracing::error!("detaching the drive: {err}");
+                    }
+                }
                 break close_everything(&core).await;
             }
         }
@@ -364,9 +478,32 @@ async fn run_until_shutdown(
     result.map_err(|e| anyhow!(e.to_string()))
 }
 
+/// The attach's own teardown (DIR, loop device), then [`shut_down`]; the
+/// private FUSE mount of an attach is always detached lazily.
+async fn shut_down_all(
+    core: &FsCore,
+    fuse_mountpoint: &Path,
+    ended: &mut SessionEnd,
+    attachment: &mut Option<Attachment>,
+    on_busy: OnBusy,
+) -> Result<(), ShutdownError> {
+    let Some(att) = attachment.as_mut() else {
+        return shut_down(core, fuse_mountpoint, ended, on_busy, on_busy).await;
+    };
+    att.detach(on_busy).await?;
+    match shut_down(core, fuse_mountpoint, ended, on_busy, OnBusy::DetachLazily).await {
+        Err(ShutdownError::Refused(reason)) => Err(ShutdownError::Refused(format!(
+            "{reason}; {dir} is unmounted, and the daemon keeps the unflushed data and \
+             the lease: run 'blobdrive unmount {dir}' again to retry",
+            dir = att.dir().display()
+        ))),
+        other => other,
+    }
+}
+
 /// What to do when the kernel says the mount is busy.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum OnBusy {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnBusy {
     /// Detach lazily and wait for the last user (signals).
     DetachLazily,
     /// Answer why and keep serving (unmount request).
@@ -374,7 +511,7 @@ enum OnBusy {
 }
 
 #[derive(Debug, thiserror::Error)]
-enum ShutdownError {
+pub(crate) enum ShutdownError {
     /// Nothing changed; the mount keeps serving.
     #[error("{0}")]
     Refused(String),
@@ -383,14 +520,18 @@ enum ShutdownError {
     Failed(String),
 }
 
+/// Flushes (with `on_flush_error == Refuse`, a failure keeps everything up),
+/// unmounts FUSE at `mountpoint` (busy: `on_busy`), waits for the session to
+/// end and closes every device.
 async fn shut_down(
     core: &FsCore,
     mountpoint: &Path,
     ended: &mut SessionEnd,
+    on_flush_error: OnBusy,
     on_busy: OnBusy,
 ) -> Result<(), ShutdownError> {
     let flush_errors = core.flush_all().await;
-    if !flush_errors.is_empty() && on_busy == OnBusy::Refuse {
+    if !flush_errors.is_empty() && on_flush_error == OnBusy::Refuse {
         return Err(ShutdownError::Refused(format!(
             "data could not be flushed, the mount stays up: {}",
             join_errors(&flush_errors)

@@ -3,7 +3,10 @@
 //!
 //! A read-only mount of a snapshot taken while the filesystem was live must not
 //! replay the journal (the device is read-only): ext4 gets `noload` and xfs
-//! `norecovery`, so any number of machines can mount the same snapshot.
+//! `norecovery`, so any number of machines can mount the same snapshot. XFS
+//! also refuses a second mount of the same filesystem UUID, which a snapshot
+//! attached beside its live drive (or beside another attach of itself) is:
+//! read-only xfs mounts get `nouuid`.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -44,7 +47,7 @@ impl FsType {
     fn read_only_options(&self) -> &'static [&'static str] {
         match self {
             FsType::Ext4 => &["ro", "noload"],
-            FsType::Xfs => &["ro", "norecovery"],
+            FsType::Xfs => &["ro", "norecovery", "nouuid"],
             FsType::Other(_) => &["ro"],
         }
     }

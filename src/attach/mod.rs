@@ -12,4 +12,4 @@ mod tool;
 
 pub use filesystem::{FsType, MountedFs};
 pub use loopdev::LoopDevice;
-pub use tool::ToolError;
+pub use tool::{tool_exists, ToolError};

@@ -1,6 +1,7 @@
 //! Running one system tool and turning its failure into one readable line.
 
 use std::ffi::OsStr;
+use std::path::PathBuf;
 use std::process::Command;
 
 /// A system tool that failed or could not be started.
@@ -9,10 +10,32 @@ use std::process::Command;
 pub struct ToolError {
     /// The program, e.g. `losetup`.
     pub tool: String,
-    /// Its last line of stderr, or why it could not run.
+    /// Its first line of stderr, or why it could not run.
     pub detail: String,
     /// Its exit code, when it ran and exited.
     pub code: Option<i32>,
+}
+
+/// Directories searched after `$PATH`: mount(8) runs its helpers with a
+/// minimal environment whose `PATH` may lack the sbin directories.
+const SYSTEM_DIRS: [&str; 6] = [
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+/// The program's path: the first match in `$PATH`, then in [`SYSTEM_DIRS`];
+/// the bare name when none matches (the spawn then reports it missing).
+fn resolve(program: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(SYSTEM_DIRS.iter().map(PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| PathBuf::from(program))
 }
 
 /// Run `program args...`, returning its trimmed stdout on success.
@@ -23,7 +46,7 @@ where
 {
     let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
     tracing::debug!(program, ?args, "running");
-    let out = Command::new(program)
+    let out = Command::new(resolve(program))
         .args(&args)
         .output()
         .map_err(|e| ToolError {
@@ -39,9 +62,10 @@ where
         return Ok(String::from_utf8_lossy(&out.stdout).trim().to_string());
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // The first line holds the reason (mount, mkfs.xfs); later ones are hints
+    // ("dmesg(1) may have more information") or a usage text.
     let detail = stderr
         .lines()
-        .rev()
         .find(|l| !l.trim().is_empty())
         .map(|l| l.trim().to_string())
         .unwrap_or_else(|| format!("exited with {}", out.status));
@@ -50,4 +74,9 @@ where
         detail,
         code: out.status.code(),
     })
+}
+
+/// True when `program` is installed (in `$PATH` or a system directory).
+pub fn tool_exists(program: &str) -> bool {
+    resolve(program).is_absolute()
 }

@@ -7,6 +7,10 @@
 //! drive of any size stores 512 bytes. If the footer cannot be written, the
 //! blob just created (ours, empty) is deleted again, so a failed create leaves
 //! nothing that looks like a half-made drive.
+//!
+//! `--mkfs FS` then formats the new drive through a private FUSE mount of it
+//! (see `daemon::format`): the filesystem is durable in the blob before the
+//! command returns. If formatting fails, the new drive is deleted again.
 
 use std::time::Instant;
 
@@ -34,18 +38,23 @@ pub struct CreateArgs {
 
 /// Run `create`.
 pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
-    if args.mkfs.is_some() {
-        // Refused before anything is created: a drive made without the
+    if let Some(fs) = &args.mkfs {
+        // Checked before anything is created: a drive made without the
         // filesystem asked for would surprise whoever mounts it.
-        return Err(CodedError::usage(
-            "--mkfs needs the attach support, not available yet; create the drive without it",
-        )
-        .into());
+        let tool = format!("mkfs.{fs}");
+        if !crate::attach::tool_exists(&tool) {
+            return Err(CodedError::usage(format!(
+                "--mkfs {fs} needs {tool}, which is not installed"
+            ))
+            .into());
+        }
     }
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "a new drive cannot be a snapshot")?;
     let client = drives::connect(ctx)?;
     let size_bytes = args.size;
+    let account = client.account().clone();
+    let created = path.clone();
     drives::block_on(async move {
         let started = Instant::now();
         if client
@@ -80,5 +89,42 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
             exact_size(size_bytes)
         ));
         Ok(())
+    })?;
+    if let Some(fs) = &args.mkfs {
+        format_new_drive(ctx, account, &created, size_bytes, fs)?;
+    }
+    Ok(())
+}
+
+/// Formats the drive just created; on failure deletes it again, so a failed
+/// `create --mkfs` leaves no unformatted drive behind.
+fn format_new_drive(
+    ctx: &Context,
+    account: crate::blob::Account,
+    path: &crate::blob::BlobPath,
+    size_bytes: u64,
+    fs: &str,
+) -> CmdResult {
+    let started = Instant::now();
+    let fs_type = crate::attach::FsType::from_name(fs);
+    let Err(err) = crate::daemon::format::format_drive(account, path, size_bytes, &fs_type) else {
+        tracing::info!(drive = %path, ms = started.elapsed().as_millis() as u64, "formatted");
+        output::print_text(&format!("formatted {path} as {fs}\n"));
+        return Ok(());
+    };
+    let client = drives::connect(ctx)?;
+    let doomed = path.clone();
+    let deleted = drives::block_on(async move {
+        client
+            .delete_blob(&doomed, false, None)
+            .await
+            .map_err(blob_err)
+    });
+    Err(match deleted {
+        Ok(()) => err.context(format!("the new drive {path} was deleted again")),
+        Err(d) => err.context(format!(
+            "the new drive {path} is not formatted and deleting it failed ({d:#}); \
+             delete it with 'blobdrive delete {path}'"
+        )),
     })
 }

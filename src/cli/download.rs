@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::{output, CmdResult, Context};
-use crate::blob::{Account, BlobClient, BlobPath};
+use crate::blob::{BlobClient, BlobPath};
 use crate::transfer::{self, Display, DownloadOptions, DownloadReport, Progress, Reporter};
 use crate::units::format_size;
 
@@ -41,7 +41,7 @@ pub fn run(ctx: &Context, args: &DownloadArgs) -> CmdResult {
     if let Some(t) = &args.snapshot {
         blob = blob.with_snapshot(Some(t));
     }
-    let account = Account::from_env(ctx.connection_string.as_deref())?;
+    let account = ctx.account()?;
     let opts = DownloadOptions {
         raw: args.raw,
         overwrite: args.overwrite,

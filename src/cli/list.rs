@@ -43,6 +43,10 @@ pub struct ListArgs {
     /// Also show blobs that are not drives, with the reason.
     #[arg(long)]
     pub all: bool,
+    /// Instead: the drives this host has attached (drive, snapshot, directory,
+    /// loop device, mode, daemon pid), like CloudDrive's GetMountedDrives.
+    #[arg(long, conflicts_with_all = ["container", "stored", "all"])]
+    pub mounted: bool,
 }
 
 /// One row of `list --json`: field names are part of the interface.
@@ -74,6 +78,10 @@ pub struct ListEntry {
 
 /// Run `list`.
 pub fn run(ctx: &Context, args: &ListArgs) -> CmdResult {
+    if args.mounted {
+        print_mounted(args.json);
+        return Ok(());
+    }
     if let Some(c) = &args.container {
         crate::blob::path::validate_container_name(c)
             .map_err(|e| super::CodedError::usage(e.message))?;
@@ -239,4 +247,46 @@ async fn entry(
         stored_bytes: stored,
         note,
     }))
+}
+
+/// `list --mounted`: the attach registry of this host. JSON keys: `account`,
+/// `drive`, `snapshot`, `dir`, `loop_device`, `fs_type`, `mode`
+/// (`read-write`, `read-only`, `snapshot`), `pid`, `fuse_dir`,
+/// `since_unix_secs`, `alive` (false: the daemon is gone, the entry is stale).
+fn print_mounted(json: bool) {
+    let mounted = crate::daemon::registry::list_mounted();
+    if json {
+        output::print_json(&mounted);
+        return;
+    }
+    if mounted.is_empty() {
+        eprintln!("no drive is attached on this host");
+        return;
+    }
+    let mut t = Table::new(&[
+        ("drive", Align::Left),
+        ("snapshot", Align::Left),
+        ("dir", Align::Left),
+        ("device", Align::Left),
+        ("fs", Align::Left),
+        ("mode", Align::Left),
+        ("pid", Align::Right),
+    ]);
+    for m in &mounted {
+        let pid = if m.alive {
+            m.pid.to_string()
+        } else {
+            format!("{} (gone)", m.pid)
+        };
+        t.row([
+            m.drive.clone(),
+            m.snapshot.clone().unwrap_or_else(|| "-".into()),
+            m.dir.display().to_string(),
+            m.loop_device.display().to_string(),
+            m.fs_type.clone(),
+            m.mode.name().to_string(),
+            pid,
+        ]);
+    }
+    t.print();
 }

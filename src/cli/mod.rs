@@ -21,6 +21,7 @@ pub mod drives;
 pub mod info;
 pub mod list;
 pub mod mount;
+pub mod mount_helper;
 pub mod output;
 pub mod snapshot;
 pub mod stats;
@@ -177,7 +178,11 @@ pub type CmdResult = anyhow::Result<()>;
 
 /// Entry point of the `blobdrive` binary; returns the process exit code.
 pub fn main() -> i32 {
-    run_with_args(std::env::args_os())
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if args.first().is_some_and(mount_helper::invoked_as_helper) {
+        return mount_helper::main(args);
+    }
+    run_with_args(args)
 }
 
 /// Parse `args` (program name first), run the command, report; returns the exit code.
@@ -300,10 +305,12 @@ fn print_error_line(message: &str) {
 fn init_logging(verbose: u8) {
     use tracing_subscriber::EnvFilter;
     // rustls-platform-verifier logs a refused certificate as an ERROR of its
-    // own; the command's error line already says it (and what to do).
+    // own (the command's error line already says it, and what to do); fuser
+    // reports kernel requests it does not implement (ioctl, getxattr) and
+    // replies raced by an unmount as warnings: noise unless debugging.
     let level = match verbose {
-        0 => "warn,rustls_platform_verifier=off",
-        1 => "info,rustls_platform_verifier=off",
+        0 => "warn,rustls_platform_verifier=off,fuser=off",
+        1 => "info,rustls_platform_verifier=off,fuser=error",
         2 => "debug",
         _ => "trace",
     };

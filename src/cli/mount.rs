@@ -6,15 +6,18 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Context as _;
+use anyhow::{anyhow, bail, Context as _};
 use clap::Args;
 
 use super::{values, CmdResult, CodedError, Context};
-use crate::blob;
-use crate::daemon::{run_mount, MountOptions};
+use crate::blob::{self, BlobClient, BlobPath, BlobType, LeaseState};
+use crate::daemon::{run_mount, AttachOptions, MountOptions};
 use crate::drive::DriveOptions;
 use crate::fs::azure::AzureCatalog;
-use crate::fs::Catalog;
+use crate::fs::one_drive::OneDriveCatalog;
+use crate::fs::{Catalog, EntryPath};
+use crate::units::{ByteRange, VHD_FOOTER_BYTES};
+use crate::vhd::Footer;
 
 /// Arguments of `mount`.
 #[derive(Debug, Args)]
@@ -43,6 +46,10 @@ pub struct MountArgs {
     /// Where a background daemon writes its log (default: nowhere; -v sets the level).
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
+    /// Options for the drive's filesystem, as for mount -o (e.g. noatime,discard);
+    /// `ro` is the same as --read-only.
+    #[arg(long = "fs-options", short = 'o', value_name = "OPTS")]
+    pub fs_options: Vec<String>,
 }
 
 impl MountArgs {
@@ -61,8 +68,140 @@ impl MountArgs {
 pub fn run(ctx: &Context, args: &MountArgs) -> CmdResult {
     let (source, dir) = args.source_and_dir();
     match source {
-        Some(s) if s.contains('/') => Err(CodedError::not_available("mount C/B DIR").into()),
+        Some(s) if s.contains('/') => mount_drive(ctx, s, &dir, args),
         container => mount_namespace(ctx, container, &dir, args),
+    }
+}
+
+/// `mount C/B DIR`: lease, private FUSE file, loop device, filesystem at DIR.
+fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> CmdResult {
+    let mut path = BlobPath::parse(source)?;
+    if let Some(time) = &args.snapshot {
+        if path.snapshot.as_ref().is_some_and(|t| t != time) {
+            return Err(CodedError::usage(format!(
+                "{source} names snapshot {} but --snapshot says {time}",
+                path.snapshot.as_deref().unwrap_or_default()
+            ))
+            .into());
+        }
+        path.snapshot = Some(time.clone());
+    }
+    let (fs_options, ro_option) = split_fs_options(&args.fs_options);
+    let read_only = args.read_only || ro_option || path.snapshot.is_some();
+    if args.break_lease && read_only {
+        return Err(CodedError::usage(
+            "--break-lease takes a drive over for writing; a read-only or snapshot \
+             attach holds no lease and needs none",
+        )
+        .into());
+    }
+    // Checked before the fork, so a bad account fails in the user's terminal.
+    let account = ctx.account()?;
+    let drive = EntryPath {
+        container: path.container.clone(),
+        blob: path.name.clone(),
+        snapshot: path.snapshot.clone(),
+    };
+    let opts = MountOptions {
+        read_only,
+        foreground: args.foreground,
+        allow_other: false,
+        container: Some(path.container.clone()),
+        log_file: args.log_file.clone(),
+        source: Some(format!("blobdrive:{path}")),
+        attach: Some(AttachOptions {
+            drive: drive.clone(),
+            account: account.name.clone(),
+            fs_options,
+        }),
+    };
+    let drive_options = DriveOptions {
+        cache_bytes: args.cache_size,
+        ..DriveOptions::default()
+    };
+    let break_lease = args.break_lease;
+    run_mount(dir, &opts, move || async move {
+        let client = BlobClient::new(account)?;
+        if break_lease {
+            break_stale_lease(&client, &path.base()).await?;
+        }
+        let size_bytes = drive_size(&client, &path).await?;
+        let inner: Arc<dyn Catalog> = Arc::new(AzureCatalog::new(client, drive_options));
+        let catalog: Arc<dyn Catalog> = Arc::new(OneDriveCatalog::new(inner, drive, size_bytes));
+        Ok(catalog)
+    })
+}
+
+/// Splits `-o` values into the inner filesystem's options and whether `ro`
+/// was among them (`rw` is the default and dropped).
+pub fn split_fs_options(values: &[String]) -> (Vec<String>, bool) {
+    let mut options = Vec::new();
+    let mut read_only = false;
+    for option in values.iter().flat_map(|v| v.split(',')).map(str::trim) {
+        match option {
+            "" | "rw" => {}
+            "ro" => read_only = true,
+            other => options.push(other.to_string()),
+        }
+    }
+    (options, read_only)
+}
+
+/// CloudDrive's Mount(Force): breaks whatever lease the drive has, so this
+/// host can take it. The host that held it loses its unflushed writes.
+async fn break_stale_lease(client: &BlobClient, path: &BlobPath) -> anyhow::Result<()> {
+    let props = client
+        .get_properties(path)
+        .await
+        .map_err(|e| not_found_or(e, path))?;
+    if props.lease_state == Some(LeaseState::Leased) {
+        tracing::warn!(
+            drive = %path,
+            "breaking the lease of {path} (--break-lease): a host that still has it \
+             mounted can no longer write to it"
+        );
+        client
+            .break_lease(path, Some(0))
+            .await
+            .with_context(|| format!("cannot break the lease of {path}"))?;
+    }
+    Ok(())
+}
+
+/// The disk size of drive `path`, after checking it is one (page blob with a
+/// valid fixed VHD footer).
+async fn drive_size(client: &BlobClient, path: &BlobPath) -> anyhow::Result<u64> {
+    let props = client
+        .get_properties(path)
+        .await
+        .map_err(|e| not_found_or(e, path))?;
+    let size = props.content_length;
+    if props.blob_type != Some(BlobType::PageBlob) || size < 2 * VHD_FOOTER_BYTES {
+        bail!("{path} is not a drive: not a page blob holding a fixed VHD");
+    }
+    let tail = client
+        .get_blob_range(path, ByteRange::new(size - VHD_FOOTER_BYTES, size))
+        .await
+        .with_context(|| format!("cannot read the VHD footer of {path}"))?;
+    let footer: &[u8; 512] = tail
+        .as_ref()
+        .try_into()
+        .map_err(|_| anyhow!("{path}: short read of the VHD footer"))?;
+    Footer::parse(footer, size).map_err(|e| anyhow!("{path} is not a drive: {e}"))?;
+    Ok(size - VHD_FOOTER_BYTES)
+}
+
+fn not_found_or(err: blob::Error, path: &BlobPath) -> anyhow::Error {
+    if err.is_not_found() {
+        match &path.snapshot {
+            Some(t) => anyhow!(
+                "drive {} has no snapshot {t} (or does not exist)",
+                path.base()
+            ),
+            None => anyhow!("drive {path} does not exist"),
+        }
+    } else {
+        anyhow::Error::new(err).context(format!("cannot read drive {path}"))
     }
 }
 
@@ -83,11 +222,16 @@ fn mount_namespace(
     if args.break_lease {
         return Err(CodedError::usage("--break-lease applies to a drive (C/B DIR)").into());
     }
+    if !args.fs_options.is_empty() {
+        return Err(
+            CodedError::usage("-o/--fs-options applies to a drive's filesystem (C/B DIR)").into(),
+        );
+    }
     if let Some(c) = container {
         blob::path::validate_container_name(c)?;
     }
     // Checked before the fork, so a bad account fails in the user's terminal.
-    let account = blob::Account::from_env(ctx.connection_string.as_deref())?;
+    let account = ctx.account()?;
     let opts = MountOptions {
         read_only: args.read_only,
         foreground: args.foreground,
@@ -98,6 +242,7 @@ fn mount_namespace(
             Some(c) => format!("{}/{c}", account.name),
             None => account.name.clone(),
         }),
+        attach: None,
     };
     let drive_options = DriveOptions {
         cache_bytes: args.cache_size,

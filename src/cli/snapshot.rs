@@ -32,12 +32,18 @@ pub fn run(ctx: &Context, args: &SnapshotArgs) -> CmdResult {
                 "{path} is not a drive, not snapshotting it: {p}"
             ));
         }
-        // Hook for the attach work: when this host has the drive mounted
-        // read-write, freeze the filesystem (fsfreeze), flush the daemon's
-        // dirty pages, snapshot, then thaw. Today only unmounted drives or
-        // another host's mounts reach here, so the snapshot is crash-consistent.
-        let time = client.snapshot(&path).await.map_err(blob_err)?;
-        tracing::info!(drive = %path, snapshot = %time, "snapshot taken");
+        // When this host has the drive attached read-write: freeze its
+        // filesystem, flush the daemon, snapshot, thaw (a consistent
+        // filesystem). Otherwise a plain snapshot (crash-consistent when
+        // another host has it mounted).
+        let taken = crate::daemon::freeze::snapshot_drive(&client, &path).await?;
+        let time = taken.time;
+        match &taken.frozen {
+            Some(dir) => {
+                tracing::info!(drive = %path, snapshot = %time, dir = %dir.display(), "consistent snapshot taken (filesystem frozen)")
+            }
+            None => tracing::info!(drive = %path, snapshot = %time, "snapshot taken"),
+        }
         output::print_text(&format!("{time}\n"));
         Ok(())
     })

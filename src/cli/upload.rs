@@ -9,7 +9,7 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::{output, CmdResult, Context};
-use crate::blob::{Account, BlobClient, BlobPath};
+use crate::blob::{BlobClient, BlobPath};
 use crate::transfer::{self, Display, Progress, Reporter, UploadOptions, UploadReport};
 use crate::units::format_size;
 
@@ -44,7 +44,7 @@ pub struct UploadArgs {
 /// Run `upload`.
 pub fn run(ctx: &Context, args: &UploadArgs) -> CmdResult {
     let blob = BlobPath::parse(&args.blob)?;
-    let account = Account::from_env(ctx.connection_string.as_deref())?;
+    let account = ctx.account()?;
     let stop = Arc::new(AtomicBool::new(false));
     let opts = UploadOptions {
         overwrite: args.overwrite,

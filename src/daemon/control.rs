@@ -116,10 +116,15 @@ pub fn remove_dead_mount(gone: &NoDaemon) -> anyhow::Result<bool> {
 }
 
 pub(crate) fn socket_path_of_canonical(canonical: &Path) -> PathBuf {
+    run_dir().join(format!("{}.sock", mount_key(canonical)))
+}
+
+/// The name of everything a mount keeps in the run directory: the first 16
+/// hex digits of the SHA-256 of its canonical mountpoint path.
+pub fn mount_key(canonical: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
     let digest = Sha256::digest(canonical.as_os_str().as_bytes());
-    let name: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    run_dir().join(format!("{name}.sock"))
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A command sent over the control socket.
@@ -127,6 +132,8 @@ pub(crate) fn socket_path_of_canonical(canonical: &Path) -> PathBuf {
 pub enum Command {
     /// Counters of all open devices, as JSON.
     Stats,
+    /// Make every write accepted so far durable (`blobdrive snapshot`).
+    Flush,
     /// Flush, close and unmount.
     Unmount,
 }
@@ -136,6 +143,7 @@ impl Command {
     pub fn parse(line: &str) -> Option<Self> {
         match line.trim() {
             "stats" => Some(Command::Stats),
+            "flush" => Some(Command::Flush),
             "unmount" => Some(Command::Unmount),
             _ => None,
         }
@@ -186,6 +194,18 @@ fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyho
 pub fn request_stats(mountpoint: &Path) -> anyhow::Result<serde_json::Value> {
     let line = request(mountpoint, "stats", Some(STATS_TIMEOUT))?;
     serde_json::from_str(&line).with_context(|| format!("bad stats answer: {line}"))
+}
+
+/// Asks the daemon of `mountpoint` to make every write accepted so far durable
+/// in the blob (the filesystem is usually frozen first); returns its reason
+/// when it could not.
+pub fn request_flush(mountpoint: &Path) -> anyhow::Result<()> {
+    let line = request(mountpoint, "flush", None)?;
+    match line.strip_prefix("error ") {
+        None if line == "ok" => Ok(()),
+        None => bail!("unexpected answer from the daemon: {line}"),
+        Some(reason) => bail!("cannot flush {}: {reason}", mountpoint.display()),
+    }
 }
 
 /// Asks the daemon of `mountpoint` to flush everything, close its drives
@@ -288,6 +308,15 @@ pub(crate) async fn serve(
                         refused.0.answer(Err(reason)).await;
                     }
                     return;
+                }
+                Some(Command::Flush) => {
+                    let errors = core.flush_all().await;
+                    if errors.is_empty() {
+                        "ok".to_string()
+                    } else {
+                        let reasons: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                        format!("error {}", reasons.join("; ").replace('\n', " "))
+                    }
                 }
                 None => format!("error unknown command {:?}", line.trim()),
             };

@@ -28,6 +28,7 @@ pub mod fuse;
 pub mod handles;
 pub mod inodes;
 pub mod memory;
+pub mod one_drive;
 
 pub use backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
 pub use core::{FsConfig, FsCore};

@@ -1,0 +1,360 @@
+//! Attach mode of the daemon (`blobdrive mount C/B DIR`): the drive file served
+//! from a private FUSE mount, a loop device with direct I/O over it, and the
+//! filesystem inside mounted at the user's DIR.
+//!
+//! Setup, in order: open the drive through the FUSE core and keep that handle
+//! for the daemon's life (a read-write open takes the lease here, so a held
+//! lease fails with its own clear line before any kernel object exists), attach
+//! the loop device (read-only for read-only and snapshot attaches), detect the
+//! filesystem, mount it at DIR, record the attach in the registry. Each step
+//! that succeeded is recorded in [`Attachment`], and [`Attachment::detach`]
+//! undoes exactly those, in reverse: a failure half way leaves nothing behind.
+//!
+//! Teardown: unmount DIR (busy: refuse an unmount request, detach lazily on a
+//! signal), detach the loop device and wait for it to let go of the drive file;
+//! then the daemon's common shutdown flushes, unmounts the private FUSE mount
+//! and closes the drive (flush, release the lease).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _};
+
+use super::registry::{self, AttachMode, AttachedDrive};
+use super::{umount, OnBusy, ShutdownError};
+use crate::attach::{filesystem, FsType, LoopDevice, MountedFs};
+use crate::fs::inodes::ROOT_INO;
+use crate::fs::one_drive::relative_file_name;
+use crate::fs::{EntryPath, FsCore};
+
+/// How long a detached loop device may take to let go of the drive file.
+const LOOP_RELEASE_TIMEOUT: Duration = Duration::from_secs(20);
+/// How often the daemon checks that DIR is still mounted.
+const WATCH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// What `blobdrive mount C/B DIR` asks for beyond a FUSE mount.
+#[derive(Debug, Clone)]
+pub struct AttachOptions {
+    /// The drive (with its snapshot time for a snapshot attach).
+    pub drive: EntryPath,
+    /// Storage account name, for the registry.
+    pub account: String,
+    /// Options passed to the inner filesystem's mount (`-o`).
+    pub fs_options: Vec<String>,
+}
+
+impl AttachOptions {
+    /// How the drive is attached, given the mount's read-only flag.
+    pub fn mode(&self, read_only: bool) -> AttachMode {
+        if self.drive.snapshot.is_some() {
+            AttachMode::Snapshot
+        } else if read_only {
+            AttachMode::ReadOnly
+        } else {
+            AttachMode::ReadWrite
+        }
+    }
+
+    /// `container/blob`, or `container/blob (snapshot T)`, for messages.
+    pub fn display_name(&self) -> String {
+        let base = format!("{}/{}", self.drive.container, self.drive.blob);
+        match &self.drive.snapshot {
+            Some(t) => format!("{base} (snapshot {t})"),
+            None => base,
+        }
+    }
+}
+
+/// The kernel objects of one attach, each present only while it exists.
+pub(crate) struct Attachment {
+    dir: PathBuf,
+    fuse_dir: PathBuf,
+    spec: AttachOptions,
+    mode: AttachMode,
+    loop_device: Option<LoopDevice>,
+    /// The filesystem type while it is mounted at `dir`.
+    mounted: Option<FsType>,
+    /// DIR was detached lazily: the loop device lets go only after its last user.
+    lazily_unmounted: bool,
+    registered: bool,
+}
+
+impl Attachment {
+    /// An attach of `spec` at `dir` (canonical), served from `fuse_dir`.
+    pub fn new(dir: &Path, fuse_dir: &Path, spec: AttachOptions, read_only: bool) -> Self {
+        Attachment {
+            dir: dir.to_path_buf(),
+            fuse_dir: fuse_dir.to_path_buf(),
+            mode: spec.mode(read_only),
+            spec,
+            loop_device: None,
+            mounted: None,
+            lazily_unmounted: false,
+            registered: false,
+        }
+    }
+
+    /// The user's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// True while the filesystem is mounted at DIR.
+    pub fn is_mounted(&self) -> bool {
+        self.mounted.is_some()
+    }
+
+    /// Opens the drive, attaches the loop device, mounts the filesystem at DIR
+    /// and records the attach. On error, call [`Attachment::detach`].
+    pub async fn setup(&mut self, core: &FsCore) -> anyhow::Result<()> {
+        let name = self.spec.display_name();
+        let file_name = relative_file_name(&self.spec.drive);
+        let writable = self.mode == AttachMode::ReadWrite;
+        let mut ino = ROOT_INO;
+        for part in file_name.split('/') {
+            ino = core
+                .lookup(ino, part)
+                .await
+                .map_err(|e| anyhow!("cannot find drive {name}: {e}"))?
+                .ino
+                .0;
+        }
+        // The handle stays open until the daemon closes every device at the end.
+        core.open(ino, writable).await.map_err(|e| {
+            if e.errno == libc::EBUSY {
+                anyhow!("{}", e.message)
+            } else {
+                anyhow!("cannot open drive {name}: {e}")
+            }
+        })?;
+
+        let file = self.fuse_dir.join(&file_name);
+        let read_only = !writable;
+        let device = blocking(move || LoopDevice::attach(&file, read_only))
+            .await
+            .with_context(|| format!("cannot attach a loop device to drive {name}"))?;
+        tracing::info!(device = %device.device.display(), "loop device attached");
+        self.loop_device = Some(device.clone());
+
+        let probe = device.device.clone();
+        let fs = blocking(move || filesystem::detect(&probe))
+            .await
+            .with_context(|| format!("cannot read the filesystem type of drive {name}"))?
+            .ok_or_else(|| {
+                anyhow!(
+                    "drive {name} holds no filesystem; create it with 'blobdrive create {} \
+                     --size SIZE --mkfs ext4', or run mkfs on its file in a namespace mount \
+                     ('blobdrive mount {} DIR')",
+                    self.spec.drive.container.clone() + "/" + &self.spec.drive.blob,
+                    self.spec.drive.container
+                )
+            })?;
+
+        let (dev, dir, options) = (
+            device.device.clone(),
+            self.dir.clone(),
+            self.spec.fs_options.clone(),
+        );
+        let fs_for_mount = fs.clone();
+        blocking(move || MountedFs::mount(&dev, &dir, fs_for_mount, read_only, &options))
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot mount the {fs} filesystem of drive {name} at {}",
+                    self.dir.display()
+                )
+            })?;
+        self.mounted = Some(fs.clone());
+        tracing::info!(dir = %self.dir.display(), %fs, "filesystem mounted");
+
+        let entry = AttachedDrive {
+            account: self.spec.account.clone(),
+            drive: format!("{}/{}", self.spec.drive.container, self.spec.drive.blob),
+            snapshot: self.spec.drive.snapshot.clone(),
+            dir: self.dir.clone(),
+            loop_device: device.device.clone(),
+            fs_type: fs.name().to_string(),
+            mode: self.mode,
+            pid: std::process::id(),
+            fuse_dir: self.fuse_dir.clone(),
+            since_unix_secs: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            alive: true,
+        };
+        registry::write(&entry)?;
+        self.registered = true;
+        Ok(())
+    }
+
+    /// Unmounts DIR and detaches the loop device (whatever of them exists).
+    /// With [`OnBusy::Refuse`] a busy DIR is left mounted and the reason returned.
+    pub async fn detach(&mut self, on_busy: OnBusy) -> Result<(), ShutdownError> {
+        if self.mounted.is_some() {
+            match umount(&self.dir, 0).await {
+                Ok(()) => {}
+                Err(err) if err.raw_os_error() == Some(libc::EBUSY) => match on_busy {
+                    OnBusy::Refuse => {
+                        return Err(ShutdownError::Refused(format!(
+                            "{} is busy (a process has a file open or its working directory \
+                             there; see 'fuser -vm {}'); nothing was changed",
+                            self.dir.display(),
+                            self.dir.display()
+                        )))
+                    }
+                    OnBusy::DetachLazily => {
+                        tracing::warn!(
+                            dir = %self.dir.display(),
+                            "filesystem busy; detaching it lazily, the drive stays \
+                             attached until its last user is gone"
+                        );
+                        umount(&self.dir, libc::MNT_DETACH).await.map_err(|e| {
+                            ShutdownError::Failed(format!(
+                                "lazy unmount of {} failed: {e}",
+                                self.dir.display()
+                            ))
+                        })?;
+                        self.lazily_unmounted = true;
+                    }
+                },
+                Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::debug!("filesystem already unmounted");
+                }
+                Err(err) => {
+                    return Err(ShutdownError::Refused(format!(
+                        "unmount of {} failed: {err}",
+                        self.dir.display()
+                    )))
+                }
+            }
+            self.mounted = None;
+            tracing::info!(dir = %self.dir.display(), "filesystem unmounted");
+        }
+        if let Some(device) = self.loop_device.take() {
+            let node = device.device.clone();
+            if let Err(err) = blocking(move || device.detach()).await {
+                // Gone already (someone ran losetup -d) is fine; anything else
+                // leaves the device and is reported.
+                if loop_backs_file(&node) {
+                    return Err(ShutdownError::Failed(format!(
+                        "cannot detach loop device {}: {err}",
+                        node.display()
+                    )));
+                }
+            }
+            if !self.lazily_unmounted {
+                wait_for_loop_release(&node).await;
+            }
+            tracing::info!(device = %node.display(), "loop device detached");
+        }
+        Ok(())
+    }
+
+    /// Forgets the attach: registry entry and private mountpoint directory.
+    pub fn finish(&mut self) {
+        if self.registered {
+            registry::remove(&self.dir);
+            self.registered = false;
+        }
+        let _ = std::fs::remove_dir(&self.fuse_dir);
+    }
+}
+
+/// Runs a blocking tool call off the async threads.
+async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> anyhow::Result<T>
+where
+    T: Send + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .context("a tool call panicked")?
+        .map_err(anyhow::Error::new)
+}
+
+/// True while the loop device `node` still has a backing file.
+fn loop_backs_file(node: &Path) -> bool {
+    let name = node.file_name().map(|n| n.to_string_lossy().into_owned());
+    name.is_some_and(|n| Path::new(&format!("/sys/block/{n}/loop/backing_file")).exists())
+}
+
+/// The kernel lets go of a detached loop device's file asynchronously; the
+/// FUSE unmount that follows is clean only once it has.
+async fn wait_for_loop_release(node: &Path) {
+    let start = Instant::now();
+    while loop_backs_file(node) {
+        if start.elapsed() > LOOP_RELEASE_TIMEOUT {
+            tracing::warn!(device = %node.display(), "loop device still holds the drive file");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Returns once nothing is mounted at `dir` any more (someone ran `umount
+/// DIR`, or systemd stopped the mount unit of an fstab line).
+pub(crate) async fn wait_until_unmounted_outside(dir: PathBuf) {
+    loop {
+        tokio::time::sleep(WATCH_INTERVAL).await;
+        match is_mount_point(&dir) {
+            Ok(false) => return,
+            Ok(true) => {}
+            Err(err) => tracing::debug!(%err, "cannot read /proc/self/mountinfo"),
+        }
+    }
+}
+
+/// True when something is mounted at `dir` (canonical) in this namespace.
+pub(crate) fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let wanted = escape_mountinfo(&dir.to_string_lossy());
+    Ok(info
+        .lines()
+        .any(|line| line.split(' ').nth(4) == Some(wanted.as_str())))
+}
+
+/// A path as `/proc/self/mountinfo` prints it: space, tab, newline and
+/// backslash in octal.
+fn escape_mountinfo(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for c in path.chars() {
+        match c {
+            ' ' => out.push_str("\\040"),
+            '\t' => out.push_str("\\011"),
+            '\n' => out.push_str("\\012"),
+            '\\' => out.push_str("\\134"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_match_the_kernel() {
+        assert_eq!(escape_mountinfo("/mnt/a b\\c"), "/mnt/a\\040b\\134c");
+        assert!(is_mount_point(Path::new("/")).unwrap());
+    }
+
+    #[test]
+    fn mode_follows_snapshot_then_read_only() {
+        let mut spec = AttachOptions {
+            drive: EntryPath {
+                container: "c".into(),
+                blob: "d.vhd".into(),
+                snapshot: None,
+            },
+            account: "a".into(),
+            fs_options: Vec::new(),
+        };
+        assert_eq!(spec.mode(false), AttachMode::ReadWrite);
+        assert_eq!(spec.mode(true), AttachMode::ReadOnly);
+        spec.drive.snapshot = Some("T".into());
+        assert_eq!(spec.mode(false), AttachMode::Snapshot);
+        assert_eq!(spec.display_name(), "c/d.vhd (snapshot T)");
+    }
+}

@@ -1,0 +1,788 @@
+//! `blobdrive mount C/B DIR` end to end: real Azurite, real FUSE, loop devices
+//! and ext4, driven through the built binary exactly as a user would
+//! (`create --mkfs`, `mount`, `snapshot`, `unmount`, `mount -t blobdrive`,
+//! fstab, systemd readiness).
+//!
+//! Each test gets its own run directory (control sockets, registry, private
+//! FUSE mounts) and temp directory; a [`Site`] guard undoes every attach,
+//! loop device and mount under them even when the test fails. Tests print
+//! `SKIPPED` without root, /dev/fuse or loop devices, and fail instead under
+//! `BLOBDRIVE_REQUIRE_FUSE=1`.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blobdrive::blob::{BlobPath, LeaseState};
+use common::ContainerGuard;
+use sha2::{Digest, Sha256};
+
+const BIN: &str = env!("CARGO_BIN_EXE_blobdrive");
+
+/// Whether the test can run; `SKIPPED: why` or a panic under BLOBDRIVE_REQUIRE_FUSE=1.
+fn can_run(test: &str) -> bool {
+    let missing = if !Path::new("/dev/fuse").exists() {
+        Some("no /dev/fuse".to_string())
+    } else if unsafe { libc::geteuid() } != 0 {
+        Some("not root (loop devices and mounts need it)".to_string())
+    } else if !Path::new("/dev/loop-control").exists() {
+        Some("no /dev/loop-control".to_string())
+    } else {
+        [
+            "losetup",
+            "mkfs.ext4",
+            "blkid",
+            "fsfreeze",
+            "mount",
+            "umount",
+        ]
+        .into_iter()
+        .find(|t| !blobdrive::attach::tool_exists(t))
+        .map(|t| format!("{t} not installed"))
+    };
+    match missing {
+        None => true,
+        Some(why) if std::env::var("BLOBDRIVE_REQUIRE_FUSE").as_deref() == Ok("1") => {
+            panic!("{test}: cannot run ({why}) and BLOBDRIVE_REQUIRE_FUSE=1")
+        }
+        Some(why) => {
+            println!("SKIPPED: {test}: {why}");
+            false
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// One test's world: a run directory and a temp directory, and on drop the
+/// removal of everything attached under them.
+struct Site {
+    run_dir: tempfile::TempDir,
+    root: tempfile::TempDir,
+}
+
+impl Site {
+    fn new() -> Site {
+        let make = |prefix: &str| {
+            tempfile::Builder::new()
+                .prefix(prefix)
+                .tempdir()
+                .expect("temp dir")
+        };
+        Site {
+            run_dir: make("blobdrive-attach-run-"),
+            root: make("blobdrive-attach-"),
+        }
+    }
+
+    /// A new directory under the site's temp directory.
+    fn dir(&self, name: &str) -> PathBuf {
+        let dir = self.root.path().join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        dir.canonicalize().expect("canonical dir")
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env("BLOBDRIVE_RUN_DIR", self.run_dir.path())
+            .env(
+                "AZURE_STORAGE_CONNECTION_STRING",
+                common::connection_string(),
+            )
+            .env_remove("NOTIFY_SOCKET");
+        cmd
+    }
+
+    /// Runs `blobdrive ARGS`.
+    fn blobdrive(&self, args: &[&str]) -> Output {
+        self.command(BIN)
+            .args(args)
+            .output()
+            .expect("run blobdrive")
+    }
+
+    /// Runs `blobdrive ARGS` and returns stdout; panics with stderr on failure.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.blobdrive(args);
+        assert!(
+            out.status.success(),
+            "blobdrive {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Registry entries (JSON) of this site.
+    fn registry(&self) -> Vec<serde_json::Value> {
+        let dir = self.run_dir.path().join("attach");
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .filter_map(|t| serde_json::from_str(&t).ok())
+            .collect()
+    }
+
+    /// Mounts, loop devices and sockets left under this site.
+    fn leftovers(&self) -> Vec<String> {
+        let roots = [
+            self.run_dir.path().to_string_lossy().to_string(),
+            self.root.path().to_string_lossy().to_string(),
+        ];
+        let mut found = Vec::new();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for line in mounts.lines() {
+            if let Some(point) = line.split(' ').nth(4) {
+                if roots.iter().any(|r| point.starts_with(r.as_str())) {
+                    found.push(format!("mount {point}"));
+                }
+            }
+        }
+        let loops = run_tool("losetup", &["-a"]).unwrap_or_default();
+        for line in loops.lines() {
+            if roots.iter().any(|r| line.contains(r.as_str())) {
+                found.push(format!("loop {line}"));
+            }
+        }
+        for entry in self.registry() {
+            found.push(format!("registry {entry}"));
+        }
+        if let Ok(dir) = std::fs::read_dir(self.run_dir.path()) {
+            for e in dir.filter_map(Result::ok) {
+                if e.path().extension().is_some_and(|x| x == "sock") {
+                    found.push(format!("socket {}", e.path().display()));
+                }
+            }
+        }
+        found
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        for entry in self.registry() {
+            let dir = entry["dir"].as_str().unwrap_or_default().to_string();
+            let out = self.blobdrive(&["unmount", &dir]);
+            if out.status.success() {
+                continue;
+            }
+            let _ = run_tool("umount", &["-l", &dir]);
+            if let Some(dev) = entry["loop_device"].as_str() {
+                let _ = run_tool("losetup", &["-d", dev]);
+            }
+            if let Some(fuse) = entry["fuse_dir"].as_str() {
+                let _ = run_tool("umount", &["-l", fuse]);
+            }
+            if let Some(pid) = entry["pid"].as_i64() {
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+        // Whatever is still mounted under the site, innermost first.
+        let mut leftovers = self.leftovers();
+        leftovers.reverse();
+        for item in leftovers {
+            if let Some(point) = item.strip_prefix("mount ") {
+                let _ = run_tool("umount", &["-l", point]);
+            } else if let Some(line) = item.strip_prefix("loop ") {
+                if let Some(dev) = line.split(':').next() {
+                    let _ = run_tool("losetup", &["-d", dev]);
+                }
+            }
+        }
+    }
+}
+
+fn run_tool(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn is_mounted(dir: &Path) -> bool {
+    let dir = dir.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|info| info.lines().any(|l| l.split(' ').nth(4) == Some(&*dir)))
+        .unwrap_or(false)
+}
+
+fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn lease_state(guard: &ContainerGuard, blob: &str) -> Option<LeaseState> {
+    let path = guard.path(blob);
+    runtime()
+        .block_on(guard.client.get_properties(&path))
+        .expect("properties")
+        .lease_state
+}
+
+fn stderr_line(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(
+        text.lines().count(),
+        1,
+        "expected one error line, got {text:?}"
+    );
+    text
+}
+
+fn sha(path: &Path) -> String {
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    format!("{:x}", Sha256::digest(&data))
+}
+
+/// Every file under `dir` (lost+found aside) with its SHA-256.
+fn file_sums(dir: &Path) -> Vec<(String, String)> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+        for entry in std::fs::read_dir(dir)
+            .expect("readdir")
+            .filter_map(Result::ok)
+        {
+            let path = entry.path();
+            let rel = path
+                .strip_prefix(base)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            if rel == "lost+found" {
+                continue;
+            }
+            if path.is_dir() {
+                walk(base, &path, out);
+            } else {
+                out.push((rel, sha(&path)));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn drive_name(guard: &ContainerGuard, blob: &str) -> String {
+    format!("{}/{blob}", guard.name)
+}
+
+#[test]
+fn attached_drive_keeps_its_files_across_unmount_and_mount_and_releases_its_lease() {
+    if !can_run("attached_drive_keeps_its_files_across_unmount_and_mount_and_releases_its_lease") {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-roundtrip"));
+    let drive = drive_name(&guard, "dir/disk.vhd");
+    let created = site.ok(&["create", &drive, "--size", "64M", "--mkfs", "ext4"]);
+    assert!(created.contains("formatted"), "{created}");
+    let dir = site.dir("data");
+    let dir_s = dir.to_string_lossy().to_string();
+
+    site.ok(&["mount", &drive, &dir_s]);
+    assert!(is_mounted(&dir));
+    assert_eq!(
+        lease_state(&guard, "dir/disk.vhd"),
+        Some(LeaseState::Leased)
+    );
+    let listed = site.ok(&["list", "--mounted", "--json"]);
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed[0]["drive"], drive.as_str());
+    assert_eq!(listed[0]["dir"], dir_s.as_str());
+    assert_eq!(listed[0]["mode"], "read-write");
+    assert_eq!(listed[0]["fs_type"], "ext4");
+    assert!(listed[0]["loop_device"]
+        .as_str()
+        .unwrap()
+        .starts_with("/dev/loop"));
+
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    let big = pattern(3 << 20, 7);
+    std::fs::write(dir.join("sub/big.bin"), &big).unwrap();
+    std::fs::write(dir.join("hello.txt"), b"hello, drive\n").unwrap();
+    let stats = site.ok(&["stats", &dir_s, "--json"]);
+    assert!(stats.contains("dir/disk.vhd"), "{stats}");
+
+    site.ok(&["unmount", &dir_s]);
+    assert!(!is_mounted(&dir));
+    assert_eq!(
+        lease_state(&guard, "dir/disk.vhd"),
+        Some(LeaseState::Available)
+    );
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+
+    site.ok(&["mount", &drive, &dir_s]);
+    assert_eq!(std::fs::read(dir.join("sub/big.bin")).unwrap(), big);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("hello.txt")).unwrap(),
+        "hello, drive\n"
+    );
+    site.ok(&["unmount", &dir_s]);
+    assert_eq!(
+        lease_state(&guard, "dir/disk.vhd"),
+        Some(LeaseState::Available)
+    );
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+#[test]
+fn three_snapshot_attaches_at_once_show_the_snapshot_while_the_writer_goes_on() {
+    if !can_run("three_snapshot_attaches_at_once_show_the_snapshot_while_the_writer_goes_on") {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-snapshots"));
+    let drive = drive_name(&guard, "live.vhd");
+    site.ok(&["create", &drive, "--size", "64M", "--mkfs", "ext4"]);
+    let dir = site.dir("live");
+    let dir_s = dir.to_string_lossy().to_string();
+    site.ok(&["mount", &drive, &dir_s]);
+    for i in 0..4u8 {
+        std::fs::write(dir.join(format!("static-{i}.bin")), pattern(200_000, i)).unwrap();
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let log = dir.join("log.txt");
+        std::thread::spawn(move || {
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .expect("open log");
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                writeln!(file, "line {n:08} of the writer that never stops").expect("append");
+                n += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            n
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let time = site.ok(&["snapshot", &drive]);
+    assert!(!time.is_empty());
+
+    let views: Vec<PathBuf> = (0..3).map(|i| site.dir(&format!("snap{i}"))).collect();
+    for view in &views {
+        site.ok(&[
+            "mount",
+            &drive,
+            &view.to_string_lossy(),
+            "--snapshot",
+            &time,
+        ]);
+    }
+    let listed: serde_json::Value =
+        serde_json::from_str(&site.ok(&["list", "--mounted", "--json"])).unwrap();
+    let snapshot_attaches = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["mode"] == "snapshot" && e["snapshot"] == time.as_str())
+        .count();
+    assert_eq!(snapshot_attaches, 3);
+
+    let first = file_sums(&views[0]);
+    assert!(first.iter().any(|(name, _)| name == "log.txt"));
+    for i in 0..4u8 {
+        let name = format!("static-{i}.bin");
+        let want = format!("{:x}", Sha256::digest(pattern(200_000, i)));
+        assert!(first.contains(&(name, want)));
+    }
+    for view in &views[1..] {
+        assert_eq!(
+            file_sums(view),
+            first,
+            "every snapshot attach shows the same files"
+        );
+    }
+    // The snapshot's log is a prefix of the live one, and the writer went on.
+    let snap_log = std::fs::read(views[0].join("log.txt")).unwrap();
+    assert!(!snap_log.is_empty());
+    std::thread::sleep(Duration::from_millis(300));
+    let live_log = std::fs::read(dir.join("log.txt")).unwrap();
+    assert!(live_log.len() > snap_log.len(), "the writer went on");
+    assert!(
+        live_log.starts_with(&snap_log),
+        "snapshot is a consistent prefix"
+    );
+    let write_in_snapshot = std::fs::write(views[0].join("new.txt"), b"x");
+    assert!(write_in_snapshot.is_err(), "a snapshot attach is read-only");
+
+    stop.store(true, Ordering::Relaxed);
+    let lines = writer.join().expect("writer");
+    assert!(lines > 0);
+    for view in &views {
+        site.ok(&["unmount", &view.to_string_lossy()]);
+    }
+    site.ok(&["unmount", &dir_s]);
+    assert_eq!(lease_state(&guard, "live.vhd"), Some(LeaseState::Available));
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+#[test]
+fn failed_attach_leaves_no_loop_device_fuse_mount_or_lease() {
+    if !can_run("failed_attach_leaves_no_loop_device_fuse_mount_or_lease") {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-failures"));
+    let dir = site.dir("target");
+    let dir_s = dir.to_string_lossy().to_string();
+
+    // A drive with no filesystem.
+    let blank = drive_name(&guard, "blank.vhd");
+    site.ok(&["create", &blank, "--size", "32M"]);
+    let out = site.blobdrive(&["mount", &blank, &dir_s]);
+    assert_eq!(out.status.code(), Some(1));
+    let line = stderr_line(&out);
+    assert!(line.contains("holds no filesystem"), "{line}");
+    assert!(line.contains("--mkfs"), "{line}");
+    assert!(!is_mounted(&dir));
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+    assert_eq!(
+        lease_state(&guard, "blank.vhd"),
+        Some(LeaseState::Available)
+    );
+
+    // A filesystem option the kernel refuses.
+    let formatted = drive_name(&guard, "fs.vhd");
+    site.ok(&["create", &formatted, "--size", "32M", "--mkfs", "ext4"]);
+    let out = site.blobdrive(&["mount", &formatted, &dir_s, "-o", "no_such_option=1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let line = stderr_line(&out);
+    assert!(line.contains("cannot mount the ext4 filesystem"), "{line}");
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+    assert_eq!(lease_state(&guard, "fs.vhd"), Some(LeaseState::Available));
+
+    // A drive leased by another host: refused with the way out, then taken over.
+    let path: BlobPath = guard.path("fs.vhd");
+    runtime()
+        .block_on(
+            guard
+                .client
+                .acquire_lease(&path, "11111111-2222-3333-4444-555555555555", None),
+        )
+        .expect("lease");
+    let out = site.blobdrive(&["mount", &formatted, &dir_s]);
+    assert_eq!(out.status.code(), Some(1));
+    let line = stderr_line(&out);
+    assert!(line.contains("in use elsewhere"), "{line}");
+    assert!(line.contains("break-lease"), "{line}");
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+    site.ok(&["mount", &formatted, &dir_s, "--break-lease"]);
+    assert!(is_mounted(&dir));
+    site.ok(&["unmount", &dir_s]);
+    assert_eq!(lease_state(&guard, "fs.vhd"), Some(LeaseState::Available));
+
+    // A missing drive.
+    let out = site.blobdrive(&["mount", &drive_name(&guard, "nope.vhd"), &dir_s]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_line(&out).contains("does not exist"));
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+#[test]
+fn unmount_refuses_while_busy_and_umount_from_outside_detaches_the_drive() {
+    if !can_run("unmount_refuses_while_busy_and_umount_from_outside_detaches_the_drive") {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-busy"));
+    let drive = drive_name(&guard, "busy.vhd");
+    site.ok(&["create", &drive, "--size", "32M", "--mkfs", "ext4"]);
+    let dir = site.dir("busy");
+    let dir_s = dir.to_string_lossy().to_string();
+    site.ok(&["mount", &drive, &dir_s]);
+    let open = std::fs::File::create(dir.join("open.txt")).unwrap();
+    let out = site.blobdrive(&["unmount", &dir_s]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_line(&out).contains("busy"));
+    assert!(is_mounted(&dir), "a refused unmount changes nothing");
+    drop(open);
+
+    // umount(8) by hand (or systemd stopping an fstab mount): the daemon notices.
+    run_tool("umount", &[&dir_s]).expect("umount");
+    wait_for("the daemon to detach", Duration::from_secs(30), || {
+        site.leftovers().is_empty()
+    });
+    assert_eq!(lease_state(&guard, "busy.vhd"), Some(LeaseState::Available));
+}
+
+/// `/sbin/mount.blobdrive` → the test binary for the guard's life.
+struct HelperLink {
+    link: PathBuf,
+    backup: Option<PathBuf>,
+}
+
+impl HelperLink {
+    fn install() -> HelperLink {
+        let link = PathBuf::from("/sbin/mount.blobdrive");
+        let backup = if link.symlink_metadata().is_ok() {
+            let backup = PathBuf::from("/sbin/mount.blobdrive.attach-test-backup");
+            std::fs::rename(&link, &backup).expect("back up the installed helper");
+            Some(backup)
+        } else {
+            None
+        };
+        std::os::unix::fs::symlink(BIN, &link).expect("install the helper symlink");
+        HelperLink { link, backup }
+    }
+}
+
+impl Drop for HelperLink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.link);
+        if let Some(backup) = &self.backup {
+            let _ = std::fs::rename(backup, &self.link);
+        }
+    }
+}
+
+#[test]
+fn mount_dash_t_blobdrive_and_an_fstab_line_attach_the_drive() {
+    if !can_run("mount_dash_t_blobdrive_and_an_fstab_line_attach_the_drive") {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-helper"));
+    let drive = drive_name(&guard, "helper.vhd");
+    site.ok(&["create", &drive, "--size", "32M", "--mkfs", "ext4"]);
+    let dir = site.dir("helper");
+    let dir_s = dir.to_string_lossy().to_string();
+    let _helper = HelperLink::install();
+
+    let out = site
+        .command("mount")
+        .args([
+            "-t",
+            "blobdrive",
+            &drive,
+            &dir_s,
+            "-o",
+            "noatime,_netdev,nofail",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(is_mounted(&dir));
+    let opts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let line = opts
+        .lines()
+        .find(|l| l.contains(&*dir_s))
+        .unwrap()
+        .to_string();
+    assert!(
+        line.contains(" ext4 ") && line.contains("noatime"),
+        "{line}"
+    );
+    std::fs::write(dir.join("via-helper.txt"), b"mount -t blobdrive\n").unwrap();
+    site.ok(&["unmount", &dir_s]);
+    assert_eq!(
+        lease_state(&guard, "helper.vhd"),
+        Some(LeaseState::Available)
+    );
+
+    let fstab = site.root.path().join("fstab");
+    std::fs::write(
+        &fstab,
+        format!(
+            "# blobdrive test\n{drive} {dir_s} blobdrive ro,_netdev,nofail,\
+             x-systemd.requires=network-online.target,comment=test 0 0\n"
+        ),
+    )
+    .unwrap();
+    let out = site
+        .command("mount")
+        .args(["-T", &fstab.to_string_lossy(), &dir_s])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("via-helper.txt")).unwrap(),
+        "mount -t blobdrive\n"
+    );
+    assert!(
+        std::fs::write(dir.join("x"), b"x").is_err(),
+        "ro from fstab"
+    );
+    let listed: serde_json::Value =
+        serde_json::from_str(&site.ok(&["list", "--mounted", "--json"])).unwrap();
+    assert_eq!(listed[0]["mode"], "read-only");
+    assert_eq!(
+        lease_state(&guard, "helper.vhd"),
+        Some(LeaseState::Available)
+    );
+    // umount(8), as systemd does for an fstab mount unit.
+    run_tool("umount", &[&dir_s]).expect("umount");
+    wait_for("the daemon to detach", Duration::from_secs(30), || {
+        site.leftovers().is_empty()
+    });
+}
+
+#[test]
+fn unit_template_passes_systemd_analyze_verify() {
+    if !blobdrive::attach::tool_exists("systemd-analyze") {
+        assert!(
+            std::env::var("BLOBDRIVE_REQUIRE_FUSE").as_deref() != Ok("1"),
+            "systemd-analyze is required"
+        );
+        println!("SKIPPED: unit_template_passes_systemd_analyze_verify: no systemd-analyze");
+        return;
+    }
+    let unit = include_str!("../scripts/blobdrive@.service");
+    assert!(unit.contains("Type=notify"));
+    assert!(
+        !unit.to_ascii_lowercase().contains("accountkey="),
+        "no secrets in the unit"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let text = unit.replace("/usr/local/bin/blobdrive", BIN);
+    std::fs::write(dir.path().join("blobdrive@.service"), text).unwrap();
+    let instance = dir.path().join("blobdrive@demo.service");
+    std::os::unix::fs::symlink(dir.path().join("blobdrive@.service"), &instance).unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&instance)
+        .env("SYSTEMD_LOG_LEVEL", "warning")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.trim().is_empty(),
+        "systemd-analyze verify complained: {stderr}"
+    );
+}
+
+#[test]
+fn foreground_attach_tells_systemd_ready_only_once_dir_is_mounted() {
+    if !can_run("foreground_attach_tells_systemd_ready_only_once_dir_is_mounted") {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-notify"));
+    let drive = drive_name(&guard, "notify.vhd");
+    site.ok(&["create", &drive, "--size", "32M", "--mkfs", "ext4"]);
+    let dir = site.dir("notify");
+    let socket_path = site.root.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut child = site
+        .command(BIN)
+        .args(["mount", &drive, &dir.to_string_lossy(), "--foreground"])
+        .env("NOTIFY_SOCKET", &socket_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = socket.recv(&mut buf).expect("READY=1 within 60 s");
+    assert_eq!(&buf[..n], b"READY=1");
+    assert!(is_mounted(&dir), "READY=1 only after DIR is mounted");
+    std::fs::write(dir.join("ready.txt"), b"ready\n").unwrap();
+
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let n = socket.recv(&mut buf).expect("STOPPING=1");
+    assert_eq!(&buf[..n], b"STOPPING=1");
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "daemon exit {status}: {stderr}");
+    assert!(!is_mounted(&dir));
+    assert_eq!(
+        lease_state(&guard, "notify.vhd"),
+        Some(LeaseState::Available)
+    );
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+
+    // The data written before SIGTERM was flushed.
+    site.ok(&["mount", &drive, &dir.to_string_lossy(), "--read-only"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("ready.txt")).unwrap(),
+        "ready\n"
+    );
+    site.ok(&["unmount", &dir.to_string_lossy()]);
+}
+
+#[test]
+fn xfs_snapshot_attaches_beside_its_live_drive() {
+    if !can_run("xfs_snapshot_attaches_beside_its_live_drive") {
+        return;
+    }
+    if !blobdrive::attach::tool_exists("mkfs.xfs") {
+        assert!(
+            std::env::var("BLOBDRIVE_REQUIRE_FUSE").as_deref() != Ok("1"),
+            "mkfs.xfs is required"
+        );
+        println!("SKIPPED: xfs_snapshot_attaches_beside_its_live_drive: no mkfs.xfs");
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-xfs"));
+    let drive = drive_name(&guard, "x.vhd");
+    // mkfs.xfs refuses filesystems under 300 MB.
+    site.ok(&["create", &drive, "--size", "320M", "--mkfs", "xfs"]);
+    let live = site.dir("live");
+    let then = site.dir("then");
+    site.ok(&["mount", &drive, &live.to_string_lossy()]);
+    std::fs::write(live.join("f.txt"), b"before\n").unwrap();
+    let time = site.ok(&["snapshot", &drive]);
+    std::fs::write(live.join("f.txt"), b"after\n").unwrap();
+    // Same filesystem UUID as the live mount: read-only xfs needs nouuid.
+    site.ok(&[
+        "mount",
+        &drive,
+        &then.to_string_lossy(),
+        "--snapshot",
+        &time,
+    ]);
+    assert_eq!(
+        std::fs::read_to_string(then.join("f.txt")).unwrap(),
+        "before\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(live.join("f.txt")).unwrap(),
+        "after\n"
+    );
+    site.ok(&["unmount", &then.to_string_lossy()]);
+    site.ok(&["unmount", &live.to_string_lossy()]);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
