@@ -34,7 +34,7 @@ if [ -z "${AZURE_STORAGE_CONNECTION_STRING:-}${AZURE_STORAGE_ACCOUNT:-}" ] && [ 
 fi
 
 if [ "$(id -u)" != 0 ]; then
-  say "mounting needs root (FUSE, loop devices, mount): run 'sudo $0'"
+  say "mounting needs root (FUSE, loop devices, mount): run $0 as root"
   exit 1
 fi
 
