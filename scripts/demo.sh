@@ -22,6 +22,8 @@ dir=${BLOBDRIVE_DEMO_DIR:-/mnt/blobdrive-demo}
 
 say() { echo "demo: $*" >&2; }
 
+scripts/setup.sh --run
+
 say "building blobdrive"
 cargo build --quiet
 bin="${CARGO_TARGET_DIR:-$root/target}/debug/blobdrive"
