@@ -215,7 +215,8 @@ impl Inner {
                 })
                 .cloned()
                 .collect();
-            self.persist(&touched);
+            drop(job);
+            self.persist_wait(touched).await;
         }
         Ok(())
     }

@@ -123,7 +123,7 @@ impl Inner {
             let first = f.start / CHUNK_PAGES as u64;
             let last = (f.end - 1) / CHUNK_PAGES as u64;
             for idx in first..=last {
-                if wanted.last() != Some(&idx) && disk.contains(idx) {
+                if wanted.last() != Some(&idx) && disk.may_hold(idx) {
                     wanted.push(idx);
                 }
             }
@@ -151,17 +151,33 @@ impl Inner {
         }
     }
 
-    /// Copy the clean pages of `refs` down to the disk tier (never waits).
+    /// Copies of the clean pages of `refs`, each with its ticket.
+    fn copies(disk: &DiskCache, refs: &[ChunkRef]) -> Vec<(u64, u64, CachedChunk)> {
+        refs.iter()
+            .filter_map(|r| {
+                let c = r.lock();
+                let copy = copy_clean(&c);
+                (copy.held.count() > 0).then(|| (r.index, disk.ticket(), copy))
+            })
+            .collect()
+    }
+
+    /// Copy the clean pages of `refs` down to the disk tier (never waits:
+    /// a copy finding the queue full is dropped).
     pub(crate) fn persist(&self, refs: &[ChunkRef]) {
         let Some(disk) = &self.disk else { return };
-        for r in refs {
-            let (ticket, copy) = {
-                let c = r.lock();
-                (disk.ticket(), copy_clean(&c))
-            };
-            if copy.held.count() > 0 {
-                disk.store(r.index, ticket, copy);
-            }
+        for (idx, ticket, copy) in Self::copies(disk, refs) {
+            disk.store(idx, ticket, copy);
+        }
+    }
+
+    /// Copy the clean pages of `refs` down to the disk tier, waiting for room.
+    pub(crate) async fn persist_wait(&self, refs: Vec<ChunkRef>) {
+        let Some(disk) = &self.disk else { return };
+        let copies = Self::copies(disk, &refs);
+        drop(refs);
+        for (idx, ticket, copy) in copies {
+            disk.store_wait(idx, ticket, copy).await;
         }
     }
 

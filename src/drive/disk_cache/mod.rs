@@ -24,9 +24,11 @@
 //!   snapshot's directory each keep their own account, so the bound there
 //!   holds per process.
 //! - Every method here blocks on file I/O except [`DiskCache::store`],
-//!   [`DiskCache::invalidate`] and the counters: the drive calls the others
-//!   through `spawn_blocking`. Writes go to one writer thread through a
-//!   bounded queue; when it is full a copy is dropped, never waited for.
+//!   [`DiskCache::store_wait`], [`DiskCache::invalidate`] and the counters:
+//!   the drive calls the others through `spawn_blocking`. Writes go to one
+//!   writer thread through a bounded queue: a fill from the blob waits for
+//!   room (so reads slow to the disk's pace rather than leave holes); a copy
+//!   after a flush is dropped when the queue is full, never waited for.
 
 mod format;
 mod record;
@@ -36,11 +38,12 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc::{Receiver, Sender};
 
 pub use format::CachedChunk;
 use record::{DirLock, LockMode, Record};
@@ -201,9 +204,10 @@ pub struct DiskCache {
     dir: PathBuf,
     identity: String,
     access: Access,
-    tx: Mutex<Option<SyncSender<Job>>>,
+    tx: Mutex<Option<Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    _lock: DirLock,
+    /// Held until `finish` (or drop).
+    lock: Mutex<Option<DirLock>>,
 }
 
 /// The directory of the blob named `identity` under the cache dir.
@@ -328,7 +332,7 @@ impl DiskCache {
             index: Mutex::new(index),
             meters: Meters::default(),
         });
-        let (tx, rx) = mpsc::sync_channel(QUEUE_CHUNKS);
+        let (tx, rx) = tokio::sync::mpsc::channel(QUEUE_CHUNKS);
         let worker = shared.clone();
         let writer = std::thread::Builder::new()
             .name("blobdrive-diskcache".into())
@@ -340,7 +344,7 @@ impl DiskCache {
             access,
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(writer)),
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
         };
         let over = cache.shared.index().shrink_to(cache.shared.budget());
         remove_files(&cache.shared, &over);
@@ -364,14 +368,27 @@ impl DiskCache {
         self.shared.index().entries.contains_key(&idx)
     }
 
+    /// May chunk `idx` be on disk? A reader's directory is shared, so other
+    /// processes may have added files this index has not seen.
+    pub fn may_hold(&self, idx: u64) -> bool {
+        self.access == Access::Reader || self.contains(idx)
+    }
+
     /// Read and verify chunk `idx`; `None` when absent or bad. Blocks.
     pub fn lookup(&self, idx: u64) -> Option<CachedChunk> {
-        {
+        let known = {
             let mut index = self.shared.index();
             index.clock += 1;
             let now = index.clock;
-            index.entries.get_mut(&idx)?.last_use = now;
-        }
+            match index.entries.get_mut(&idx) {
+                Some(e) => {
+                    e.last_use = now;
+                    true
+                }
+                None if self.access == Access::Reader => false,
+                None => return None,
+            }
+        };
         let raw = match std::fs::read(self.shared.chunk_path(idx)) {
             Ok(raw) => raw,
             Err(e) => {
@@ -383,7 +400,19 @@ impl DiskCache {
             }
         };
         match format::decode(idx, &raw) {
-            Ok(chunk) => Some(chunk),
+            Ok(chunk) => {
+                if !known {
+                    // Written by another reader of this directory: count it.
+                    let mut index = self.shared.index();
+                    if !index.entries.contains_key(&idx) {
+                        let bytes = round_up(raw.len() as u64);
+                        let last_use = index.clock;
+                        index.entries.insert(idx, Entry { bytes, last_use });
+                        index.bytes += bytes;
+                    }
+                }
+                Some(chunk)
+            }
             Err(bad) => {
                 self.shared
                     .meters
@@ -443,36 +472,42 @@ impl DiskCache {
     /// invalidated after `ticket` was taken. Never waits: when the writer is
     /// behind, the copy is dropped (and counted).
     pub fn store(&self, idx: u64, ticket: u64, chunk: CachedChunk) {
-        let tx = self.tx.lock().expect("disk cache queue mutex poisoned");
-        let Some(tx) = tx.as_ref() else { return };
-        match tx.try_send(Job::Store { idx, ticket, chunk }) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+        let Some(tx) = self.sender() else { return };
+        if tx.try_send(Job::Store { idx, ticket, chunk }).is_err() {
+            self.shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// [`DiskCache::store`], waiting for room in the writer's queue.
+    pub async fn store_wait(&self, idx: u64, ticket: u64, chunk: CachedChunk) {
+        let Some(tx) = self.sender() else { return };
+        if tx.send(Job::Store { idx, ticket, chunk }).await.is_err() {
+            self.shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn sender(&self) -> Option<Sender<Job>> {
+        self.tx
+            .lock()
+            .expect("disk cache queue mutex poisoned")
+            .clone()
     }
 
     /// Wait until every copy handed to `store` so far is on disk (or
     /// refused) and stale files are deleted. Blocks.
     pub fn sync(&self) {
         let (done_tx, done_rx) = mpsc::channel();
-        let tx = self
-            .tx
-            .lock()
-            .expect("disk cache queue mutex poisoned")
-            .clone();
-        if let Some(tx) = tx {
-            if tx.send(Job::Sync(done_tx)).is_ok() {
+        if let Some(tx) = self.sender() {
+            if tx.blocking_send(Job::Sync(done_tx)).is_ok() {
                 let _ = done_rx.recv();
             }
         }
     }
 
-    /// End of a mount: write what is queued, stop the writer, and for a
-    /// writer record the blob's ETag after its last flush (`Some`: the
-    /// contents are trusted at the next open; `None`: they stay untrusted).
-    /// Blocks.
+    /// End of a mount: write what is queued, stop the writer, for a writer
+    /// record the blob's ETag after its last flush (`Some`: the contents are
+    /// trusted at the next open; `None`: they stay untrusted), and release
+    /// the directory's lock. Blocks.
     pub fn finish(&self, final_etag: Option<&str>) -> io::Result<()> {
         self.sync();
         drop(
@@ -497,6 +532,8 @@ impl DiskCache {
                 )?;
             }
         }
+        // The mount is over: others may use the directory now.
+        drop(self.lock.lock().expect("lock mutex poisoned").take());
         Ok(())
     }
 
@@ -582,9 +619,9 @@ fn write_chunk(shared: &Shared, idx: u64, ticket: u64, chunk: &CachedChunk, n: u
     remove_files(shared, &evicted);
 }
 
-fn writer_loop(shared: &Shared, rx: Receiver<Job>) {
+fn writer_loop(shared: &Shared, mut rx: Receiver<Job>) {
     let mut n = 0u64;
-    while let Ok(job) = rx.recv() {
+    while let Some(job) = rx.blocking_recv() {
         delete_stale(shared);
         match job {
             Job::Store { idx, ticket, chunk } => {
