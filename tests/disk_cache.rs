@@ -21,7 +21,7 @@ const READ_BYTES: usize = MIB as usize;
 fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
         .map(|i| {
-            let x = (offset + i) / 8 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let x = ((offset + i) / 8) ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             (x.wrapping_mul(0xbf58_476d_1ce4_e5b9) >> ((offset + i) % 8 * 8)) as u8
         })
         .collect()

@@ -12,6 +12,7 @@ use std::io::{IsTerminal, Write};
 use clap::{Parser, Subcommand};
 
 pub mod break_lease;
+pub mod cache;
 pub mod create;
 pub mod delete;
 pub mod download;
@@ -80,6 +81,8 @@ pub enum Command {
     Download(download::DownloadArgs),
     /// Live counters of a mount.
     Stats(stats::StatsArgs),
+    /// Manage the local disk cache (`cache clear`).
+    Cache(cache::CacheArgs),
 }
 
 impl Command {
@@ -97,6 +100,7 @@ impl Command {
             Command::Upload(_) => "upload",
             Command::Download(_) => "download",
             Command::Stats(_) => "stats",
+            Command::Cache(_) => "cache",
         }
     }
 }
@@ -168,6 +172,7 @@ where
         Command::Upload(a) => upload::run(&ctx, a),
         Command::Download(a) => download::run(&ctx, a),
         Command::Stats(a) => stats::run(&ctx, a),
+        Command::Cache(a) => cache::run(&ctx, a),
     };
     match result {
         Ok(()) => EXIT_OK,
