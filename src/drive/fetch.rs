@@ -57,15 +57,20 @@ pub(crate) struct Sources {
 }
 
 impl Sources {
-    /// Content of data page `page` (in chunk `index`, at `slot`): `None`
-    /// for zeros.
-    fn data_page(&self, page: u64, index: u64, slot: usize) -> Option<&[u8]> {
+    /// Content of data page `page` (at `slot` of a chunk whose disk copy is
+    /// `disk`): `None` for zeros.
+    fn data_page<'a>(
+        &'a self,
+        page: u64,
+        disk: Option<&'a CachedChunk>,
+        slot: usize,
+    ) -> Option<&'a [u8]> {
         let i = self.blob.partition_point(|f| f.end <= page);
         if let Some(f) = self.blob.get(i).filter(|f| f.start <= page) {
             let at = ((page - f.start) * PAGE_SIZE) as usize;
             return Some(&self.bodies[i][at..at + PAGE_SIZE as usize]);
         }
-        let on_disk = self.disk.get(&index).and_then(|c| c.page(slot));
+        let on_disk = disk.and_then(|c| c.page(slot));
         debug_assert!(on_disk.is_some(), "page {page} has no source");
         on_disk.flatten()
     }
@@ -91,6 +96,7 @@ impl FetchJob {
         self.done = true;
         for r in &self.refs {
             let span = chunk_pages(r.index);
+            let disk = src.and_then(|s| s.disk.get(&r.index));
             let mut c = r.lock();
             for m in &self.mine {
                 let part = intersect(span, *m);
@@ -99,7 +105,7 @@ impl FetchJob {
                     if let Some(src) = src {
                         let i = self.fetch.partition_point(|f| f.end <= page);
                         let content = match self.fetch.get(i) {
-                            Some(f) if f.start <= page => src.data_page(page, r.index, slot),
+                            Some(f) if f.start <= page => src.data_page(page, disk, slot),
                             _ => None,
                         };
                         c.fill(slot, content);

@@ -84,7 +84,7 @@ fn copy_clean(c: &Chunk) -> CachedChunk {
             data.extend_from_slice(page);
         }
     }
-    CachedChunk { held, zero, data }
+    CachedChunk::new(held, zero, data)
 }
 
 /// Pages of `fetch` the disk chunks do not hold: what the blob must give,

@@ -30,9 +30,26 @@ pub struct CachedChunk {
     pub zero: ChunkBits,
     /// The non-zero held pages, 512 bytes each, in page order.
     pub data: Vec<u8>,
+    /// `held` and not `zero`: the pages in `data`.
+    stored: ChunkBits,
 }
 
 impl CachedChunk {
+    /// A chunk from its bitmaps and the bytes of its held non-zero pages.
+    pub fn new(held: ChunkBits, zero: ChunkBits, data: Vec<u8>) -> Self {
+        let mut stored = ChunkBits::default();
+        for (i, (h, z)) in held.words().iter().zip(zero.words()).enumerate() {
+            stored.set_word(i, h & !z);
+        }
+        debug_assert_eq!(stored.count() * PAGE_BYTES, data.len());
+        CachedChunk {
+            held,
+            zero,
+            data,
+            stored,
+        }
+    }
+
     /// Content of page `slot`: `None` when unknown, `Some(None)` for zeros.
     pub fn page(&self, slot: usize) -> Option<Option<&[u8]>> {
         if !self.held.get(slot) {
@@ -41,17 +58,8 @@ impl CachedChunk {
         if self.zero.get(slot) {
             return Some(None);
         }
-        let n = self.stored().rank(slot);
+        let n = self.stored.rank(slot);
         Some(Some(&self.data[n * PAGE_BYTES..(n + 1) * PAGE_BYTES]))
-    }
-
-    /// The pages whose bytes are in `data`: held and not zero.
-    fn stored(&self) -> ChunkBits {
-        let mut bits = ChunkBits::default();
-        for (i, (h, z)) in self.held.words().iter().zip(self.zero.words()).enumerate() {
-            bits.set_word(i, h & !z);
-        }
-        bits
     }
 
     /// Every page's content, indexed by slot (`None` unknown, `Some(None)` zero).
@@ -138,15 +146,15 @@ pub fn decode(index: u64, raw: &[u8]) -> Result<CachedChunk, Bad> {
     if stored_index != index {
         return Err(Bad::WrongIndex);
     }
-    let stored_pages = (0..PAGES).filter(|&p| held.get(p) && !zero.get(p)).count();
-    if stored_pages * PAGE_BYTES != data_len || (0..PAGES).any(|p| zero.get(p) && !held.get(p)) {
+    let zero_not_held = held
+        .words()
+        .iter()
+        .zip(zero.words())
+        .any(|(h, z)| z & !h != 0);
+    if zero_not_held || (held.count() - zero.count()) * PAGE_BYTES != data_len {
         return Err(Bad::Torn);
     }
-    Ok(CachedChunk {
-        held,
-        zero,
-        data: raw[HEADER_BYTES..].to_vec(),
-    })
+    Ok(CachedChunk::new(held, zero, raw[HEADER_BYTES..].to_vec()))
 }
 
 #[cfg(test)]
@@ -162,7 +170,7 @@ mod tests {
         held.set(511);
         let mut data = vec![7u8; PAGE_BYTES];
         data.extend(vec![9u8; PAGE_BYTES]);
-        CachedChunk { held, zero, data }
+        CachedChunk::new(held, zero, data)
     }
 
     #[test]

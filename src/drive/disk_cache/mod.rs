@@ -95,10 +95,10 @@ impl ChunkBits {
     pub fn count(&self) -> usize {
         self.0.iter().map(|w| w.count_ones() as usize).sum()
     }
-    fn words(&self) -> [u64; PAGES / 64] {
+    pub(crate) fn words(&self) -> [u64; PAGES / 64] {
         self.0
     }
-    fn set_word(&mut self, i: usize, w: u64) {
+    pub(crate) fn set_word(&mut self, i: usize, w: u64) {
         self.0[i] = w;
     }
 }
@@ -193,7 +193,7 @@ enum Job {
     Store {
         idx: u64,
         ticket: u64,
-        chunk: CachedChunk,
+        chunk: Box<CachedChunk>,
     },
     Sync(mpsc::Sender<()>),
 }
@@ -473,7 +473,14 @@ impl DiskCache {
     /// behind, the copy is dropped (and counted).
     pub fn store(&self, idx: u64, ticket: u64, chunk: CachedChunk) {
         let Some(tx) = self.sender() else { return };
-        if tx.try_send(Job::Store { idx, ticket, chunk }).is_err() {
+        if tx
+            .try_send(Job::Store {
+                idx,
+                ticket,
+                chunk: Box::new(chunk),
+            })
+            .is_err()
+        {
             self.shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -481,7 +488,15 @@ impl DiskCache {
     /// [`DiskCache::store`], waiting for room in the writer's queue.
     pub async fn store_wait(&self, idx: u64, ticket: u64, chunk: CachedChunk) {
         let Some(tx) = self.sender() else { return };
-        if tx.send(Job::Store { idx, ticket, chunk }).await.is_err() {
+        if tx
+            .send(Job::Store {
+                idx,
+                ticket,
+                chunk: Box::new(chunk),
+            })
+            .await
+            .is_err()
+        {
             self.shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }

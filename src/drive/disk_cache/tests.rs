@@ -12,11 +12,7 @@ fn chunk(fill: u8, pages: usize) -> CachedChunk {
     for p in 0..pages {
         held.set(p);
     }
-    CachedChunk {
-        held,
-        zero: ChunkBits::default(),
-        data: vec![fill; pages * PAGE_BYTES],
-    }
+    CachedChunk::new(held, ChunkBits::default(), vec![fill; pages * PAGE_BYTES])
 }
 
 const MB: u64 = 1 << 20;
