@@ -173,6 +173,10 @@ struct Shared {
     max_bytes: u64,
     index: Mutex<Index>,
     meters: Meters,
+    /// The directory's lock: held until `finish`, or until both the cache
+    /// and its writer thread are gone (a dropped cache's last writes still
+    /// happen under it).
+    lock: Mutex<Option<DirLock>>,
 }
 
 impl Shared {
@@ -206,8 +210,6 @@ pub struct DiskCache {
     access: Access,
     tx: Mutex<Option<Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    /// Held until `finish` (or drop).
-    lock: Mutex<Option<DirLock>>,
 }
 
 /// The directory of the blob named `identity` under the cache dir.
@@ -331,6 +333,7 @@ impl DiskCache {
             max_bytes: opts.max_bytes,
             index: Mutex::new(index),
             meters: Meters::default(),
+            lock: Mutex::new(Some(lock)),
         });
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE_CHUNKS);
         let worker = shared.clone();
@@ -344,7 +347,6 @@ impl DiskCache {
             access,
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(writer)),
-            lock: Mutex::new(Some(lock)),
         };
         let over = cache.shared.index().shrink_to(cache.shared.budget());
         remove_files(&cache.shared, &over);
@@ -548,7 +550,7 @@ impl DiskCache {
             }
         }
         // The mount is over: others may use the directory now.
-        drop(self.lock.lock().expect("lock mutex poisoned").take());
+        drop(self.shared.lock.lock().expect("lock mutex poisoned").take());
         Ok(())
     }
 
@@ -569,14 +571,11 @@ impl DiskCache {
 }
 
 impl Drop for DiskCache {
+    /// Without `finish`: stop the writer without waiting for it (it may be
+    /// dropped on an async thread); the lock goes when the writer ends.
     fn drop(&mut self) {
         if let Ok(mut tx) = self.tx.lock() {
             drop(tx.take());
-        }
-        if let Ok(mut w) = self.writer.lock() {
-            if let Some(h) = w.take() {
-                let _ = h.join();
-            }
         }
     }
 }
