@@ -367,3 +367,51 @@ async fn cache_clear_empties_the_cache_dir() {
     assert_eq!(done.removed, 1);
     assert!(chunk_files(cache.path()).is_empty());
 }
+
+/// The closing record relies on this: the ETag read after the last flush,
+/// under the lease, is still the blob's ETag after release and re-acquire.
+#[tokio::test]
+async fn lease_acquire_and_release_keep_the_etag_but_put_page_changes_it() {
+    let g = ContainerGuard::new("dcache-etag").await;
+    let path = make_drive(&g, "e.vhd", 16 * MIB, 0, 0).await;
+    let c = &g.client;
+    let etag = || async { c.get_properties(&path).await.unwrap().etag.unwrap() };
+    let e0 = etag().await;
+    let id = uuid::Uuid::new_v4().to_string();
+    c.acquire_lease(&path, &id, None).await.unwrap();
+    assert_eq!(etag().await, e0, "acquire keeps the ETag");
+    c.put_pages(&path, 0, vec![1u8; 512].into(), Some(&id))
+        .await
+        .unwrap();
+    let e1 = etag().await;
+    assert_ne!(e1, e0, "put page changes the ETag");
+    c.release_lease(&path, &id).await.unwrap();
+    assert_eq!(etag().await, e1, "release keeps the ETag");
+}
+
+#[tokio::test]
+async fn a_writer_that_crashed_leaves_nothing_trusted() {
+    let g = ContainerGuard::new("dcache-crash").await;
+    let size = 16 * MIB;
+    let data = 4 * MIB;
+    let path = make_drive(&g, "k.vhd", size, data, 8).await;
+    let cache = tempfile::tempdir().unwrap();
+    let d = open(&g.client, &path, opts(Mode::ReadWrite, cache.path(), GIB)).await;
+    read_all(&d, data).await;
+    d.write_at(0, &[0x11; 4096]).await.unwrap();
+    d.flush().await.unwrap();
+    drop(d); // no close: like a crash
+    g.client.break_lease(&path, Some(0)).await.unwrap();
+    // Wait for the dropped drive's cache writer to let go of the directory.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let d = open(&g.client, &path, opts(Mode::ReadWrite, cache.path(), GIB)).await;
+    let all = read_all(&d, data).await;
+    let mut want = pattern(8, 0, data as usize);
+    want[..4096].fill(0x11);
+    assert!(all == want);
+    let c = d.counters();
+    assert_eq!(c.disk_hits, 0, "no clean close record: nothing trusted");
+    assert!(c.bytes_down >= data);
+    d.close().await.unwrap();
+}
