@@ -412,6 +412,7 @@ async fn a_writer_that_crashed_leaves_nothing_trusted() {
     assert!(all == want);
     let c = d.counters();
     assert_eq!(c.disk_hits, 0, "no clean close record: nothing trusted");
+    assert_eq!(c.disk_misses, data / 512, "the tier is on, and empty");
     assert!(c.bytes_down >= data);
     d.close().await.unwrap();
 }
