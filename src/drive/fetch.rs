@@ -3,9 +3,10 @@
 //! What it owns: turning "these pages must be valid" into few Get Blob
 //! requests (only the parts the sparse map says may hold data, coalesced; the
 //! rest become zeros; chunks the disk tier holds are read from it instead,
-//! and what the blob returns is copied down to it), and making sure two readers of the same missing page
-//! do not both fetch it: a fetch marks its pages `fetching` in their chunks;
-//! others wait for it, or fetch themselves if it failed. Invariants: a fill
+//! and what the blob returns is copied down to it), and making sure two
+//! readers of the same missing page do not both fetch it: a fetch marks its
+//! pages `fetching` in their chunks; others wait for it, or fetch themselves
+//! if it failed. Invariants: a fill
 //! never overwrites a valid page (it is at least as new as the blob); a
 //! [`FetchJob`] that ends without filling (error, cancellation) clears its
 //! marks in `Drop`, so nobody waits forever. A job pins its chunks.
