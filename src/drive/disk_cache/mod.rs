@@ -60,6 +60,8 @@ const LAYOUT: &str = "v1";
 const QUEUE_CHUNKS: usize = 64;
 /// Bytes counted for the lock file, the record and the directories.
 const OVERHEAD_BYTES: u64 = 16 * 1024;
+/// Invalidations remembered at most (then they collapse into a floor).
+const MAX_INVALIDATED: usize = 65_536;
 /// Disk space is counted in blocks of this size.
 const BLOCK_BYTES: u64 = 4096;
 
@@ -127,13 +129,30 @@ struct Index {
     clock: u64,
     /// Bumped by every invalidation; a copy carries the value it saw.
     seq: u64,
-    /// Last invalidation of each chunk.
+    /// Last invalidation of each chunk (since `floor`).
     invalidated: HashMap<u64, u64>,
+    /// Copies with tickets below this are refused: the invalidations before
+    /// it were forgotten to keep `invalidated` small.
+    floor: u64,
     /// Chunks whose file must be deleted by the writer.
     stale: HashSet<u64>,
 }
 
 impl Index {
+    fn note_invalidated(&mut self, idx: u64, seq: u64) {
+        if self.invalidated.len() >= MAX_INVALIDATED {
+            // Forget them all: only copies in flight, taken before now, lose.
+            self.invalidated.clear();
+            self.floor = seq;
+        }
+        self.invalidated.insert(idx, seq);
+    }
+
+    /// May a copy of chunk `idx` taken at `ticket` be installed?
+    fn fresh(&self, idx: u64, ticket: u64) -> bool {
+        ticket >= self.floor && self.invalidated.get(&idx).is_none_or(|&n| n <= ticket)
+    }
+
     fn remove(&mut self, idx: u64) {
         if let Some(e) = self.entries.remove(&idx) {
             self.bytes -= e.bytes;
@@ -441,7 +460,7 @@ impl DiskCache {
         let mut index = self.shared.index();
         index.seq += 1;
         let seq = index.seq;
-        index.invalidated.insert(idx, seq);
+        index.note_invalidated(idx, seq);
         if index.entries.contains_key(&idx) {
             index.remove(idx);
             index.stale.insert(idx);
@@ -464,7 +483,7 @@ impl DiskCache {
                 .collect()
         };
         for idx in hit {
-            index.invalidated.insert(idx, seq);
+            index.note_invalidated(idx, seq);
             index.remove(idx);
             index.stale.insert(idx);
         }
@@ -609,7 +628,7 @@ fn write_chunk(shared: &Shared, idx: u64, ticket: u64, chunk: &CachedChunk, n: u
     }
     let evicted = {
         let mut index = shared.index();
-        let fresh = index.invalidated.get(&idx).is_none_or(|&n| n <= ticket);
+        let fresh = index.fresh(idx, ticket);
         if !fresh || std::fs::rename(&tmp, shared.chunk_path(idx)).is_err() {
             drop(index);
             let _ = std::fs::remove_file(&tmp);

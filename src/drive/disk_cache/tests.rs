@@ -183,3 +183,22 @@ fn rank_counts_pages_below() {
     assert_eq!(b.rank(511), 5);
     assert_eq!(b.count(), 5);
 }
+
+#[test]
+fn many_invalidations_collapse_into_a_floor_that_refuses_older_copies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = DiskCache::open(&opts(tmp.path(), 64 * MB), "b", Some("e"), Access::Writer)
+        .unwrap()
+        .unwrap();
+    let old = c.ticket();
+    for idx in 100..100 + MAX_INVALIDATED as u64 + 10 {
+        c.invalidate(idx);
+    }
+    assert!(c.shared.index().invalidated.len() <= MAX_INVALIDATED);
+    // Chunk 7 was never invalidated, but its copy predates the floor.
+    c.store(7, old, chunk(1, 1));
+    c.store(8, c.ticket(), chunk(2, 1));
+    c.sync();
+    assert_eq!(c.lookup(7), None);
+    assert_eq!(c.lookup(8), Some(chunk(2, 1)));
+}
