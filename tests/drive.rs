@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use blobdrive::blob;
-use blobdrive::drive::{Drive, DriveOptions, Error, MemoryStore, Mode, PageStore};
+use blobdrive::drive::{
+    DiskCacheOptions, Drive, DriveOptions, Error, MemoryStore, Mode, PageStore,
+};
 use blobdrive::units::{ByteRange, PAGE_SIZE, VHD_FOOTER_BYTES};
 use proptest::prelude::*;
 
@@ -89,6 +91,11 @@ enum Op {
     },
     Flush,
     Reopen,
+    /// Close, let another client write 3 pages at `page`, open again.
+    ReopenAfterForeignWrite {
+        page: u64,
+        seed: u8,
+    },
     /// The store fails the next write with a transient error.
     Fault,
 }
@@ -111,6 +118,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (offset, len).prop_map(|(offset, len)| Op::Discard { offset, len: len as u64 }),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
+        1 => (0..MODEL_BYTES / 512 - 3, any::<u8>())
+            .prop_map(|(page, seed)| Op::ReopenAfterForeignWrite { page, seed }),
         1 => Just(Op::Fault),
         3 => (1usize..200_000).prop_map(|len| Op::ReadNext { len }),
     ]
@@ -160,7 +169,19 @@ async fn failed_write(
     }
 }
 
-async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flush_delay_ms: u64) {
+/// `disk_tier`: with a disk cache below the memory cache (kept across reopens).
+async fn run_model(
+    ops: Vec<Op>,
+    preload: Vec<(u64, u8)>,
+    cache_bytes: u64,
+    flush_delay_ms: u64,
+    disk_tier: bool,
+) {
+    let cache_dir = tempfile::tempdir().expect("temp dir");
+    let disk_cache = disk_tier.then(|| DiskCacheOptions {
+        dir: cache_dir.path().to_path_buf(),
+        max_bytes: 2 * MIB,
+    });
     let store = new_store(MODEL_BYTES);
     let mut model = vec![0u8; MODEL_BYTES as usize];
     for (page, seed) in preload {
@@ -177,6 +198,7 @@ async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flus
         flush_delay: Duration::from_millis(flush_delay_ms),
         flush_parallelism: 4,
         read_ahead_bytes: 256 * KIB,
+        disk_cache: disk_cache.clone(),
         ..opts(Mode::ReadWrite)
     };
     let mut drive = open(&store, o.clone()).await;
@@ -242,7 +264,7 @@ async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flus
                     "store differs after flush"
                 );
             }
-            Op::Reopen => {
+            Op::Reopen | Op::ReopenAfterForeignWrite { .. } => {
                 if let Err(e) = drive.close().await {
                     assert!(matches!(e, Error::Backend(_)), "{e:?}");
                     drive.close().await.expect("close after a transient fault");
@@ -251,6 +273,11 @@ async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flus
                     data_area(&store, MODEL_BYTES) == model,
                     "store differs after close"
                 );
+                if let Op::ReopenAfterForeignWrite { page, seed } = op {
+                    let data = pattern(seed, 3 * 512);
+                    store.poke(page * 512, &data);
+                    model_write(&mut model, page * 512, &data);
+                }
                 drive = open(&store, o.clone()).await;
             }
         }
@@ -276,10 +303,18 @@ async fn run_model(ops: Vec<Op>, preload: Vec<(u64, u8)>, cache_bytes: u64, flus
         footer(MODEL_BYTES).to_vec(),
         "footer changed"
     );
-    // Reading everything back through a fresh drive gives the model too.
-    let ro = open(&store, opts(Mode::ReadOnly)).await;
-    let all = ro.read_at(0, MODEL_BYTES as usize + 4096).await.unwrap();
-    assert!(all[..] == model[..], "read-only reopen differs from model");
+    // Reading everything back through a fresh drive gives the model too
+    // (from the disk tier, when there is one), twice.
+    for _ in 0..2 {
+        let o = DriveOptions {
+            disk_cache: disk_cache.clone(),
+            ..opts(Mode::ReadOnly)
+        };
+        let ro = open(&store, o).await;
+        let all = ro.read_at(0, MODEL_BYTES as usize + 4096).await.unwrap();
+        assert!(all[..] == model[..], "read-only reopen differs from model");
+        ro.close().await.unwrap();
+    }
 }
 
 /// Proptest cases: `PROPTEST_CASES` when set (for long soak runs), else `default`.
@@ -314,7 +349,23 @@ proptest! {
         } else {
             runtime()
         };
-        rt.block_on(run_model(ops, preload, cache, flush_delay_ms));
+        rt.block_on(run_model(ops, preload, cache, flush_delay_ms, false));
+    }
+
+    #[test]
+    fn random_ops_with_the_disk_tier_match_a_vec_model(
+        ops in prop::collection::vec(op_strategy(), 1..40),
+        preload in prop::collection::vec((0..MODEL_BYTES / 512, any::<u8>()), 0..20),
+        flush_delay_ms in prop_oneof![Just(0u64), Just(2), Just(10_000)],
+        threads in any::<bool>(),
+    ) {
+        // A 2 MiB memory cache over a 3 MiB drive: reads go to the disk tier.
+        let rt = if threads {
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+        } else {
+            runtime()
+        };
+        rt.block_on(run_model(ops, preload, 2 * MIB, flush_delay_ms, true));
     }
 }
 

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use crate::blob;
 
 pub mod break_lease;
+pub mod cache;
 pub mod create;
 pub mod delete;
 pub mod download;
@@ -105,6 +106,8 @@ pub enum Command {
     Download(download::DownloadArgs),
     /// Live counters of a mount.
     Stats(stats::StatsArgs),
+    /// Manage the local disk cache (`cache clear`).
+    Cache(cache::CacheArgs),
 }
 
 impl Command {
@@ -122,6 +125,7 @@ impl Command {
             Command::Upload(_) => "upload",
             Command::Download(_) => "download",
             Command::Stats(_) => "stats",
+            Command::Cache(_) => "cache",
         }
     }
 }
@@ -218,6 +222,7 @@ where
         Command::Upload(a) => upload::run(&ctx, a),
         Command::Download(a) => download::run(&ctx, a),
         Command::Stats(a) => stats::run(&ctx, a),
+        Command::Cache(a) => cache::run(&ctx, a),
     };
     match result {
         Ok(()) => EXIT_OK,

@@ -100,6 +100,21 @@ impl PageStore for BlobPageStore {
         Ok(self.client.get_properties(&self.path).await?.content_length)
     }
 
+    fn cache_identity(&self) -> Option<String> {
+        let p = &self.path;
+        Some(format!(
+            "{}\n{}\n{}\n{}",
+            self.client.account().endpoint,
+            p.container,
+            p.name,
+            p.snapshot.as_deref().unwrap_or("")
+        ))
+    }
+
+    async fn etag(&self) -> Result<Option<String>> {
+        Ok(self.client.get_properties(&self.path).await?.etag)
+    }
+
     async fn page_ranges(&self, within: ByteRange) -> Result<Vec<ByteRange>> {
         let mut out = Vec::new();
         if within.is_empty() {

@@ -1,7 +1,8 @@
 //! Live counters of one drive: requests by kind, bytes moved, cache hits and
 //! misses (in pages), pages elided (zero pages neither read nor written).
-//! Counters only grow, except the two gauges (`dirty_bytes`, `cache_bytes`)
-//! which are sampled when a snapshot is taken.
+//! misses of the disk tier, bad disk tier chunks. Counters only grow, except
+//! the gauges (`dirty_bytes`, `cache_bytes`, `disk_bytes`) which are sampled
+//! when a snapshot is taken.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -35,6 +36,14 @@ pub struct Counters {
     pub dirty_bytes: u64,
     /// Memory held by the page cache.
     pub cache_bytes: u64,
+    /// Pages filled from the disk tier instead of the blob.
+    pub disk_hits: u64,
+    /// Pages read from the blob while the disk tier was on.
+    pub disk_misses: u64,
+    /// Disk tier files found torn or corrupted (dropped, read again).
+    pub disk_bad_chunks: u64,
+    /// Disk space held by the disk tier (0 when it is off).
+    pub disk_bytes: u64,
 }
 
 /// The atomic counters a drive updates as it works.
@@ -50,6 +59,8 @@ pub(crate) struct Meters {
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
     pub pages_elided: AtomicU64,
+    pub disk_hits: AtomicU64,
+    pub disk_misses: AtomicU64,
 }
 
 /// Add `n` to a counter.
@@ -74,6 +85,10 @@ impl Meters {
             pages_elided: get(&self.pages_elided),
             dirty_bytes,
             cache_bytes,
+            disk_hits: get(&self.disk_hits),
+            disk_misses: get(&self.disk_misses),
+            disk_bad_chunks: 0,
+            disk_bytes: 0,
         }
     }
 }

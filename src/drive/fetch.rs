@@ -2,13 +2,16 @@
 //!
 //! What it owns: turning "these pages must be valid" into few Get Blob
 //! requests (only the parts the sparse map says may hold data, coalesced; the
-//! rest become zeros), and making sure two readers of the same missing page
-//! do not both fetch it: a fetch marks its pages `fetching` in their chunks;
-//! others wait for it, or fetch themselves if it failed. Invariants: a fill
+//! rest become zeros; chunks the disk tier holds are read from it instead,
+//! and what the blob returns is copied down to it), and making sure two
+//! readers of the same missing page do not both fetch it: a fetch marks its
+//! pages `fetching` in their chunks; others wait for it, or fetch themselves
+//! if it failed. Invariants: a fill
 //! never overwrites a valid page (it is at least as new as the blob); a
 //! [`FetchJob`] that ends without filling (error, cancellation) clears its
 //! marks in `Drop`, so nobody waits forever. A job pins its chunks.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,6 +19,7 @@ use tokio::sync::Notify;
 
 use super::cache::ChunkRef;
 use super::counters::add;
+use super::disk_cache::CachedChunk;
 use super::error::Result;
 use super::extents::PageRange;
 use super::io::{chunk_pages, chunks_of, intersect};
@@ -44,6 +48,36 @@ pub(crate) struct FetchJob {
     done: bool,
 }
 
+/// Where a job's pages come from.
+pub(crate) struct Sources {
+    /// The ranges read from the blob (sorted) and their bodies.
+    pub blob: Vec<PageRange>,
+    pub bodies: Vec<Bytes>,
+    /// Chunks found in the disk tier; they give the job's data pages that
+    /// the blob reads do not cover.
+    pub disk: HashMap<u64, CachedChunk>,
+}
+
+impl Sources {
+    /// Content of data page `page` (at `slot` of a chunk whose disk copy is
+    /// `disk`): `None` for zeros.
+    fn data_page<'a>(
+        &'a self,
+        page: u64,
+        disk: Option<&'a CachedChunk>,
+        slot: usize,
+    ) -> Option<&'a [u8]> {
+        let i = self.blob.partition_point(|f| f.end <= page);
+        if let Some(f) = self.blob.get(i).filter(|f| f.start <= page) {
+            let at = ((page - f.start) * PAGE_SIZE) as usize;
+            return Some(&self.bodies[i][at..at + PAGE_SIZE as usize]);
+        }
+        let on_disk = disk.and_then(|c| c.page(slot));
+        debug_assert!(on_disk.is_some(), "page {page} has no source");
+        on_disk.flatten()
+    }
+}
+
 /// Append `page` to sorted page ranges, merging with the last one.
 fn push_page(ranges: &mut Vec<PageRange>, page: u64) {
     match ranges.last_mut() {
@@ -57,24 +91,23 @@ impl FetchJob {
         self.mine.is_empty()
     }
 
-    /// Fill this job's pages from `bodies` (or leave them invalid when
-    /// `None`), clear their marks and wake waiters.
-    fn finish(&mut self, bodies: Option<&[Bytes]>) {
+    /// Fill this job's pages from `src` (or leave them invalid when
+    /// `None`), clear their marks and wake waiters. Pages outside the sparse
+    /// map are zeros; the others come from the blob or the disk tier.
+    fn finish(&mut self, src: Option<&Sources>) {
         self.done = true;
         for r in &self.refs {
             let span = chunk_pages(r.index);
+            let disk = src.and_then(|s| s.disk.get(&r.index));
             let mut c = r.lock();
             for m in &self.mine {
                 let part = intersect(span, *m);
                 for page in part.start..part.end {
                     let slot = (page - span.start) as usize;
-                    if let Some(bodies) = bodies {
+                    if let Some(src) = src {
                         let i = self.fetch.partition_point(|f| f.end <= page);
                         let content = match self.fetch.get(i) {
-                            Some(f) if f.start <= page => {
-                                let at = ((page - f.start) * PAGE_SIZE) as usize;
-                                Some(&bodies[i][at..at + PAGE_SIZE as usize])
-                            }
+                            Some(f) if f.start <= page => src.data_page(page, disk, slot),
                             _ => None,
                         };
                         c.fill(slot, content);
@@ -161,7 +194,13 @@ impl Inner {
             job.done = true;
             return Ok(());
         }
-        let reads = job.fetch.iter().map(|f| {
+        let disk = self.disk_chunks(&job.fetch).await;
+        let blob = if disk.is_empty() {
+            job.fetch.clone()
+        } else {
+            super::tier::not_on_disk(&job.fetch, &disk, MAX_GET_BYTES / PAGE_SIZE)
+        };
+        let reads = blob.iter().map(|f| {
             add(&self.meters.get, 1);
             self.store.read(f.bytes())
         });
@@ -170,7 +209,23 @@ impl Inner {
         for b in &bodies {
             add(&self.meters.bytes_down, b.len() as u64);
         }
-        job.finish(Some(&bodies));
+        let pages = |v: &[PageRange]| v.iter().map(|r| r.len_pages()).sum::<u64>();
+        self.note_disk(pages(&job.fetch), pages(&blob));
+        let src = Sources { blob, bodies, disk };
+        job.finish(Some(&src));
+        if self.disk.is_some() && !src.blob.is_empty() {
+            let touched: Vec<ChunkRef> = job
+                .refs
+                .iter()
+                .filter(|r| {
+                    let span = chunk_pages(r.index);
+                    src.blob.iter().any(|b| !intersect(span, *b).is_empty())
+                })
+                .cloned()
+                .collect();
+            drop(job);
+            self.persist_wait(touched).await;
+        }
         Ok(())
     }
 

@@ -11,7 +11,7 @@
 //! one pass at a time (so a page is never in two uploads at once); a page
 //! written again after it was copied keeps its dirty bit (its generation
 //! moved); the sparse map gains pages before an update is sent and loses them
-//! only after a clear succeeded.
+//! only after a clear succeeded; pages reach the disk tier only once settled.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -315,6 +315,8 @@ impl Inner {
                 self.cache.note(r.index, delta);
             }
         }
+        // Durable now: the chunks' clean pages may go down to the disk tier.
+        self.persist(chunks);
     }
 
     async fn send_run(&self, run: Run) -> Result<()> {

@@ -179,6 +179,7 @@ impl Inner {
                 let mut c = r.lock();
                 let delta = c.write((from - base) as usize, src);
                 self.cache.note(r.index, delta);
+                self.disk_invalidate(r.index);
             }
         }
         self.kick.notify_one();
@@ -258,6 +259,9 @@ impl Inner {
                 self.cache.note(idx, delta);
             }
         }
+        // Disk copies taken before the clear (even of chunks not in memory)
+        // must not be trusted: the chunks' clean pages go down again later.
+        self.disk_invalidate_pages(whole);
         match first_err {
             Some(e) => {
                 self.kick.notify_one();

@@ -43,6 +43,8 @@ struct State {
     fail_reads_with: Option<Error>,
     write_delay: Duration,
     read_delay: Duration,
+    /// Bumped by every change of the contents: the ETag.
+    version: u64,
 }
 
 /// Requests a [`MemoryStore`] has served, by kind.
@@ -81,6 +83,8 @@ pub struct MemoryStore {
     meters: Meters,
     snapshot: bool,
     target: String,
+    /// Random, so no two stores share an identity or an ETag.
+    nonce: String,
 }
 
 impl MemoryStore {
@@ -101,10 +105,12 @@ impl MemoryStore {
                 fail_reads_with: None,
                 write_delay: Duration::ZERO,
                 read_delay: Duration::ZERO,
+                version: 0,
             }),
             meters: Meters::default(),
             snapshot: false,
             target: "memory/blob".into(),
+            nonce: uuid::Uuid::new_v4().to_string(),
         }
     }
 
@@ -126,10 +132,12 @@ impl MemoryStore {
                 fail_reads_with: None,
                 write_delay: Duration::ZERO,
                 read_delay: Duration::ZERO,
+                version: 0,
             }),
             meters: Meters::default(),
             snapshot: true,
             target: format!("{}?snapshot", self.target),
+            nonce: uuid::Uuid::new_v4().to_string(),
         }
     }
 
@@ -148,6 +156,7 @@ impl MemoryStore {
         assert!(offset_bytes % PAGE_SIZE == 0 && data.len() % PAGE == 0);
         let mut st = self.state();
         store_pages(&mut st, offset_bytes, data);
+        st.version += 1;
     }
 
     /// Requests served so far.
@@ -291,6 +300,14 @@ impl PageStore for MemoryStore {
         Ok(self.state().size_bytes)
     }
 
+    fn cache_identity(&self) -> Option<String> {
+        Some(format!("memory:{}", self.nonce))
+    }
+
+    async fn etag(&self) -> Result<Option<String>> {
+        Ok(Some(format!("{}-{}", self.nonce, self.state().version)))
+    }
+
     async fn page_ranges(&self, within: ByteRange) -> Result<Vec<ByteRange>> {
         self.meters.page_ranges.fetch_add(1, Ordering::Relaxed);
         let st = self.state();
@@ -365,6 +382,7 @@ impl PageStore for MemoryStore {
             .bytes_written
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         store_pages(&mut st, offset_bytes, &data);
+        st.version += 1;
         Ok(())
     }
 
@@ -383,6 +401,7 @@ impl PageStore for MemoryStore {
         for p in doomed {
             st.pages.remove(&p);
         }
+        st.version += 1;
         Ok(())
     }
 

@@ -1,7 +1,7 @@
 //! The drive engine: a block device over one page blob, with no FUSE knowledge.
 //!
 //! [`Drive`] owns a page cache (512-byte pages in 256 KiB chunks, LRU-evicted,
-//! bounded), a sparse map of the pages that hold data, the lease that is the
+//! bounded), an optional disk tier below it (`disk_cache`, `tier.rs`), a sparse map of the pages that hold data, the lease that is the
 //! mount lock, and a background flusher. The blob is reached only through the
 //! [`PageStore`] trait. Invariants that matter: only the data area (blob size
 //! minus the VHD footer) is reachable; `flush` returns only once every write
@@ -12,6 +12,7 @@ pub mod blob_store;
 mod cache;
 mod chunk;
 pub mod counters;
+pub mod disk_cache;
 pub mod error;
 pub mod extents;
 mod fetch;
@@ -21,6 +22,7 @@ mod lease;
 pub mod memory;
 mod open;
 pub mod store;
+mod tier;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,6 +34,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 pub use blob_store::BlobPageStore;
 pub use counters::Counters;
+pub use disk_cache::DiskCacheOptions;
 pub use error::{Error, Result};
 pub use extents::PageRange;
 pub use memory::MemoryStore;
@@ -73,6 +76,9 @@ pub struct DriveOptions {
     pub lease_id: Option<String>,
     /// `container/blob`, for messages.
     pub target: String,
+    /// The disk tier below the memory cache (`--cache-dir`,
+    /// `--disk-cache-size`); `None`: memory only.
+    pub disk_cache: Option<DiskCacheOptions>,
 }
 
 impl Default for DriveOptions {
@@ -86,6 +92,7 @@ impl Default for DriveOptions {
             read_ahead_bytes: 4 * 1024 * 1024,
             lease_id: None,
             target: String::from("drive"),
+            disk_cache: None,
         }
     }
 }
@@ -108,6 +115,8 @@ pub(crate) struct Inner {
     size_bytes: u64,
     lease: Lease,
     cache: Cache,
+    /// The disk tier, when on.
+    disk: Option<Arc<disk_cache::DiskCache>>,
     extents: Mutex<Extents>,
     meters: Meters,
     /// One flush pass at a time, so a page is never in two uploads at once.
@@ -279,6 +288,9 @@ impl Drive {
             self.inner.flush_pass().await?;
         }
         self.inner.closed.store(true, Ordering::Release);
+        // After the last flush, before the lease goes: the ETag recorded is
+        // the one our writes left.
+        self.inner.close_disk().await;
         self.inner
             .lease
             .release(self.inner.store.as_ref(), &self.inner.meters)
@@ -288,7 +300,9 @@ impl Drive {
     /// A snapshot of the counters.
     pub fn counters(&self) -> Counters {
         let c = &self.inner.cache;
-        self.inner.meters.snapshot(c.dirty_bytes(), c.cache_bytes())
+        let mut out = self.inner.meters.snapshot(c.dirty_bytes(), c.cache_bytes());
+        (out.disk_bytes, out.disk_bad_chunks) = self.inner.disk_gauges();
+        out
     }
 
     /// Bytes written but not yet durable in the blob. After a lost lease this

@@ -1,7 +1,8 @@
 //! Opening a drive: size and footer checks, the lease for read-write, and the
 //! sparse map loaded with Get Page Ranges in adaptive segments (small at
 //! first so a fragmented blob never times out, growing while answers stay
-//! short, so an empty 8 TiB drive opens in a few requests).
+//! short, so an empty 8 TiB drive opens in a few requests), and the disk tier
+//! (opened after the lease, so its ETag check sees no one else's writes).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -70,8 +71,13 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
             return Err(e);
         }
     };
+    let disk = match &opts.disk_cache {
+        Some(o) => super::tier::open(store.as_ref(), o, opts.mode, &target).await,
+        None => None,
+    };
     tracing::info!(
         target = %target,
+        disk_cache = disk.is_some(),
         size_bytes,
         stored_bytes = extents.len_pages() * PAGE_SIZE,
         mode = ?opts.mode,
@@ -88,6 +94,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         size_bytes,
         lease,
         cache: Cache::new(max_chunks as usize),
+        disk,
         extents: Mutex::new(extents),
         meters,
         flush_lock: tokio::sync::Mutex::new(()),

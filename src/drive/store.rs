@@ -18,6 +18,19 @@ pub trait PageStore: Send + Sync + 'static {
     /// Size of the whole blob in bytes, footer included.
     async fn size_bytes(&self) -> Result<u64>;
 
+    /// A name of this blob (or snapshot) that every process on the host
+    /// derives alike and no other blob shares: the key of its disk cache.
+    /// `None`: the blob cannot have a disk cache.
+    fn cache_identity(&self) -> Option<String> {
+        None
+    }
+
+    /// The blob's ETag now (every write changes it). `None` when unknown,
+    /// which keeps the disk cache off.
+    async fn etag(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
+
     /// The ranges within `within` that hold data (page ranges), sorted,
     /// non-overlapping, clipped to `within`. Implementations may query the
     /// service in several segments.

@@ -1,0 +1,708 @@
+//! The disk tier: clean pages of one drive kept on local disk, below the
+//! memory cache, so a drive is warm again after a remount or a reboot.
+//!
+//! What it owns: one directory per blob (or snapshot) under the cache dir,
+//! named by a hash of the blob's identity (endpoint, container, name,
+//! snapshot time); in it one file per 256 KiB chunk holding only the chunk's
+//! known pages (zero pages take no bytes, see `format.rs`), a lock file and a
+//! record of the blob's ETag the files belong to (`record.rs`). It knows
+//! nothing of FUSE or of the drive's memory cache: the drive asks it for
+//! chunks, hands it chunks to keep, and tells it which chunks changed.
+//!
+//! Invariants:
+//! - Nothing stale is served: a chunk is trusted only when the record says
+//!   `clean` for the blob's current ETag (checked at open, under the lock);
+//!   a chunk changed by a write is dropped from the index at once
+//!   ([`DiskCache::invalidate`]) and a copy taken before that change is
+//!   never installed (tickets, see [`DiskCache::store`]).
+//! - Nothing torn is served: every file carries a CRC-32C checked on each
+//!   read; a bad file counts in `bad_chunks`, is deleted, and reads as a miss.
+//! - Files appear only by rename of a fully written temporary file, so
+//!   several processes sharing a snapshot's directory never see half a file.
+//! - The bytes held stay under `max_bytes` (file sizes rounded up to 4 KiB,
+//!   least recently used chunks evicted first). Processes sharing one
+//!   snapshot's directory each keep their own account, so the bound there
+//!   holds per process.
+//! - Every method here blocks on file I/O except [`DiskCache::store`],
+//!   [`DiskCache::store_wait`], [`DiskCache::invalidate`] and the counters:
+//!   the drive calls the others through `spawn_blocking`. Writes go to one
+//!   writer thread through a bounded queue: a fill from the blob waits for
+//!   room (so reads slow to the disk's pace rather than leave holes); a copy
+//!   after a flush is dropped when the queue is full, never waited for.
+
+mod format;
+mod record;
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc::{Receiver, Sender};
+
+pub use format::CachedChunk;
+use record::{DirLock, LockMode, Record};
+
+/// Pages per cached chunk (the drive's chunk size).
+pub const PAGES: usize = 512;
+/// Bytes per page.
+pub const PAGE_BYTES: usize = crate::units::PAGE_SIZE as usize;
+/// Default cache directory (`--cache-dir`).
+pub const DEFAULT_CACHE_DIR: &str = "/var/cache/blobdrive";
+/// Sub-directory holding the drives' directories, named for the layout version.
+const LAYOUT: &str = "v1";
+/// Chunk copies waiting for the writer at most (64 x 256 KiB).
+const QUEUE_CHUNKS: usize = 64;
+/// Bytes counted for the lock file, the record and the directories.
+const OVERHEAD_BYTES: u64 = 16 * 1024;
+/// Invalidations remembered at most (then they collapse into a floor).
+const MAX_INVALIDATED: usize = 65_536;
+/// Disk space is counted in blocks of this size.
+const BLOCK_BYTES: u64 = 4096;
+
+/// Where the disk tier lives and how large it may grow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskCacheOptions {
+    /// The cache directory (`--cache-dir`, default [`DEFAULT_CACHE_DIR`]).
+    pub dir: PathBuf,
+    /// Disk space one drive's cache may use (`--disk-cache-size`).
+    pub max_bytes: u64,
+}
+
+/// One bit per page of a chunk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChunkBits([u64; PAGES / 64]);
+
+impl ChunkBits {
+    /// Is page `slot` set?
+    pub fn get(&self, slot: usize) -> bool {
+        self.0[slot / 64] & (1 << (slot % 64)) != 0
+    }
+    /// Set page `slot`.
+    pub fn set(&mut self, slot: usize) {
+        self.0[slot / 64] |= 1 << (slot % 64);
+    }
+    /// How many pages below `slot` are set.
+    pub fn rank(&self, slot: usize) -> usize {
+        let full: u32 = self.0[..slot / 64].iter().map(|w| w.count_ones()).sum();
+        let part = self.0[slot / 64] & ((1u64 << (slot % 64)) - 1);
+        (full + part.count_ones()) as usize
+    }
+    /// Pages set.
+    pub fn count(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
+    pub(crate) fn words(&self) -> [u64; PAGES / 64] {
+        self.0
+    }
+    pub(crate) fn set_word(&mut self, i: usize, w: u64) {
+        self.0[i] = w;
+    }
+}
+
+/// How a drive uses its cache directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// A read-write mount: alone in the directory; trusted again after a
+    /// clean close only.
+    Writer,
+    /// A read-only or snapshot mount: shares the directory with other readers.
+    Reader,
+}
+
+/// One chunk file known to the index.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    bytes: u64,
+    last_use: u64,
+}
+
+#[derive(Default)]
+struct Index {
+    entries: HashMap<u64, Entry>,
+    bytes: u64,
+    clock: u64,
+    /// Bumped by every invalidation; a copy carries the value it saw.
+    seq: u64,
+    /// Last invalidation of each chunk (since `floor`).
+    invalidated: HashMap<u64, u64>,
+    /// Copies with tickets below this are refused: the invalidations before
+    /// it were forgotten to keep `invalidated` small.
+    floor: u64,
+    /// Chunks whose file must be deleted by the writer.
+    stale: HashSet<u64>,
+}
+
+impl Index {
+    fn note_invalidated(&mut self, idx: u64, seq: u64) {
+        if self.invalidated.len() >= MAX_INVALIDATED {
+            // Forget them all: only copies in flight, taken before now, lose.
+            self.invalidated.clear();
+            self.floor = seq;
+        }
+        self.invalidated.insert(idx, seq);
+    }
+
+    /// May a copy of chunk `idx` taken at `ticket` be installed?
+    fn fresh(&self, idx: u64, ticket: u64) -> bool {
+        ticket >= self.floor && self.invalidated.get(&idx).is_none_or(|&n| n <= ticket)
+    }
+
+    fn remove(&mut self, idx: u64) {
+        if let Some(e) = self.entries.remove(&idx) {
+            self.bytes -= e.bytes;
+        }
+    }
+
+    /// Drop least recently used entries until the total is at most `target`;
+    /// returns the chunks whose files must go.
+    fn shrink_to(&mut self, target: u64) -> Vec<u64> {
+        if self.bytes <= target {
+            return Vec::new();
+        }
+        let mut by_age: Vec<(u64, u64)> =
+            self.entries.iter().map(|(i, e)| (e.last_use, *i)).collect();
+        by_age.sort_unstable();
+        let mut out = Vec::new();
+        for (_, idx) in by_age {
+            if self.bytes <= target {
+                break;
+            }
+            self.remove(idx);
+            out.push(idx);
+        }
+        out
+    }
+}
+
+/// Counters of the disk tier.
+#[derive(Debug, Default)]
+struct Meters {
+    bad_chunks: AtomicU64,
+    dropped: AtomicU64,
+}
+
+struct Shared {
+    chunks_dir: PathBuf,
+    max_bytes: u64,
+    index: Mutex<Index>,
+    meters: Meters,
+    /// The directory's lock: held until `finish`, or until both the cache
+    /// and its writer thread are gone (a dropped cache's last writes still
+    /// happen under it).
+    lock: Mutex<Option<DirLock>>,
+}
+
+impl Shared {
+    fn index(&self) -> MutexGuard<'_, Index> {
+        self.index.lock().expect("disk cache index mutex poisoned")
+    }
+
+    fn chunk_path(&self, idx: u64) -> PathBuf {
+        self.chunks_dir.join(format!("{idx:016x}"))
+    }
+
+    fn budget(&self) -> u64 {
+        self.max_bytes.saturating_sub(OVERHEAD_BYTES)
+    }
+}
+
+enum Job {
+    Store {
+        idx: u64,
+        ticket: u64,
+        chunk: Box<CachedChunk>,
+    },
+    Sync(mpsc::Sender<()>),
+}
+
+/// One drive's disk tier (see the module doc).
+pub struct DiskCache {
+    shared: Arc<Shared>,
+    dir: PathBuf,
+    identity: String,
+    access: Access,
+    tx: Mutex<Option<Sender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The directory of the blob named `identity` under the cache dir.
+pub fn drive_dir(cache_dir: &Path, identity: &str) -> PathBuf {
+    let hash = Sha256::digest(identity.as_bytes());
+    let name: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
+    cache_dir.join(LAYOUT).join(name)
+}
+
+fn round_up(bytes: u64) -> u64 {
+    bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES
+}
+
+fn is_temp(name: &str) -> bool {
+    name.contains(".tmp.")
+}
+
+/// Remove every chunk file (and leftover temporary file) of a directory.
+fn wipe(chunks_dir: &Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(chunks_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::create_dir_all(chunks_dir)
+}
+
+/// The chunk files present, oldest first by modification time.
+fn scan(chunks_dir: &Path, remove_temps: bool) -> io::Result<Index> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(chunks_dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if is_temp(name) {
+            if remove_temps {
+                let _ = std::fs::remove_file(entry.path());
+            }
+            continue;
+        }
+        let Ok(idx) = u64::from_str_radix(name, 16) else {
+            continue;
+        };
+        let meta = entry.metadata()?;
+        found.push((meta.modified().ok(), idx, round_up(meta.len())));
+    }
+    found.sort_unstable();
+    let mut index = Index::default();
+    for (n, (_, idx, bytes)) in found.into_iter().enumerate() {
+        index.entries.insert(
+            idx,
+            Entry {
+                bytes,
+                last_use: n as u64,
+            },
+        );
+        index.bytes += bytes;
+    }
+    index.clock = index.entries.len() as u64;
+    Ok(index)
+}
+
+impl DiskCache {
+    /// Open the tier of the blob `identity`, whose ETag now is `etag`.
+    /// Chunks kept earlier are used only if the record vouches for that ETag;
+    /// otherwise the directory is emptied. `None` when the directory is in use
+    /// by a mount that conflicts (a writer, or readers of another ETag): the
+    /// drive then runs without a disk tier. Blocks on file I/O.
+    pub fn open(
+        opts: &DiskCacheOptions,
+        identity: &str,
+        etag: Option<&str>,
+        access: Access,
+    ) -> io::Result<Option<DiskCache>> {
+        let dir = drive_dir(&opts.dir, identity);
+        let chunks_dir = dir.join("chunks");
+        let mode = match access {
+            Access::Writer => LockMode::Exclusive,
+            Access::Reader => LockMode::Shared,
+        };
+        let Some(lock) = DirLock::try_take(&dir, mode)? else {
+            return Ok(None);
+        };
+        let trusted = record::read(&dir).is_some_and(|r| r.trusts(identity, etag));
+        let mut exclusive = access == Access::Writer;
+        if !trusted {
+            if etag.is_none() {
+                // Without an ETag nothing could ever be trusted again.
+                return Ok(None);
+            }
+            if !exclusive {
+                if !lock.try_convert(LockMode::Exclusive)? {
+                    return Ok(None);
+                }
+                exclusive = true;
+            }
+            wipe(&chunks_dir)?;
+        } else {
+            std::fs::create_dir_all(&chunks_dir)?;
+        }
+        let state = match access {
+            Access::Writer => record::IN_USE,
+            Access::Reader => record::CLEAN,
+        };
+        if access == Access::Writer || !trusted {
+            record::write(
+                &dir,
+                &Record {
+                    identity: identity.to_string(),
+                    state: state.to_string(),
+                    etag: etag.map(str::to_string),
+                },
+            )?;
+        }
+        let index = scan(&chunks_dir, exclusive)?;
+        if access == Access::Reader && exclusive && !lock.try_convert(LockMode::Shared)? {
+            return Ok(None);
+        }
+        let shared = Arc::new(Shared {
+            chunks_dir,
+            max_bytes: opts.max_bytes,
+            index: Mutex::new(index),
+            meters: Meters::default(),
+            lock: Mutex::new(Some(lock)),
+        });
+        let (tx, rx) = tokio::sync::mpsc::channel(QUEUE_CHUNKS);
+        let worker = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("blobdrive-diskcache".into())
+            .spawn(move || writer_loop(&worker, rx))?;
+        let cache = DiskCache {
+            shared,
+            dir,
+            identity: identity.to_string(),
+            access,
+            tx: Mutex::new(Some(tx)),
+            writer: Mutex::new(Some(writer)),
+        };
+        let over = cache.shared.index().shrink_to(cache.shared.budget());
+        remove_files(&cache.shared, &over);
+        tracing::info!(
+            dir = %cache.dir.display(),
+            trusted,
+            chunks = cache.shared.index().entries.len(),
+            bytes = cache.bytes_held(),
+            "disk cache open"
+        );
+        Ok(Some(cache))
+    }
+
+    /// The directory of this drive's cache.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Is a file for chunk `idx` known (it may still turn out bad)?
+    pub fn contains(&self, idx: u64) -> bool {
+        self.shared.index().entries.contains_key(&idx)
+    }
+
+    /// May chunk `idx` be on disk? A reader's directory is shared, so other
+    /// processes may have added files this index has not seen.
+    pub fn may_hold(&self, idx: u64) -> bool {
+        self.access == Access::Reader || self.contains(idx)
+    }
+
+    /// Read and verify chunk `idx`; `None` when absent or bad. Blocks.
+    pub fn lookup(&self, idx: u64) -> Option<CachedChunk> {
+        let known = {
+            let mut index = self.shared.index();
+            index.clock += 1;
+            let now = index.clock;
+            match index.entries.get_mut(&idx) {
+                Some(e) => {
+                    e.last_use = now;
+                    true
+                }
+                None if self.access == Access::Reader => false,
+                None => return None,
+            }
+        };
+        let raw = match std::fs::read(self.shared.chunk_path(idx)) {
+            Ok(raw) => raw,
+            Err(e) => {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(chunk = idx, error = %e, "disk cache read failed");
+                }
+                self.shared.index().remove(idx);
+                return None;
+            }
+        };
+        match format::decode(idx, &raw) {
+            Ok(chunk) => {
+                if !known {
+                    // Written by another reader of this directory: count it.
+                    let mut index = self.shared.index();
+                    if !index.entries.contains_key(&idx) {
+                        let bytes = round_up(raw.len() as u64);
+                        let last_use = index.clock;
+                        index.entries.insert(idx, Entry { bytes, last_use });
+                        index.bytes += bytes;
+                    }
+                }
+                Some(chunk)
+            }
+            Err(bad) => {
+                self.shared
+                    .meters
+                    .bad_chunks
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(chunk = idx, ?bad, dir = %self.dir.display(), "bad disk cache chunk dropped");
+                let mut index = self.shared.index();
+                index.remove(idx);
+                index.stale.insert(idx);
+                None
+            }
+        }
+    }
+
+    /// The current ticket: take it while the chunk's content cannot change
+    /// (under the chunk's lock) and hand it to [`DiskCache::store`].
+    pub fn ticket(&self) -> u64 {
+        self.shared.index().seq
+    }
+
+    /// Chunk `idx` changed (written or discarded): forget its file now, and
+    /// refuse every copy of it taken before this call.
+    pub fn invalidate(&self, idx: u64) {
+        let mut index = self.shared.index();
+        index.seq += 1;
+        let seq = index.seq;
+        index.note_invalidated(idx, seq);
+        if index.entries.contains_key(&idx) {
+            index.remove(idx);
+            index.stale.insert(idx);
+        }
+    }
+
+    /// [`DiskCache::invalidate`] every chunk of `range` that has a file.
+    pub fn invalidate_range(&self, range: std::ops::Range<u64>) {
+        let mut index = self.shared.index();
+        index.seq += 1;
+        let seq = index.seq;
+        let hit: Vec<u64> = if (range.end - range.start) as usize <= index.entries.len() {
+            range.filter(|i| index.entries.contains_key(i)).collect()
+        } else {
+            index
+                .entries
+                .keys()
+                .copied()
+                .filter(|i| range.contains(i))
+                .collect()
+        };
+        for idx in hit {
+            index.note_invalidated(idx, seq);
+            index.remove(idx);
+            index.stale.insert(idx);
+        }
+    }
+
+    /// Keep `chunk` as the file of chunk `idx`, unless the chunk was
+    /// invalidated after `ticket` was taken. Never waits: when the writer is
+    /// behind, the copy is dropped (and counted).
+    pub fn store(&self, idx: u64, ticket: u64, chunk: CachedChunk) {
+        let Some(tx) = self.sender() else { return };
+        if tx
+            .try_send(Job::Store {
+                idx,
+                ticket,
+                chunk: Box::new(chunk),
+            })
+            .is_err()
+        {
+            self.shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// [`DiskCache::store`], waiting for room in the writer's queue.
+    pub async fn store_wait(&self, idx: u64, ticket: u64, chunk: CachedChunk) {
+        let Some(tx) = self.sender() else { return };
+        if tx
+            .send(Job::Store {
+                idx,
+                ticket,
+                chunk: Box::new(chunk),
+            })
+            .await
+            .is_err()
+        {
+            self.shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn sender(&self) -> Option<Sender<Job>> {
+        self.tx
+            .lock()
+            .expect("disk cache queue mutex poisoned")
+            .clone()
+    }
+
+    /// Wait until every copy handed to `store` so far is on disk (or
+    /// refused) and stale files are deleted. Blocks.
+    pub fn sync(&self) {
+        let (done_tx, done_rx) = mpsc::channel();
+        if let Some(tx) = self.sender() {
+            if tx.blocking_send(Job::Sync(done_tx)).is_ok() {
+                let _ = done_rx.recv();
+            }
+        }
+    }
+
+    /// End of a mount: write what is queued, stop the writer, for a writer
+    /// record the blob's ETag after its last flush (`Some`: the contents are
+    /// trusted at the next open; `None`: they stay untrusted), and release
+    /// the directory's lock. Blocks.
+    pub fn finish(&self, final_etag: Option<&str>) -> io::Result<()> {
+        self.sync();
+        drop(
+            self.tx
+                .lock()
+                .expect("disk cache queue mutex poisoned")
+                .take(),
+        );
+        if let Some(h) = self.writer.lock().expect("writer mutex poisoned").take() {
+            let _ = h.join();
+        }
+        if self.access == Access::Writer {
+            if let Some(etag) = final_etag {
+                File::open(&self.shared.chunks_dir)?.sync_all()?;
+                record::write(
+                    &self.dir,
+                    &Record {
+                        identity: self.identity.clone(),
+                        state: record::CLEAN.to_string(),
+                        etag: Some(etag.to_string()),
+                    },
+                )?;
+            }
+        }
+        // The mount is over: others may use the directory now.
+        drop(self.shared.lock.lock().expect("lock mutex poisoned").take());
+        Ok(())
+    }
+
+    /// Disk space held by chunk files (4 KiB blocks).
+    pub fn bytes_held(&self) -> u64 {
+        self.shared.index().bytes
+    }
+
+    /// Chunk files found torn or corrupted since open.
+    pub fn bad_chunks(&self) -> u64 {
+        self.shared.meters.bad_chunks.load(Ordering::Relaxed)
+    }
+
+    /// Copies dropped because the writer was behind.
+    pub fn dropped_copies(&self) -> u64 {
+        self.shared.meters.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for DiskCache {
+    /// Without `finish`: stop the writer without waiting for it (it may be
+    /// dropped on an async thread); the lock goes when the writer ends.
+    fn drop(&mut self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            drop(tx.take());
+        }
+    }
+}
+
+fn remove_files(shared: &Shared, chunks: &[u64]) {
+    for &idx in chunks {
+        match std::fs::remove_file(shared.chunk_path(idx)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(chunk = idx, error = %e, "disk cache: could not delete"),
+        }
+    }
+}
+
+/// Delete the files of invalidated chunks (only this thread renames files,
+/// so none of them can be re-created meanwhile).
+fn delete_stale(shared: &Shared) {
+    let stale: Vec<u64> = shared.index().stale.drain().collect();
+    remove_files(shared, &stale);
+}
+
+fn write_chunk(shared: &Shared, idx: u64, ticket: u64, chunk: &CachedChunk, n: u64) {
+    let tmp = shared
+        .chunks_dir
+        .join(format!("{idx:016x}.tmp.{}.{n}", std::process::id()));
+    let written = File::create(&tmp).and_then(|mut f| f.write_all(&format::encode(idx, chunk)));
+    if let Err(e) = written {
+        tracing::warn!(chunk = idx, error = %e, "disk cache write failed");
+        let _ = std::fs::remove_file(&tmp);
+        return;
+    }
+    let evicted = {
+        let mut index = shared.index();
+        let fresh = index.fresh(idx, ticket);
+        if !fresh || std::fs::rename(&tmp, shared.chunk_path(idx)).is_err() {
+            drop(index);
+            let _ = std::fs::remove_file(&tmp);
+            return;
+        }
+        index.remove(idx);
+        index.stale.remove(&idx);
+        index.clock += 1;
+        let bytes = round_up(chunk.encoded_len() as u64);
+        let last_use = index.clock;
+        index.entries.insert(idx, Entry { bytes, last_use });
+        index.bytes += bytes;
+        let budget = shared.budget();
+        if index.bytes > budget {
+            // Evict to 90% so eviction runs once per many writes.
+            index.shrink_to(budget / 10 * 9)
+        } else {
+            Vec::new()
+        }
+    };
+    remove_files(shared, &evicted);
+}
+
+fn writer_loop(shared: &Shared, mut rx: Receiver<Job>) {
+    let mut n = 0u64;
+    while let Some(job) = rx.blocking_recv() {
+        delete_stale(shared);
+        match job {
+            Job::Store { idx, ticket, chunk } => {
+                n += 1;
+                write_chunk(shared, idx, ticket, &chunk, n);
+            }
+            Job::Sync(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+    delete_stale(shared);
+}
+
+/// What `clear` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cleared {
+    /// Drive caches removed.
+    pub removed: usize,
+    /// Drive caches left because a mount is using them.
+    pub in_use: usize,
+}
+
+/// Empty the cache dir: remove every drive's cache not in use by a mount.
+/// A missing directory is already empty. Blocks.
+pub fn clear(cache_dir: &Path) -> io::Result<Cleared> {
+    let mut out = Cleared::default();
+    let root = cache_dir.join(LAYOUT);
+    let entries = match std::fs::read_dir(&root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        if !path.is_dir() {
+            continue;
+        }
+        match DirLock::try_take(&path, LockMode::Exclusive)? {
+            Some(_lock) => {
+                std::fs::remove_dir_all(&path)?;
+                out.removed += 1;
+            }
+            None => out.in_use += 1,
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,234 @@
+//! The drive's use of its disk tier (`disk_cache`): opening it for the blob,
+//! looking chunks up before the blob is asked, keeping clean chunks after a
+//! fill from the blob or a flush, dropping chunks that are written, and the
+//! closing record.
+//!
+//! Policy: written pages are *invalidated* on write (the chunk's file is
+//! forgotten at once) and reach the disk tier again only once they are
+//! durable: after the flush that settles them, the chunk's clean pages are
+//! copied down. A copy holds only pages that are valid, clean and not being
+//! fetched, taken under the chunk's lock with a ticket, so a copy older than
+//! the chunk's last write is never installed. Only pages the sparse map says
+//! hold data are ever filled from disk. Cache trouble never fails the drive:
+//! it is logged and the tier is off (or the chunk a miss).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::cache::ChunkRef;
+use super::chunk::{Chunk, CHUNK_PAGES};
+use super::counters::add;
+use super::disk_cache::{Access, CachedChunk, ChunkBits, DiskCache, DiskCacheOptions};
+use super::extents::PageRange;
+use super::store::PageStore;
+use super::{Inner, Mode};
+
+const _: () = assert!(CHUNK_PAGES == super::disk_cache::PAGES);
+
+/// Open the disk tier of the blob in `store` (after the lease, for a
+/// writer, so the ETag seen is the one our writes start from).
+pub(super) async fn open(
+    store: &dyn PageStore,
+    opts: &DiskCacheOptions,
+    mode: Mode,
+    target: &str,
+) -> Option<Arc<DiskCache>> {
+    let identity = store.cache_identity()?;
+    let etag = match store.etag().await {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(target = %target, error = %e, "disk cache off: no ETag");
+            return None;
+        }
+    };
+    let access = match mode {
+        Mode::ReadWrite => Access::Writer,
+        Mode::ReadOnly | Mode::Snapshot => Access::Reader,
+    };
+    let opts = opts.clone();
+    let opened = tokio::task::spawn_blocking(move || {
+        DiskCache::open(&opts, &identity, etag.as_deref(), access)
+    })
+    .await;
+    match opened {
+        Ok(Ok(Some(c))) => Some(Arc::new(c)),
+        Ok(Ok(None)) => {
+            tracing::info!(target = %target, "disk cache off: its directory is in use by another mount");
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(target = %target, error = %e, "disk cache off: cannot open it");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(target = %target, error = %e, "disk cache off: open task failed");
+            None
+        }
+    }
+}
+
+/// A copy of the clean, valid pages of a chunk.
+fn copy_clean(c: &Chunk) -> CachedChunk {
+    let mut held = ChunkBits::default();
+    let mut zero = ChunkBits::default();
+    let mut data = Vec::new();
+    for slot in 0..CHUNK_PAGES {
+        if !c.is_valid(slot) || c.is_dirty(slot) || c.is_fetching(slot) {
+            continue;
+        }
+        held.set(slot);
+        let page = c.page(slot);
+        if page.iter().all(|&b| b == 0) {
+            zero.set(slot);
+        } else {
+            data.extend_from_slice(page);
+        }
+    }
+    CachedChunk::new(held, zero, data)
+}
+
+/// Pages of `fetch` the disk chunks do not hold: what the blob must give,
+/// cut into requests of at most `max_pages`.
+pub(crate) fn not_on_disk(
+    fetch: &[PageRange],
+    disk: &HashMap<u64, CachedChunk>,
+    max_pages: u64,
+) -> Vec<PageRange> {
+    let mut out: Vec<PageRange> = Vec::new();
+    for f in fetch {
+        for page in f.start..f.end {
+            let idx = page / CHUNK_PAGES as u64;
+            let slot = (page % CHUNK_PAGES as u64) as usize;
+            if disk.get(&idx).is_some_and(|c| c.held.get(slot)) {
+                continue;
+            }
+            match out.last_mut() {
+                Some(r) if r.end == page && r.len_pages() < max_pages => r.end += 1,
+                _ => out.push(PageRange::new(page, page + 1)),
+            }
+        }
+    }
+    out
+}
+
+impl Inner {
+    /// The disk tier's chunks for the pages of `fetch` (empty when the tier
+    /// is off or holds none of them).
+    pub(crate) async fn disk_chunks(&self, fetch: &[PageRange]) -> HashMap<u64, CachedChunk> {
+        let Some(disk) = &self.disk else {
+            return HashMap::new();
+        };
+        let mut wanted: Vec<u64> = Vec::new();
+        for f in fetch {
+            let first = f.start / CHUNK_PAGES as u64;
+            let last = (f.end - 1) / CHUNK_PAGES as u64;
+            for idx in first..=last {
+                if wanted.last() != Some(&idx) && disk.may_hold(idx) {
+                    wanted.push(idx);
+                }
+            }
+        }
+        if wanted.is_empty() {
+            return HashMap::new();
+        }
+        let disk = disk.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            wanted
+                .into_iter()
+                .filter_map(|idx| disk.lookup(idx).map(|c| (idx, c)))
+                .collect::<HashMap<_, _>>()
+        })
+        .await;
+        found.unwrap_or_default()
+    }
+
+    /// Count a fill: `total` pages wanted from the blob's data, `from_blob`
+    /// of them actually read from it.
+    pub(crate) fn note_disk(&self, total: u64, from_blob: u64) {
+        if self.disk.is_some() {
+            add(&self.meters.disk_hits, total - from_blob);
+            add(&self.meters.disk_misses, from_blob);
+        }
+    }
+
+    /// Copies of the clean pages of `refs`, each with its ticket.
+    fn copies(disk: &DiskCache, refs: &[ChunkRef]) -> Vec<(u64, u64, CachedChunk)> {
+        refs.iter()
+            .filter_map(|r| {
+                let c = r.lock();
+                let copy = copy_clean(&c);
+                (copy.held.count() > 0).then(|| (r.index, disk.ticket(), copy))
+            })
+            .collect()
+    }
+
+    /// Copy the clean pages of `refs` down to the disk tier (never waits:
+    /// a copy finding the queue full is dropped).
+    pub(crate) fn persist(&self, refs: &[ChunkRef]) {
+        let Some(disk) = &self.disk else { return };
+        for (idx, ticket, copy) in Self::copies(disk, refs) {
+            disk.store(idx, ticket, copy);
+        }
+    }
+
+    /// Copy the clean pages of `refs` down to the disk tier, waiting for room.
+    pub(crate) async fn persist_wait(&self, refs: Vec<ChunkRef>) {
+        let Some(disk) = &self.disk else { return };
+        let copies = Self::copies(disk, &refs);
+        drop(refs);
+        for (idx, ticket, copy) in copies {
+            disk.store_wait(idx, ticket, copy).await;
+        }
+    }
+
+    /// Chunk `index` is being changed: call while holding its lock.
+    pub(crate) fn disk_invalidate(&self, index: u64) {
+        if let Some(disk) = &self.disk {
+            disk.invalidate(index);
+        }
+    }
+
+    /// Pages `pages` changed in the blob (cleared).
+    pub(crate) fn disk_invalidate_pages(&self, pages: PageRange) {
+        if let Some(disk) = &self.disk {
+            let first = pages.start / CHUNK_PAGES as u64;
+            let end = pages.end.div_ceil(CHUNK_PAGES as u64);
+            disk.invalidate_range(first..end);
+        }
+    }
+
+    /// End of the mount for the disk tier: write what is queued and, for a
+    /// writer whose lease held to the end, record the blob's ETag after the
+    /// last flush so the next open trusts the files. Call after the last
+    /// flush and before the lease is released.
+    pub(crate) async fn close_disk(&self) {
+        let Some(disk) = self.disk.clone() else {
+            return;
+        };
+        let etag = if self.mode == Mode::ReadWrite && self.lease.check().is_ok() {
+            match self.store.etag().await {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(target = %self.target, error = %e, "disk cache not kept: no ETag at close");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let target = self.target.clone();
+        let done = tokio::task::spawn_blocking(move || disk.finish(etag.as_deref())).await;
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(target = %target, error = %e, "disk cache not kept"),
+            Err(e) => tracing::warn!(target = %target, error = %e, "disk cache close task failed"),
+        }
+    }
+
+    /// Disk space held by the tier and its bad chunks, for the counters.
+    pub(crate) fn disk_gauges(&self) -> (u64, u64) {
+        self.disk
+            .as_ref()
+            .map_or((0, 0), |d| (d.bytes_held(), d.bad_chunks()))
+    }
+}
