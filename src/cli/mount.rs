@@ -12,7 +12,11 @@ use clap::Args;
 use super::{values, CmdResult, CodedError, Context};
 use crate::blob::{self, BlobClient, BlobPath, BlobType, LeaseState};
 use crate::daemon::{run_mount, AttachOptions, MountOptions};
-use crate::drive::DriveOptions;
+use crate::drive::disk_cache::DEFAULT_CACHE_DIR;
+use crate::drive::{DiskCacheOptions, DriveOptions};
+
+/// Disk tier size when only --cache-dir is given.
+const DEFAULT_DISK_CACHE_BYTES: u64 = 10 << 30;
 use crate::fs::azure::AzureCatalog;
 use crate::fs::one_drive::OneDriveCatalog;
 use crate::fs::{Catalog, EntryPath};
@@ -34,6 +38,14 @@ pub struct MountArgs {
     /// Memory for the page cache.
     #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = values::size)]
     pub cache_size: u64,
+    /// Keep clean pages on local disk in DIR too, so the drive is warm after a
+    /// remount (turns the disk tier on).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Disk space for one drive's disk tier (turns it on, under
+    /// /var/cache/blobdrive unless --cache-dir is given; default 10G).
+    #[arg(long, value_name = "SIZE", value_parser = values::size)]
+    pub disk_cache_size: Option<u64>,
     /// Stay in the foreground instead of detaching.
     #[arg(long, short = 'f')]
     pub foreground: bool,
@@ -53,6 +65,22 @@ pub struct MountArgs {
 }
 
 impl MountArgs {
+    /// The drive engine's settings these flags ask for.
+    pub fn drive_options(&self) -> DriveOptions {
+        let disk_tier = self.cache_dir.is_some() || self.disk_cache_size.is_some();
+        DriveOptions {
+            cache_bytes: self.cache_size,
+            disk_cache: disk_tier.then(|| DiskCacheOptions {
+                dir: self
+                    .cache_dir
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_CACHE_DIR.into()),
+                max_bytes: self.disk_cache_size.unwrap_or(DEFAULT_DISK_CACHE_BYTES),
+            }),
+            ..DriveOptions::default()
+        }
+    }
+
     /// The source (`C/B`, `C`, or none for the account) and the mount point.
     pub fn source_and_dir(&self) -> (Option<&str>, PathBuf) {
         match self.operands.as_slice() {
@@ -115,10 +143,7 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
             fs_options,
         }),
     };
-    let drive_options = DriveOptions {
-        cache_bytes: args.cache_size,
-        ..DriveOptions::default()
-    };
+    let drive_options = args.drive_options();
     let break_lease = args.break_lease;
     run_mount(dir, &opts, move || async move {
         let client = BlobClient::new(account)?;
@@ -244,10 +269,7 @@ fn mount_namespace(
         }),
         attach: None,
     };
-    let drive_options = DriveOptions {
-        cache_bytes: args.cache_size,
-        ..DriveOptions::default()
-    };
+    let drive_options = args.drive_options();
     let container = container.map(str::to_string);
     run_mount(dir, &opts, move || async move {
         let client = blob::BlobClient::new(account)?;

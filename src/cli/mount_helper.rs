@@ -105,10 +105,20 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
             ("cache-size" | "cache_size", Some(s)) => {
                 out.extend(["--cache-size".into(), s.to_string()])
             }
+            ("cache-dir" | "cache_dir", Some(d)) => {
+                out.extend(["--cache-dir".into(), d.to_string()])
+            }
+            ("disk-cache-size" | "disk_cache_size", Some(s)) => {
+                out.extend(["--disk-cache-size".into(), s.to_string()])
+            }
             ("break-lease" | "break_lease", None) => out.push("--break-lease".into()),
             ("log-file" | "log_file", Some(p)) => out.extend(["--log-file".into(), p.to_string()]),
             ("credentials", Some(p)) => credentials = Some(p.to_string()),
-            ("snapshot" | "cache-size" | "cache_size" | "log-file" | "log_file", None)
+            (
+                "snapshot" | "cache-size" | "cache_size" | "log-file" | "log_file" | "cache-dir"
+                | "cache_dir" | "disk-cache-size" | "disk_cache_size",
+                None,
+            )
             | ("credentials", None) => return Err(format!("option {name} needs a value")),
             (
                 "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner" | "group"
