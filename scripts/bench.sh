@@ -1,0 +1,346 @@
+#!/usr/bin/env bash
+# blobdrive's performance, as ratios to the backend's own ceiling measured in
+# the same run: builds release, starts its own in-memory Azurite, measures the
+# raw REST client (examples/ceiling.rs), then the same kinds of I/O through
+# blobdrive (attach + ext4, namespace mount + fio), and prints a table; the
+# JSON goes to $CARGO_TARGET_DIR/bench/bench.json (or BENCH_OUT).
+#
+#   sudo scripts/bench.sh            full run (1 GiB sequential, 4 GiB RSS run)
+#   sudo scripts/bench.sh --quick    smoke run (256 MiB, 512 MiB RSS run)
+#
+# Environment:
+#   BENCH_GIB               sequential write/read size in GiB (default 1)
+#   BENCH_RSS_GIB           data written for the peak-RSS figure (default 4)
+#   BENCH_SECONDS           seconds per fio job (default 10)
+#   BENCH_CEILING_SECONDS   seconds per ceiling level (default 3)
+#   BLOBDRIVE_AZURITE_PORT  port of the Azurite this script starts (default 10090)
+#   BENCH_OUT               where the JSON goes
+#
+# Not a test: numbers on a shared machine are noisy, which is why every
+# blobdrive figure is divided by a ceiling measured minutes apart in one run.
+# Everything it mounts, attaches or starts is torn down on exit, even on failure.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+quick=0
+[ "${1:-}" = --quick ] && quick=1
+if [ "$quick" = 1 ]; then
+  seq_mib=256 rss_mib=512 fio_seconds=${BENCH_SECONDS:-4} ceil_seconds=${BENCH_CEILING_SECONDS:-1}
+  ceil_mib=256
+else
+  seq_mib=$((${BENCH_GIB:-1} * 1024)) rss_mib=$((${BENCH_RSS_GIB:-4} * 1024))
+  fio_seconds=${BENCH_SECONDS:-10} ceil_seconds=${BENCH_CEILING_SECONDS:-3} ceil_mib=1024
+fi
+fio_mib=$((seq_mib < 1024 ? seq_mib : 1024)) # region fio reads and writes
+warm_mib=128                                  # region re-read from the cache
+extents=10000
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+export BLOBDRIVE_AZURITE_PORT=${BLOBDRIVE_AZURITE_PORT:-10090}
+port=$BLOBDRIVE_AZURITE_PORT
+export AZURE_STORAGE_CONNECTION_STRING="DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;BlobEndpoint=http://127.0.0.1:$port/devstoreaccount1;"
+out=${BENCH_OUT:-$CARGO_TARGET_DIR/bench/bench.json}
+bin=$CARGO_TARGET_DIR/release/blobdrive
+ceiling=$CARGO_TARGET_DIR/release/examples/ceiling
+
+say() { echo "bench: $*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+  say "needs root (FUSE, loop devices, mount, drop_caches): run 'sudo $0'"
+  exit 1
+fi
+if ! command -v fio >/dev/null; then
+  say "installing fio"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fio >/dev/null
+fi
+
+work=$(mktemp -d /tmp/blobdrive-bench.XXXXXX)
+shm=$(mktemp -d /dev/shm/blobdrive-bench.XXXXXX)
+mounted=()   # directories to unmount, in order
+azurite_started=0
+res=$work/results   # "key value" lines, turned into JSON at the end
+: >"$res"
+
+cleanup() {
+  local rc=$?
+  set +e
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
+    local d=${mounted[i]}
+    if mountpoint -q "$d" 2>/dev/null; then
+      "$bin" unmount "$d" >/dev/null 2>&1 || umount -l "$d" 2>/dev/null
+    fi
+  done
+  [ "$azurite_started" = 1 ] && scripts/azurite.sh stop >/dev/null 2>&1
+  rm -rf "$shm"
+  rm -rf "$work" 2>/dev/null
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+put() { echo "$1 $2" >>"$res"; }
+now() { date +%s.%N; }
+elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.3f}')" "$1" "$2"; }
+mibps() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.1f}')" "$1" "$2"; }
+
+# A counter of `blobdrive stats DIR --json`, summed over every object that has
+# it (a namespace mount reports per drive).
+stat() {
+  "$bin" stats "$1" --json | python3 -c '
+import json, sys
+key = sys.argv[1]
+def walk(v):
+    if isinstance(v, dict):
+        return sum(walk(x) for k, x in v.items() if k != key) + (v.get(key, 0) if isinstance(v.get(key), int) else 0)
+    if isinstance(v, list):
+        return sum(walk(x) for x in v)
+    return 0
+print(walk(json.load(sys.stdin)))' "$2"
+}
+
+mount_drive() { # C/B DIR [args]
+  mkdir -p "$2"
+  "$bin" mount "$@" >/dev/null
+  mounted+=("$2")
+}
+unmount() {
+  "$bin" unmount "$1" >/dev/null
+}
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+# fio job on FILE; prints IOPS. fio_run NAME FILE RW SIZE_MIB [extra...]
+fio_run() {
+  local name=$1 file=$2 rw=$3 size=$4
+  shift 4
+  fio --name="$name" --filename="$file" --rw="$rw" --bs=4k --direct=1 \
+    --ioengine=libaio --iodepth=32 --size="${size}M" --runtime="$fio_seconds" \
+    --time_based --group_reporting --output-format=json "$@" >"$work/fio-$name.json"
+  python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+print(round(j["read"]["iops"] + j["write"]["iops"]))' "$work/fio-$name.json"
+}
+
+# --- build and start ---------------------------------------------------------
+
+say "building release"
+cargo build --release --quiet --bin blobdrive --example ceiling
+scripts/azurite.sh install
+if scripts/azurite.sh status 2>/dev/null; then
+  say "something already listens on $port; set BLOBDRIVE_AZURITE_PORT to a free port"
+  exit 1
+fi
+scripts/azurite.sh start --memory
+azurite_started=1
+azurite_pid=$(cat .azurite/azurite-$port.pid)
+
+# Azurite's CPU share over a step: CPU seconds it used / wall seconds.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+azurite_cpu_begin() { az_t0=$(now) az_c0=$(cpu_ticks "$azurite_pid"); }
+azurite_cpu_end() { # KEY
+  local t1 c1
+  t1=$(now) c1=$(cpu_ticks "$azurite_pid")
+  put "$1" "$(python3 -c "import os,sys; print(f'{(int(sys.argv[2]) - int(sys.argv[1])) / os.sysconf(\"SC_CLK_TCK\") / (float(sys.argv[4]) - float(sys.argv[3])):.2f}')" "$az_c0" "$c1" "$az_t0" "$t1")"
+}
+
+say "random source: $seq_mib MiB in $shm"
+head -c $((seq_mib << 20)) /dev/urandom >"$shm/random"
+
+# --- ceiling -------------------------------------------------------------------
+
+say "ceiling: raw REST client, ${ceil_seconds}s per parallelism level"
+azurite_cpu_begin
+"$ceiling" --seconds "$ceil_seconds" --blob-mib "$ceil_mib" >"$work/ceiling.json"
+azurite_cpu_end azurite_cpu_ceiling
+cp "$work/ceiling.json" "$work/ceiling.keep"
+
+# --- sequential write and cold read through ext4 on an attached drive ----------
+
+c=bench
+say "sequential write: $seq_mib MiB into ext4 on an attached drive, then fsync"
+"$bin" create "$c/seq.vhd" --size "$((seq_mib * 2 + 512))M" --mkfs ext4 >/dev/null
+mount_drive "$c/seq.vhd" "$work/seq"
+p0=$(stat "$work/seq" put_page) u0=$(stat "$work/seq" bytes_up)
+azurite_cpu_begin
+t0=$(now)
+dd if="$shm/random" of="$work/seq/file" bs=4M conv=fsync status=none
+t1=$(now)
+azurite_cpu_end azurite_cpu_seq_write
+p1=$(stat "$work/seq" put_page) u1=$(stat "$work/seq" bytes_up)
+put seq_write_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
+put put_page_per_gib "$(python3 -c "print(round(($p1 - $p0) * 1024 / $seq_mib))")"
+put bytes_up_per_gib "$(python3 -c "print(round(($u1 - $u0) * 1024 / $seq_mib))")"
+
+say "cold sequential read (remount, caches dropped)"
+unmount "$work/seq"
+drop_caches
+mount_drive "$c/seq.vhd" "$work/seq"
+g0=$(stat "$work/seq" get)
+azurite_cpu_begin
+t0=$(now)
+dd if="$work/seq/file" of=/dev/null bs=4M status=none
+t1=$(now)
+azurite_cpu_end azurite_cpu_seq_read
+g1=$(stat "$work/seq" get)
+put seq_read_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
+put seq_read_gets "$((g1 - g0))"
+unmount "$work/seq"
+
+# --- random 4 KiB I/O with fio on the drive file of a namespace mount ----------
+
+say "random 4 KiB: fio on a drive file (namespace mount), ${fio_seconds}s per job"
+"$bin" create "$c-ns/fio.vhd" --size "$((fio_mib + 256))M" >/dev/null
+mount_drive "$c-ns" "$work/ns"
+dev=$work/ns/fio.vhd
+dd if="$shm/random" of="$dev" bs=4M count=$((fio_mib / 4)) oflag=direct conv=notrunc,fsync status=none
+unmount "$work/ns"
+mount_drive "$c-ns" "$work/ns"
+azurite_cpu_begin
+put rand_read_iops "$(fio_run randread "$dev" randread "$fio_mib")"
+azurite_cpu_end azurite_cpu_rand_read
+put rand_read_gets "$(stat "$work/ns" get)"
+put rand_write_iops "$(fio_run randwrite "$dev" randwrite "$fio_mib" --end_fsync=1)"
+say "warm re-read: $warm_mib MiB read once, then fio from blobdrive's cache"
+# A handle held open keeps the drive (and its cache) open between the
+# pre-read and fio: a namespace mount closes a drive with its last handle.
+exec 9<"$dev"
+dd if="$dev" of=/dev/null bs=1M count="$warm_mib" iflag=direct status=none
+put warm_read_iops "$(fio_run warmread "$dev" randread "$warm_mib")"
+exec 9<&-
+unmount "$work/ns"
+
+say "the same fio jobs on tmpfs"
+head -c $((fio_mib << 20)) "$shm/random" >"$shm/fio.img"
+tmpfs_direct=1
+fio --name=probe --filename="$shm/fio.img" --rw=read --bs=4k --direct=1 --size=4k \
+  --output=/dev/null 2>/dev/null || tmpfs_direct=0
+put tmpfs_direct "$tmpfs_direct"
+put tmpfs_read_iops "$(fio_run tmpfsread "$shm/fio.img" randread "$fio_mib" --direct="$tmpfs_direct")"
+put tmpfs_write_iops "$(fio_run tmpfswrite "$shm/fio.img" randwrite "$fio_mib" --direct="$tmpfs_direct")"
+rm -f "$shm/fio.img"
+
+# --- mount time ----------------------------------------------------------------
+
+# Seconds from nothing mounted to the first byte of the drive file: the
+# namespace mount plus opening the drive (Get Page Ranges over the whole blob).
+open_time() { # CONTAINER DIR FILE
+  local t0 t1
+  t0=$(now)
+  mount_drive "$1" "$2"
+  dd if="$2/$3" of=/dev/null bs=4k count=1 iflag=direct status=none
+  t1=$(now)
+  elapsed "$t0" "$t1"
+  unmount "$2"
+}
+
+say "mount time: empty 8 TiB drive"
+"$bin" create "$c-mt/empty.vhd" --size 8388607M >/dev/null
+put mount_empty_8t_s "$(open_time "$c-mt" "$work/mt" empty.vhd)"
+
+say "mount time: 8 TiB drive with $extents written extents"
+python3 - "$shm/frag.img" "$extents" <<'PY'
+import os, sys
+path, n = sys.argv[1], int(sys.argv[2])
+size = (8 << 40) - (1 << 20)  # the largest drive: 8 TiB blob with the footer
+step = size // n // 4096 * 4096
+with open(path, "wb") as f:
+    f.truncate(size)
+    for i in range(n):
+        f.seek(i * step)
+        f.write(os.urandom(4096))
+PY
+"$bin" upload "$shm/frag.img" "$c-mt/frag.vhd" >/dev/null 2>&1
+rm -f "$shm/frag.img"
+put mount_10k_extents_s "$(open_time "$c-mt" "$work/mt" frag.vhd)"
+
+# --- bytes stored after mkfs on 1 TiB --------------------------------------------
+
+say "create --size 1T --mkfs ext4: bytes stored"
+t0=$(now)
+"$bin" create "$c/big.vhd" --size 1T --mkfs ext4 >/dev/null
+t1=$(now)
+put mkfs_1t_s "$(elapsed "$t0" "$t1")"
+put mkfs_1t_stored_bytes "$("$bin" info "$c/big.vhd" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["stored_bytes"])')"
+
+# --- peak RSS while writing with a 256 MiB cache -----------------------------------
+
+say "peak RSS: writing $rss_mib MiB with --cache-size 256M"
+"$bin" create "$c/rss.vhd" --size "$((rss_mib + 1024))M" --mkfs ext4 >/dev/null
+mount_drive "$c/rss.vhd" "$work/rss" --cache-size 256M
+pid=$("$bin" list --mounted --json | python3 -c '
+import json, os, sys
+for e in json.load(sys.stdin):
+    if os.path.realpath(e["dir"]) == os.path.realpath(sys.argv[1]):
+        print(e["pid"])' "$work/rss")
+written=0 i=0
+while [ "$written" -lt "$rss_mib" ]; do
+  dd if="$shm/random" of="$work/rss/f$i" bs=4M conv=fsync status=none
+  written=$((written + seq_mib)) i=$((i + 1))
+done
+put rss_written_mib "$written"
+put rss_cache_mib 256
+put rss_peak_mib "$(awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status")"
+unmount "$work/rss"
+
+# --- report --------------------------------------------------------------------------
+
+mkdir -p "$(dirname "$out")"
+python3 - "$work/ceiling.keep" "$res" "$out" "$quick" <<'PY'
+import json, sys
+ceiling = json.load(open(sys.argv[1]))
+r = {}
+for line in open(sys.argv[2]):
+    k, v = line.split()
+    r[k] = float(v)
+quick = sys.argv[4] == "1"
+
+def ratio(a, b):
+    return round(a / b, 3) if b else None
+
+put, get, small = ceiling["put_4m"], ceiling["get_4m"], ceiling["get_4k"]
+rows = [
+    # figure, value, unit, ceiling, ratio, target, met
+    ("seq write 1 file + fsync (ext4)", r["seq_write_mibps"], "MiB/s", put["best"], ">= 0.85", lambda x: x >= 0.85),
+    ("cold seq read (ext4)", r["seq_read_mibps"], "MiB/s", get["best"], ">= 0.85", lambda x: x >= 0.85),
+    ("cold rand 4k read, qd32", r["rand_read_iops"], "IOPS", small["at_32"], ">= 0.8", lambda x: x >= 0.8),
+    ("rand 4k write, qd32", r["rand_write_iops"], "IOPS", r["tmpfs_write_iops"], "(vs tmpfs)", None),
+    ("warm rand 4k re-read, qd32", r["warm_read_iops"], "IOPS", r["tmpfs_read_iops"], ">= 0.25", lambda x: x >= 0.25),
+]
+table, out_rows = [], []
+for name, v, unit, ceil, target, ok in rows:
+    q = ratio(v, ceil)
+    met = None if ok is None or q is None else ok(q)
+    out_rows.append({"figure": name, "value": v, "unit": unit, "ceiling": ceil,
+                     "ratio": q, "target": target, "met": met})
+    table.append((name, f"{v:g} {unit}", f"{ceil:g}", f"{q}", target,
+                  "-" if met is None else ("met" if met else "MISSED")))
+absolute = [
+    ("mount+open empty 8 TiB", r["mount_empty_8t_s"], "s", "< 0.5", r["mount_empty_8t_s"] < 0.5),
+    ("mount+open 8 TiB, 10k extents", r["mount_10k_extents_s"], "s", "< 2", r["mount_10k_extents_s"] < 2),
+    ("Put Page per GiB written", r["put_page_per_gib"], "requests", "<= 300", r["put_page_per_gib"] <= 300),
+    ("bytes up per GiB written", r["bytes_up_per_gib"] / 2**30, "GiB", "-", None),
+    ("stored after mkfs.ext4 1 TiB", r["mkfs_1t_stored_bytes"] / 2**20, "MiB", "< 1% (10485 MiB)", r["mkfs_1t_stored_bytes"] < 0.01 * 2**40),
+    ("peak RSS, 256 MiB cache", r["rss_peak_mib"], "MiB", "<= 320", r["rss_peak_mib"] <= 320),
+]
+for name, v, unit, target, met in absolute:
+    out_rows.append({"figure": name, "value": v, "unit": unit, "target": target, "met": met})
+    table.append((name, f"{v:.3g} {unit}" if unit != "requests" else f"{v:g}", "", "", target,
+                  "-" if met is None else ("met" if met else "MISSED")))
+
+head = ("figure", "blobdrive", "ceiling", "ratio", "target", "")
+widths = [max(len(str(x[i])) for x in table + [head]) for i in range(len(head))]
+for line in [head] + table:
+    print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip())
+print()
+print(f"ceiling: put_4m best {put['best']} MiB/s at p{put['best_parallelism']}, "
+      f"get_4m best {get['best']} MiB/s at p{get['best_parallelism']}, "
+      f"get_4k {small['at_32']} IOPS at p32 (best {small['best']} at p{small['best_parallelism']})")
+print("azurite CPU share (cores): " + ", ".join(f"{k[len('azurite_cpu_'):]} {v}" for k, v in r.items() if k.startswith("azurite_cpu_")))
+print(f"GETs: cold seq read {r['seq_read_gets']:g}, cold rand read {r['rand_read_gets']:g}; "
+      f"tmpfs O_DIRECT: {'yes' if r['tmpfs_direct'] else 'no'}; mkfs 1 TiB took {r['mkfs_1t_s']} s")
+json.dump({"quick": quick, "ceiling": ceiling, "raw": r, "rows": out_rows},
+          open(sys.argv[3], "w"), indent=2)
+print(f"JSON: {sys.argv[3]}")
+PY
