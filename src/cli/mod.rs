@@ -23,6 +23,7 @@ pub mod list;
 pub mod mount;
 pub mod mount_helper;
 pub mod output;
+pub mod recover;
 pub mod snapshot;
 pub mod stats;
 pub mod unmount;
@@ -105,6 +106,8 @@ pub enum Command {
     Download(download::DownloadArgs),
     /// Live counters of a mount.
     Stats(stats::StatsArgs),
+    /// Apply a recovery file saved when an unmount could not flush.
+    Recover(recover::RecoverArgs),
 }
 
 impl Command {
@@ -122,6 +125,7 @@ impl Command {
             Command::Upload(_) => "upload",
             Command::Download(_) => "download",
             Command::Stats(_) => "stats",
+            Command::Recover(_) => "recover",
         }
     }
 }
@@ -218,6 +222,7 @@ where
         Command::Upload(a) => upload::run(&ctx, a),
         Command::Download(a) => download::run(&ctx, a),
         Command::Stats(a) => stats::run(&ctx, a),
+        Command::Recover(a) => recover::run(&ctx, a),
     };
     match result {
         Ok(()) => EXIT_OK,
