@@ -553,3 +553,120 @@ fn random_operations_match_a_model_across_fsyncs_and_remounts() {
         counts[0], counts[1], counts[2], counts[3], counts[4]
     );
 }
+
+/// What `kill -9` of an attach daemon leaves behind (the filesystem at DIR,
+/// the loop device, the private FUSE mount), removed on drop.
+struct DeadAttach {
+    dir: String,
+    loop_device: Option<String>,
+    fuse_dir: Option<String>,
+}
+
+impl DeadAttach {
+    fn clean(&mut self) {
+        let quiet = |program: &str, args: &[&str]| {
+            let _ = Command::new(program).args(args).output();
+        };
+        quiet("umount", &["-l", &self.dir]);
+        if let Some(dev) = self.loop_device.take() {
+            quiet("losetup", &["-d", &dev]);
+        }
+        if let Some(fuse) = self.fuse_dir.take() {
+            quiet("umount", &["-l", &fuse]);
+        }
+    }
+}
+
+impl Drop for DeadAttach {
+    fn drop(&mut self) {
+        self.clean();
+    }
+}
+
+/// The attach registry entry of `dir` in `sandbox`.
+fn attach_entry(sandbox: &Sandbox, dir: &Path) -> serde_json::Value {
+    let reg = sandbox.root.path().join("run").join("attach");
+    std::fs::read_dir(&reg)
+        .expect("attach registry")
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .find(|v| v["dir"].as_str().map(Path::new) == Some(dir))
+        .expect("a registry entry for the attach")
+}
+
+#[test]
+fn kill_9_of_an_attached_ext4_keeps_fsynced_files_and_e2fsck_is_clean_after_replay() {
+    if !can_run("kill_9_attached_ext4", true) {
+        return;
+    }
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-ext4"));
+    let name = format!("{}/e.vhd", guard.name);
+    let sandbox = Sandbox::new(common::connection_string());
+    sandbox.blobdrive_ok(&["create", &name, "--size", "64M", "--mkfs", "ext4"]);
+    let dir = sandbox.dir("fs");
+    let dir_s = dir.canonicalize().unwrap().to_string_lossy().to_string();
+    sandbox.blobdrive_ok(&["mount", &name, &dir_s]);
+    let entry = attach_entry(&sandbox, Path::new(&dir_s));
+    let mut dead = DeadAttach {
+        dir: dir_s.clone(),
+        loop_device: entry["loop_device"].as_str().map(String::from),
+        fuse_dir: entry["fuse_dir"].as_str().map(String::from),
+    };
+    let pid = entry["pid"].as_i64().expect("pid in the registry") as i32;
+    let acked = Arc::new(AtomicU64::new(0));
+    let acked2 = acked.clone();
+    let base = PathBuf::from(&dir_s);
+    let writer = std::thread::spawn(move || {
+        for i in 0..400u64 {
+            let write = || -> std::io::Result<()> {
+                let f = std::fs::File::create(base.join(format!("f{i}")))?;
+                f.write_all_at(&pattern(500 + i, 64 * 1024), 0)?;
+                f.sync_all()?;
+                std::fs::File::open(&base)?.sync_all()
+            };
+            if write().is_err() {
+                return;
+            }
+            acked2.store(i + 1, Ordering::SeqCst);
+        }
+    });
+    wait_for("10 fsynced files", Duration::from_secs(60), || {
+        acked.load(Ordering::SeqCst) >= 10
+    });
+    send_signal(pid, libc::SIGKILL);
+    dead.clean();
+    writer.join().expect("writer thread");
+    let acked = acked.load(Ordering::SeqCst);
+    println!("{acked} files fsynced before the kill");
+
+    // The dead daemon's lease refuses a new writer until --break-lease.
+    let dir2 = sandbox.dir("fs2").canonicalize().unwrap();
+    let dir2_s = dir2.to_string_lossy().to_string();
+    let out = sandbox.blobdrive(&["mount", &name, &dir2_s]);
+    assert!(!out.status.success(), "mount while the lease is held");
+    let stderr = stderr_of(&out);
+    assert!(stderr.contains("break-lease"), "{stderr}");
+    sandbox.blobdrive_ok(&["mount", &name, &dir2_s, "--break-lease"]);
+    for i in 0..acked {
+        let got = std::fs::read(dir2.join(format!("f{i}")))
+            .unwrap_or_else(|e| panic!("file f{i} fsynced before the kill: {e}"));
+        assert!(got == pattern(500 + i, 64 * 1024), "file f{i} differs");
+    }
+    sandbox.blobdrive_ok(&["unmount", &dir2_s]);
+
+    // The filesystem (journal replayed by that mount) checks clean.
+    let ro = sandbox.mount("ro", Some(&guard.name), &["--read-only"]);
+    let out = Command::new("e2fsck")
+        .args(["-fn", &ro.path("e.vhd").to_string_lossy()])
+        .output()
+        .expect("run e2fsck");
+    assert!(
+        out.status.success(),
+        "e2fsck -fn: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ro.unmount();
+}
