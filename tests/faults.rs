@@ -670,3 +670,206 @@ fn kill_9_of_an_attached_ext4_keeps_fsynced_files_and_e2fsck_is_clean_after_repl
     );
     ro.unmount();
 }
+
+#[test]
+fn a_hung_backend_turns_fsync_into_eio_in_bounded_time_and_keeps_the_data() {
+    if !can_run("hung_backend_gives_eio", false) {
+        return;
+    }
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-hang"));
+    let path = guard.path("h.vhd");
+    rt.block_on(make_drive(&guard.client, &path, 16 * MIB));
+    let upstream = common::account().endpoint.clone();
+    let proxy = rt.block_on(FaultProxy::start(&upstream, Fault::ServerBusy, 0));
+    let sandbox = Sandbox::new(via_proxy(&proxy)).with_env("BLOBDRIVE_RETRY_TOTAL_SECS", "3");
+    let mount = sandbox.mount("ns", Some(&guard.name), &[]);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(mount.path("h.vhd"))
+        .expect("open the drive file");
+    let data = pattern(21, MIB as usize);
+    proxy.hang_all(true);
+    file.write_all_at(&data, 3 * MIB).unwrap();
+    let started = Instant::now();
+    let err = file.sync_all().expect_err("fsync while the backend hangs");
+    let took = started.elapsed();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(took < Duration::from_secs(30), "EIO after {took:?}");
+    println!(
+        "fsync on a hung backend: EIO after {:.1} s",
+        took.as_secs_f64()
+    );
+
+    // The data stayed dirty: once storage answers again, fsync makes it durable.
+    proxy.hang_all(false);
+    file.write_all_at(&data[..512], 3 * MIB).unwrap();
+    file.sync_all().expect("fsync once storage answers");
+    drop(file);
+    mount.unmount();
+    assert_eq!(
+        rt.block_on(blob_bytes(&guard.client, &path, 3 * MIB, 4 * MIB)),
+        data
+    );
+}
+
+/// A user error: `args` fail with `exit` and a single stderr line holding `needle`.
+fn expect_error(sandbox: &Sandbox, args: &[&str], exit: i32, needle: &str) {
+    let out = sandbox.blobdrive(args);
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(exit), "{args:?}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{args:?}: one line expected: {stderr}");
+    assert!(
+        lines[0].starts_with("blobdrive: ") && lines[0].contains(needle),
+        "{args:?}: expected '{needle}' in: {stderr}"
+    );
+}
+
+#[test]
+fn bad_input_gets_one_clear_line_and_a_non_zero_exit() {
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-bad"));
+    let c = guard.name.clone();
+    let sandbox = Sandbox::new(common::connection_string());
+    let d = format!("{c}/d.vhd");
+    sandbox.blobdrive_ok(&["create", &d, "--size", "16M"]);
+    let dir = sandbox.dir("m").to_string_lossy().to_string();
+    let cases: Vec<(Vec<String>, i32, &str)> = vec![
+        (
+            vec!["create".into(), d.clone(), "--size".into(), "10Q".into()],
+            2,
+            "invalid size '10Q'",
+        ),
+        (
+            vec![
+                "create".into(),
+                format!("{c}/e.vhd"),
+                "--size".into(),
+                "17.5M".into(),
+            ],
+            2,
+            "not a whole number of MiB",
+        ),
+        (
+            vec![
+                "create".into(),
+                format!("{c}/e.vhd"),
+                "--size".into(),
+                "8M".into(),
+            ],
+            2,
+            "too small",
+        ),
+        (
+            vec![
+                "create".into(),
+                format!("{c}/e.vhd"),
+                "--size".into(),
+                "9T".into(),
+            ],
+            2,
+            "too large",
+        ),
+        (
+            vec![
+                "create".into(),
+                "Bad_Name/d.vhd".into(),
+                "--size".into(),
+                "16M".into(),
+            ],
+            2,
+            "invalid container name",
+        ),
+        (
+            vec!["create".into(), c.clone(), "--size".into(), "16M".into()],
+            2,
+            "a blob name is missing",
+        ),
+        (
+            vec!["create".into(), d.clone(), "--size".into(), "16M".into()],
+            1,
+            "never replaces a blob",
+        ),
+        (
+            vec!["info".into(), format!("{c}/nope.vhd")],
+            1,
+            "does not exist",
+        ),
+        (
+            vec!["info".into(), "no-such-container-x/x.vhd".into()],
+            1,
+            "container 'no-such-container-x' does not exist",
+        ),
+        (
+            vec![
+                "info".into(),
+                d.clone(),
+                "--snapshot".into(),
+                "notatime".into(),
+            ],
+            1,
+            "snapshot notatime",
+        ),
+        (
+            vec!["mount".into(), format!("{c}/nope.vhd"), dir.clone()],
+            1,
+            "does not exist",
+        ),
+        (
+            vec!["mount".into(), d.clone(), "/nonexistent/dir".into()],
+            1,
+            "does not exist",
+        ),
+        (
+            vec![
+                "mount".into(),
+                d.clone(),
+                dir.clone(),
+                "--read-only".into(),
+                "--break-lease".into(),
+            ],
+            2,
+            "--break-lease",
+        ),
+        (
+            vec![
+                "mount".into(),
+                c.clone(),
+                dir.clone(),
+                "--break-lease".into(),
+            ],
+            2,
+            "applies to a drive",
+        ),
+        (
+            vec!["unmount".into(), dir.clone()],
+            1,
+            "is not a blobdrive mount",
+        ),
+        (
+            vec!["recover".into(), "/nonexistent/x.bdrec".into()],
+            1,
+            "x.bdrec",
+        ),
+        (vec!["frobnicate".into()], 2, "unrecognized subcommand"),
+        (
+            vec![
+                "--connection-string".into(),
+                "garbage".into(),
+                "list".into(),
+            ],
+            1,
+            "malformed connection string",
+        ),
+    ];
+    for (args, exit, needle) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        expect_error(&sandbox, &args, *exit, needle);
+    }
+    let mut account = common::account();
+    account.credential = blobdrive::blob::Credential::SharedKey { key: vec![0u8; 64] };
+    let wrong_key = Sandbox::new(account.connection_string());
+    expect_error(&wrong_key, &["info", &d], 1, "refused the credentials");
+}

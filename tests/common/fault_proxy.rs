@@ -7,7 +7,8 @@
 //! the response, a delay), bounded by a count and a time window, from a seed.
 //! To see every request, the random plan adds `Connection: close`, so each
 //! connection carries one request. `cut` makes storage unreachable: every open
-//! connection is reset and new ones are closed at once.
+//! connection is reset and new ones are closed at once; `hang_all` makes it
+//! hang (requests read, never answered) until turned off.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -103,7 +104,9 @@ struct Shared {
     rng: Mutex<StdRng>,
     started: Instant,
     down: AtomicBool,
-    cut: watch::Sender<bool>,
+    hang: AtomicBool,
+    /// Bumped to reset every open connection.
+    cut: watch::Sender<u64>,
     upstream: String,
 }
 
@@ -140,7 +143,7 @@ impl FaultProxy {
         let mut endpoint = upstream.clone();
         endpoint.set_host(Some("127.0.0.1")).expect("set host");
         endpoint.set_port(Some(port)).expect("set port");
-        let (cut, _) = watch::channel(false);
+        let (cut, _) = watch::channel(0u64);
         let shared = Arc::new(Shared {
             plan,
             faulted: AtomicU64::new(0),
@@ -149,6 +152,7 @@ impl FaultProxy {
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             started: Instant::now(),
             down: AtomicBool::new(false),
+            hang: AtomicBool::new(false),
             cut,
             upstream: up_addr,
         });
@@ -168,7 +172,7 @@ impl FaultProxy {
                 tokio::spawn(async move {
                     tokio::select! {
                         _ = serve(conn, &s) => {}
-                        _ = cut.wait_for(|c| *c) => {}
+                        _ = cut.changed() => {}
                     }
                 });
             }
@@ -202,11 +206,21 @@ impl FaultProxy {
         }
     }
 
+    /// While `on`, every request is read and never answered (a hung
+    /// backend); turning it on resets the open connections.
+    pub fn hang_all(&self, on: bool) {
+        self.shared.hang.store(on, Ordering::SeqCst);
+        if on {
+            // Pooled connections would otherwise pass requests on untouched.
+            self.shared.cut.send_modify(|g| *g += 1);
+        }
+    }
+
     /// Storage unreachable from now on: open connections are reset, new ones
     /// closed at once.
     pub fn cut(&self) {
         self.shared.down.store(true, Ordering::SeqCst);
-        let _ = self.shared.cut.send(true);
+        self.shared.cut.send_modify(|g| *g += 1);
     }
 }
 
@@ -298,7 +312,11 @@ async fn serve(mut conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
     if random {
         request = with_connection_close(&request);
     }
-    let fault = draw(shared);
+    let fault = if shared.hang.load(Ordering::SeqCst) {
+        Some(Fault::Hang)
+    } else {
+        draw(shared)
+    };
     if let Some(f) = fault {
         shared.by_kind[f as usize].fetch_add(1, Ordering::SeqCst);
     }
