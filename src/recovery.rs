@@ -62,7 +62,7 @@ pub struct Header {
 #[derive(Debug, thiserror::Error)]
 pub enum RecoveryError {
     /// The file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("cannot read or write recovery file {path}: {source}")]
     Io {
         /// The file.
         path: String,
