@@ -5,10 +5,12 @@
 //! The fork happens before any tokio runtime or thread exists, which is why
 //! [`run_mount`] takes a closure that builds the [`Catalog`] inside the daemon.
 //!
-//! Shutdown order (REFERENCE.md): flush every writable device (so a failure
-//! leaves the mount up and the data cached, never lost silently), unmount FUSE,
+//! Shutdown order (REFERENCE.md): flush every writable device, unmount FUSE,
 //! wait for the session thread to end and for the last in-flight request, then
-//! close every device (flush + release the lease). On a signal, a mount still held
+//! close every device (flush + release the lease). A device whose flush still
+//! fails (lease lost, storage unreachable past the retry budget) has its dirty
+//! pages saved in a recovery file, named in the unmount's error; the daemon
+//! then exits non-zero. On a signal, a mount still held
 //! by a loop device or an open file is detached lazily and the daemon waits for
 //! its last user; an `unmount` request answers "busy" instead.
 //!
@@ -333,7 +335,7 @@ where
             let undo = runtime.block_on(async {
                 att.detach(OnBusy::DetachLazily).await?;
                 let lazy = OnBusy::DetachLazily;
-                shut_down(&core, &fuse_mountpoint, &mut ended_rx, lazy, lazy).await
+                shut_down(&core, &fuse_mountpoint, &mut ended_rx, lazy).await
             });
             if let Err(undo_err) = undo {
                 tracing::error!("undoing the attach: {undo_err}");
@@ -488,10 +490,10 @@ async fn shut_down_all(
     on_busy: OnBusy,
 ) -> Result<(), ShutdownError> {
     let Some(att) = attachment.as_mut() else {
-        return shut_down(core, fuse_mountpoint, ended, on_busy, on_busy).await;
+        return shut_down(core, fuse_mountpoint, ended, on_busy).await;
     };
     att.detach(on_busy).await?;
-    match shut_down(core, fuse_mountpoint, ended, on_busy, OnBusy::DetachLazily).await {
+    match shut_down(core, fuse_mountpoint, ended, OnBusy::DetachLazily).await {
         Err(ShutdownError::Refused(reason)) => Err(ShutdownError::Refused(format!(
             "{reason}; {dir} is unmounted, and the daemon keeps the unflushed data and \
              the lease: run 'blobdrive unmount {dir}' again to retry",
@@ -520,22 +522,24 @@ pub(crate) enum ShutdownError {
     Failed(String),
 }
 
-/// Flushes (with `on_flush_error == Refuse`, a failure keeps everything up),
-/// unmounts FUSE at `mountpoint` (busy: `on_busy`), waits for the session to
+/// Flushes (a failure does not stop the unmount: the close saves the dirty
+/// pages in a recovery file and the result names it), unmounts FUSE at `mountpoint` (busy: `on_busy`), waits for the session to
 /// end and closes every device.
 async fn shut_down(
     core: &FsCore,
     mountpoint: &Path,
     ended: &mut SessionEnd,
-    on_flush_error: OnBusy,
     on_busy: OnBusy,
 ) -> Result<(), ShutdownError> {
     let flush_errors = core.flush_all().await;
-    if !flush_errors.is_empty() && on_flush_error == OnBusy::Refuse {
-        return Err(ShutdownError::Refused(format!(
-            "data could not be flushed, the mount stays up: {}",
-            join_errors(&flush_errors)
-        )));
+    if !flush_errors.is_empty() {
+        // The client already retried for its whole budget (or the lease is
+        // gone): keeping the mount up would not help. Go on; the close below
+        // saves what is still dirty in a recovery file and names it.
+        tracing::error!(
+            errors = %join_errors(&flush_errors),
+            "flush at unmount failed; unflushed data goes to a recovery file"
+        );
     }
     match umount(mountpoint, 0).await {
         Ok(()) => {}
@@ -567,12 +571,7 @@ async fn shut_down(
     if let Ok(Err(err)) = ended.await {
         tracing::warn!(%err, "FUSE session ended with an error");
     }
-    close_everything(core).await?;
-    if flush_errors.is_empty() {
-        Ok(())
-    } else {
-        Err(ShutdownError::Failed(join_errors(&flush_errors)))
-    }
+    close_everything(core).await
 }
 
 async fn close_everything(core: &FsCore) -> Result<(), ShutdownError> {

@@ -177,7 +177,7 @@ impl BlobClient {
                 retries: AtomicU64::new(0),
                 tokens,
             }),
-            policy: RetryPolicy::default(),
+            policy: RetryPolicy::from_env(),
         })
     }
 

@@ -37,7 +37,27 @@ impl Default for RetryPolicy {
     }
 }
 
+/// Environment variable that bounds the total retry time, in seconds (tests
+/// and impatient users; each attempt is bounded by it too).
+pub const RETRY_TOTAL_ENV: &str = "BLOBDRIVE_RETRY_TOTAL_SECS";
+
 impl RetryPolicy {
+    /// The default policy, with `max_total` (and the per-attempt limit, which
+    /// never exceeds it) from `BLOBDRIVE_RETRY_TOTAL_SECS` when set: the one
+    /// place that variable is read.
+    pub fn from_env() -> Self {
+        let mut p = RetryPolicy::default();
+        if let Some(secs) = std::env::var(RETRY_TOTAL_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|&s| s > 0)
+        {
+            p.max_total = Duration::from_secs(secs);
+            p.attempt_timeout = p.attempt_timeout.min(p.max_total);
+        }
+        p
+    }
+
     /// No retries at all.
     pub fn none() -> Self {
         RetryPolicy {

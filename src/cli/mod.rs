@@ -24,6 +24,7 @@ pub mod list;
 pub mod mount;
 pub mod mount_helper;
 pub mod output;
+pub mod recover;
 pub mod snapshot;
 pub mod stats;
 pub mod unmount;
@@ -108,6 +109,8 @@ pub enum Command {
     Stats(stats::StatsArgs),
     /// Manage the local disk cache (`cache clear`).
     Cache(cache::CacheArgs),
+    /// Apply a recovery file saved when an unmount could not flush.
+    Recover(recover::RecoverArgs),
 }
 
 impl Command {
@@ -126,6 +129,7 @@ impl Command {
             Command::Download(_) => "download",
             Command::Stats(_) => "stats",
             Command::Cache(_) => "cache",
+            Command::Recover(_) => "recover",
         }
     }
 }
@@ -223,6 +227,7 @@ where
         Command::Download(a) => download::run(&ctx, a),
         Command::Stats(a) => stats::run(&ctx, a),
         Command::Cache(a) => cache::run(&ctx, a),
+        Command::Recover(a) => recover::run(&ctx, a),
     };
     match result {
         Ok(()) => EXIT_OK,

@@ -279,8 +279,39 @@ impl Device for DriveDevice {
         self.drive.flush().await.map_err(drive_error)
     }
 
+    /// A close whose flush fails saves the unflushed pages in a recovery
+    /// file (`crate::recovery`) and names it in the error.
     async fn close(&self) -> FsResult<()> {
-        self.drive.close().await.map_err(drive_error)
+        let Err(err) = self.drive.close().await else {
+            return Ok(());
+        };
+        let mut fs_err = drive_error(err.clone());
+        let reason = err.to_string();
+        let saved =
+            crate::recovery::save_drive(&self.drive, self.client.account_name(), &reason).await;
+        let target = self.drive.target();
+        match saved {
+            Ok(None) => {}
+            Ok(Some(file)) => {
+                tracing::error!(drive = %target, file = %file.display(), bytes = self.drive.unflushed_bytes(), "unflushed data SAVED TO A RECOVERY FILE");
+                fs_err.message = format!(
+                    "{}; its {} unflushed bytes were saved to {}: run 'blobdrive recover {}'",
+                    fs_err.message,
+                    self.drive.unflushed_bytes(),
+                    file.display(),
+                    file.display()
+                );
+            }
+            Err(e) => {
+                tracing::error!(drive = %target, error = %e, "saving a recovery file failed: unflushed data is LOST");
+                fs_err.message = format!(
+                    "{}; saving its {} unflushed bytes to a recovery file failed too ({e}): that data is lost",
+                    fs_err.message,
+                    self.drive.unflushed_bytes()
+                );
+            }
+        }
+        Err(fs_err)
     }
 
     fn stats(&self) -> serde_json::Value {

@@ -71,6 +71,9 @@ pub struct Handles {
     /// Final counters of the devices closed since the mount, by blob path (the
     /// last session of each), so `stats` still shows them after `dd` exits.
     closed: Mutex<serde_json::Map<String, serde_json::Value>>,
+    /// Closes at the last release that failed (their data went to a recovery
+    /// file, or is lost): the unmount reports them, so it exits non-zero.
+    failed_closes: Mutex<Vec<FsError>>,
 }
 
 impl Handles {
@@ -152,6 +155,12 @@ impl Handles {
         let current = file.set_current(None);
         let result = close_devices(&file.path, current.clone(), retired).await;
         self.remember_closed(&file.path, current);
+        if let Err(err) = &result {
+            self.failed_closes
+                .lock()
+                .expect("failed closes lock poisoned: a panic happened while holding it")
+                .push(err.clone());
+        }
         result
     }
 
@@ -180,9 +189,15 @@ impl Handles {
     }
 
     /// Closes every open device, whatever handles remain (at unmount, after the
-    /// kernel is gone); returns the failures.
+    /// kernel is gone); returns the failures, with those of earlier closes.
     pub async fn close_all(&self) -> Vec<FsError> {
-        let mut errors = Vec::new();
+        // Earlier closes that failed (at a last release) count too.
+        let mut errors = std::mem::take(
+            &mut *self
+                .failed_closes
+                .lock()
+                .expect("failed closes lock poisoned: a panic happened while holding it"),
+        );
         for file in self.open_files() {
             let mut gate = file.gate.lock().await;
             gate.handles = 0;

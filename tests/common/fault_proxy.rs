@@ -1,13 +1,25 @@
-//! A loopback TCP proxy in front of Azurite that misbehaves on purpose for
-//! the first N requests (503 ServerBusy, dropped connection, short body, or
-//! no answer at all), then forwards everything untouched.
+//! A loopback TCP proxy in front of Azurite that misbehaves on purpose.
+//!
+//! Two plans: `start` answers the first N requests with one fault (503
+//! ServerBusy, dropped connection, short body, or no answer at all), then
+//! forwards everything untouched; `start_random` draws a fault for each request
+//! at given rates (503 ServerBusy, a reset in the middle of the request or of
+//! the response, a delay), bounded by a count and a time window, from a seed.
+//! To see every request, the random plan adds `Connection: close`, so each
+//! connection carries one request. `cut` makes storage unreachable: every open
+//! connection is reset and new ones are closed at once; `hang_all` makes it
+//! hang (requests read, never answered) until turned off.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 /// How a faulty request is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,14 +32,89 @@ pub enum Fault {
     ShortBody,
     /// Read the request and never answer (until the client gives up).
     Hang,
+    /// Forward half of the request upstream, then reset both connections.
+    ResetRequest,
+    /// Forward the request, pass part of the response on, then reset.
+    ResetResponse,
+    /// Wait `Rates::delay`, then forward normally.
+    Delay,
+}
+
+/// Fault rates of the random plan, in requests per thousand, with bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct Rates {
+    /// 503 ServerBusy answers.
+    pub busy_per_mille: u32,
+    /// Resets in the middle of the request.
+    pub reset_request_per_mille: u32,
+    /// Resets in the middle of the response.
+    pub reset_response_per_mille: u32,
+    /// Delayed answers.
+    pub delay_per_mille: u32,
+    /// How long a delayed answer waits.
+    pub delay: Duration,
+    /// No more faults after this many.
+    pub max_faults: u64,
+    /// No more faults after this long since the start.
+    pub window: Duration,
+}
+
+impl Rates {
+    /// 10% ServerBusy, 1% + 1% resets (request, response), 2% delays of
+    /// 300 ms; at most 100,000 faults within 10 minutes.
+    pub fn issue_default() -> Rates {
+        Rates {
+            busy_per_mille: 100,
+            reset_request_per_mille: 10,
+            reset_response_per_mille: 10,
+            delay_per_mille: 20,
+            delay: Duration::from_millis(300),
+            max_faults: 100_000,
+            window: Duration::from_secs(600),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Plan {
+    Fixed(Fault, u64),
+    Random(Rates),
+}
+
+/// Counts of what the proxy did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Tally {
+    /// Requests seen.
+    pub seen: u64,
+    /// 503 answers.
+    pub busy: u64,
+    /// Resets mid-request.
+    pub reset_request: u64,
+    /// Resets mid-response.
+    pub reset_response: u64,
+    /// Delays.
+    pub delayed: u64,
+}
+
+struct Shared {
+    plan: Plan,
+    faulted: AtomicU64,
+    seen: AtomicU64,
+    by_kind: [AtomicU64; 7],
+    rng: Mutex<StdRng>,
+    started: Instant,
+    down: AtomicBool,
+    hang: AtomicBool,
+    /// Bumped to reset every open connection.
+    cut: watch::Sender<u64>,
+    upstream: String,
 }
 
 /// A running proxy. Dropping it stops accepting new connections.
 pub struct FaultProxy {
     /// `http://127.0.0.1:PORT/devstoreaccount1`-style endpoint (the upstream's path).
     pub endpoint: url::Url,
-    faulted: Arc<AtomicU64>,
-    seen: Arc<AtomicU64>,
+    shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -35,6 +122,15 @@ impl FaultProxy {
     /// Start a proxy to `upstream` (an http URL) that answers the first
     /// `faults` requests (`u64::MAX`: all) with `fault`.
     pub async fn start(upstream: &url::Url, fault: Fault, faults: u64) -> FaultProxy {
+        Self::start_plan(upstream, Plan::Fixed(fault, faults), 0).await
+    }
+
+    /// Start a proxy to `upstream` drawing faults at `rates` from `seed`.
+    pub async fn start_random(upstream: &url::Url, rates: Rates, seed: u64) -> FaultProxy {
+        Self::start_plan(upstream, Plan::Random(rates), seed).await
+    }
+
+    async fn start_plan(upstream: &url::Url, plan: Plan, seed: u64) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind loopback");
@@ -47,41 +143,90 @@ impl FaultProxy {
         let mut endpoint = upstream.clone();
         endpoint.set_host(Some("127.0.0.1")).expect("set host");
         endpoint.set_port(Some(port)).expect("set port");
-        let faulted = Arc::new(AtomicU64::new(0));
-        let seen = Arc::new(AtomicU64::new(0));
-        let (f2, s2) = (faulted.clone(), seen.clone());
+        let (cut, _) = watch::channel(0u64);
+        let shared = Arc::new(Shared {
+            plan,
+            faulted: AtomicU64::new(0),
+            seen: AtomicU64::new(0),
+            by_kind: Default::default(),
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            started: Instant::now(),
+            down: AtomicBool::new(false),
+            hang: AtomicBool::new(false),
+            cut,
+            upstream: up_addr,
+        });
+        let s2 = shared.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((conn, _)) = listener.accept().await else {
                     return;
                 };
-                let (f, s, up) = (f2.clone(), s2.clone(), up_addr.clone());
+                if s2.down.load(Ordering::SeqCst) {
+                    let _ = conn.set_zero_linger();
+                    drop(conn);
+                    continue;
+                }
+                let s = s2.clone();
+                let mut cut = s2.cut.subscribe();
                 tokio::spawn(async move {
-                    let _ = serve(conn, &up, fault, faults, &f, &s).await;
+                    tokio::select! {
+                        _ = serve(conn, &s) => {}
+                        _ = cut.changed() => {}
+                    }
                 });
             }
         });
         FaultProxy {
             endpoint,
-            faulted,
-            seen,
+            shared,
             task,
         }
     }
 
     /// Requests answered with a fault so far.
     pub fn faulted(&self) -> u64 {
-        self.faulted.load(Ordering::SeqCst)
+        self.shared.faulted.load(Ordering::SeqCst)
     }
 
-    /// Requests (first on each connection) seen so far.
+    /// Requests seen so far (the first on each connection for `start`).
     pub fn seen(&self) -> u64 {
-        self.seen.load(Ordering::SeqCst)
+        self.shared.seen.load(Ordering::SeqCst)
+    }
+
+    /// What the proxy did so far.
+    pub fn tally(&self) -> Tally {
+        let k = |f: Fault| self.shared.by_kind[f as usize].load(Ordering::SeqCst);
+        Tally {
+            seen: self.seen(),
+            busy: k(Fault::ServerBusy),
+            reset_request: k(Fault::ResetRequest),
+            reset_response: k(Fault::ResetResponse),
+            delayed: k(Fault::Delay),
+        }
+    }
+
+    /// While `on`, every request is read and never answered (a hung
+    /// backend); turning it on resets the open connections.
+    pub fn hang_all(&self, on: bool) {
+        self.shared.hang.store(on, Ordering::SeqCst);
+        if on {
+            // Pooled connections would otherwise pass requests on untouched.
+            self.shared.cut.send_modify(|g| *g += 1);
+        }
+    }
+
+    /// Storage unreachable from now on: open connections are reset, new ones
+    /// closed at once.
+    pub fn cut(&self) {
+        self.shared.down.store(true, Ordering::SeqCst);
+        self.shared.cut.send_modify(|g| *g += 1);
     }
 }
 
 impl Drop for FaultProxy {
     fn drop(&mut self) {
+        self.cut();
         self.task.abort();
     }
 }
@@ -110,46 +255,131 @@ async fn read_request(conn: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     }
 }
 
-async fn serve(
-    mut conn: TcpStream,
-    upstream: &str,
-    fault: Fault,
-    faults: u64,
-    faulted: &AtomicU64,
-    seen: &AtomicU64,
-) -> std::io::Result<()> {
-    let request = read_request(&mut conn).await?;
-    seen.fetch_add(1, Ordering::SeqCst);
-    let take_fault = faulted
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-            (n < faults).then_some(n + 1)
-        })
-        .is_ok();
-    if take_fault {
-        match fault {
-            Fault::ServerBusy => {
-                conn.write_all(
-                    b"HTTP/1.1 503 Service Unavailable\r\nx-ms-error-code: ServerBusy\r\n\
+/// The request with `Connection: close` added after its request line.
+fn with_connection_close(request: &[u8]) -> Vec<u8> {
+    let Some(line_end) = request.windows(2).position(|w| w == b"\r\n") else {
+        return request.to_vec();
+    };
+    let mut out = Vec::with_capacity(request.len() + 20);
+    out.extend_from_slice(&request[..line_end + 2]);
+    out.extend_from_slice(b"Connection: close\r\n");
+    out.extend_from_slice(&request[line_end + 2..]);
+    out
+}
+
+fn draw(shared: &Shared) -> Option<Fault> {
+    match shared.plan {
+        Plan::Fixed(fault, faults) => shared
+            .faulted
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < faults).then_some(n + 1)
+            })
+            .is_ok()
+            .then_some(fault),
+        Plan::Random(r) => {
+            if shared.started.elapsed() > r.window
+                || shared.faulted.load(Ordering::SeqCst) >= r.max_faults
+            {
+                return None;
+            }
+            let x: u32 = shared.rng.lock().expect("rng lock").random_range(0..1000);
+            let mut edge = 0;
+            let mut pick = None;
+            for (rate, fault) in [
+                (r.busy_per_mille, Fault::ServerBusy),
+                (r.reset_request_per_mille, Fault::ResetRequest),
+                (r.reset_response_per_mille, Fault::ResetResponse),
+                (r.delay_per_mille, Fault::Delay),
+            ] {
+                edge += rate;
+                if x < edge {
+                    pick = Some(fault);
+                    break;
+                }
+            }
+            if pick.is_some() {
+                shared.faulted.fetch_add(1, Ordering::SeqCst);
+            }
+            pick
+        }
+    }
+}
+
+async fn serve(mut conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    let mut request = read_request(&mut conn).await?;
+    shared.seen.fetch_add(1, Ordering::SeqCst);
+    let random = matches!(shared.plan, Plan::Random(_));
+    if random {
+        request = with_connection_close(&request);
+    }
+    let fault = if shared.hang.load(Ordering::SeqCst) {
+        Some(Fault::Hang)
+    } else {
+        draw(shared)
+    };
+    if let Some(f) = fault {
+        shared.by_kind[f as usize].fetch_add(1, Ordering::SeqCst);
+    }
+    let reset = |c: &TcpStream| {
+        let _ = c.set_zero_linger();
+    };
+    match fault {
+        None => {}
+        Some(Fault::ServerBusy) => {
+            conn.write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\nx-ms-error-code: ServerBusy\r\n\
 Content-Type: application/xml\r\nConnection: close\r\nContent-Length: 100\r\n\r\n\
 <?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>ServerBusy</Code><Message>Busy.</Message></Error>",
-                )
-                .await?;
-            }
-            Fault::Drop => {}
-            Fault::ShortBody => {
-                conn.write_all(
-                    b"HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\nConnection: close\r\n\r\n0123456789",
-                )
-                .await?;
-            }
-            Fault::Hang => {
-                tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
-            }
+            )
+            .await?;
+            let _ = conn.shutdown().await;
+            return Ok(());
         }
-        let _ = conn.shutdown().await;
-        return Ok(());
+        Some(Fault::Drop) => {
+            let _ = conn.shutdown().await;
+            return Ok(());
+        }
+        Some(Fault::ShortBody) => {
+            conn.write_all(
+                b"HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\nConnection: close\r\n\r\n0123456789",
+            )
+            .await?;
+            let _ = conn.shutdown().await;
+            return Ok(());
+        }
+        Some(Fault::Hang) => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            return Ok(());
+        }
+        Some(Fault::ResetRequest) => {
+            let mut up = TcpStream::connect(&shared.upstream).await?;
+            up.write_all(&request[..request.len() / 2]).await?;
+            reset(&up);
+            reset(&conn);
+            return Ok(());
+        }
+        Some(Fault::ResetResponse) => {
+            let mut up = TcpStream::connect(&shared.upstream).await?;
+            up.write_all(&request).await?;
+            let mut buf = vec![0u8; 64 * 1024];
+            let n = up.read(&mut buf).await?;
+            // Pass on part of what came (at least the status line when it is
+            // all there is), then cut.
+            let keep = (n / 2).max(n.min(12));
+            conn.write_all(&buf[..keep]).await?;
+            reset(&up);
+            reset(&conn);
+            return Ok(());
+        }
+        Some(Fault::Delay) => {
+            let delay = match shared.plan {
+                Plan::Random(r) => r.delay,
+                Plan::Fixed(..) => Duration::from_millis(300),
+            };
+            tokio::time::sleep(delay).await;
+        }
     }
-    let mut up = TcpStream::connect(upstream).await?;
+    let mut up = TcpStream::connect(&shared.upstream).await?;
     up.write_all(&request).await?;
     tokio::io::copy_bidirectional(&mut conn, &mut up).await?;
     Ok(())

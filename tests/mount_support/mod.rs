@@ -122,6 +122,8 @@ pub struct Sandbox {
     /// The temp dir (removed on drop, after the guards inside it are gone).
     pub root: tempfile::TempDir,
     connection_string: String,
+    /// Extra environment of every command (see [`Sandbox::with_env`]).
+    env: Vec<(String, String)>,
 }
 
 impl Sandbox {
@@ -135,7 +137,19 @@ impl Sandbox {
         Sandbox {
             root,
             connection_string,
+            env: Vec::new(),
         }
+    }
+
+    /// The same sandbox, with `name=value` in the environment of its commands.
+    pub fn with_env(mut self, name: &str, value: &str) -> Sandbox {
+        self.env.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// Where the sandbox's commands write recovery files.
+    pub fn recovery_dir(&self) -> PathBuf {
+        self.root.path().join("recovery")
     }
 
     /// A new empty directory in the sandbox.
@@ -151,6 +165,8 @@ impl Sandbox {
         cmd.args(args)
             .env("AZURE_STORAGE_CONNECTION_STRING", &self.connection_string)
             .env("BLOBDRIVE_RUN_DIR", self.root.path().join("run"))
+            .env("BLOBDRIVE_RECOVERY_DIR", self.recovery_dir())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null());
         cmd
     }

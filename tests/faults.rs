@@ -1,0 +1,875 @@
+//! Reliability under faults, through the real binary against the real
+//! emulator: injected 503s and connection resets (a fault proxy between
+//! blobdrive and Azurite), a lease broken by another client while mounted,
+//! storage unreachable at unmount, and kill -9 of the daemon mid-stream.
+//! What must hold: every acknowledged write reaches the blob, and data that
+//! cannot be flushed lands in a recovery file that `blobdrive recover` applies.
+//! Byte checks read the blob directly from Azurite (never through the proxy or
+//! the mount).
+//!
+//! Tests that need FUSE print `SKIPPED: ...` where it is missing (a failure
+//! under `BLOBDRIVE_REQUIRE_FUSE=1`).
+
+mod common;
+mod mount_support;
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blobdrive::blob::{BlobClient, BlobPath};
+use blobdrive::units::ByteRange;
+use blobdrive::vhd::Footer;
+use common::fault_proxy::{Fault, FaultProxy, Rates};
+use common::ContainerGuard;
+use mount_support::*;
+use sha2::{Digest, Sha256};
+
+const MIB: u64 = 1024 * 1024;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().expect("tokio runtime")
+}
+
+/// A fresh drive: a page blob of `size_bytes` + 512 with a fixed VHD footer.
+async fn make_drive(client: &BlobClient, path: &BlobPath, size_bytes: u64) {
+    client
+        .create_page_blob(path, size_bytes + 512)
+        .await
+        .expect("create page blob");
+    client
+        .put_pages(
+            path,
+            size_bytes,
+            Footer::new_fixed(size_bytes).to_bytes().to_vec().into(),
+            None,
+        )
+        .await
+        .expect("write the VHD footer");
+}
+
+/// The blob's bytes `[start, end)`, read directly from Azurite.
+async fn blob_bytes(client: &BlobClient, path: &BlobPath, start: u64, end: u64) -> Vec<u8> {
+    client
+        .get_blob_range(path, ByteRange::new(start, end))
+        .await
+        .expect("read the blob")
+        .to_vec()
+}
+
+/// A connection string whose blob endpoint is `proxy`.
+fn via_proxy(proxy: &FaultProxy) -> String {
+    let mut account = common::account();
+    account.endpoint = proxy.endpoint.clone();
+    account.connection_string()
+}
+
+/// `n` bytes of a pattern unique to `tag`.
+fn pattern(tag: u64, n: usize) -> Vec<u8> {
+    let mut state = tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// The recovery files in `dir`.
+fn recovery_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "bdrec"))
+        .collect()
+}
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn lease_broken_while_mounted_fails_writes_and_recover_applies_the_dirty_pages() {
+    if !can_run("lease_broken_while_mounted", false) {
+        return;
+    }
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-lease"));
+    let path = guard.path("d.vhd");
+    rt.block_on(make_drive(&guard.client, &path, 16 * MIB));
+    let sandbox = Sandbox::new(common::connection_string());
+    let mount = sandbox.mount("ns", Some(&guard.name), &[]);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(mount.path("d.vhd"))
+        .expect("open the drive file");
+    let durable = pattern(1, MIB as usize);
+    file.write_all_at(&durable, 0).unwrap();
+    file.sync_all().expect("fsync before the break");
+
+    rt.block_on(guard.client.break_lease(&path, Some(0)))
+        .expect("another client breaks the lease");
+    let dirty = pattern(2, MIB as usize);
+    // The kernel may take this write into its cache; the fsync that follows
+    // must fail, and so must later writes.
+    let _ = file.write_all_at(&dirty, 2 * MIB);
+    let err = file.sync_all().expect_err("fsync after the lease is lost");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let err = file
+        .write_all_at(&pattern(3, 4096), 8 * MIB)
+        .and_then(|()| file.sync_all())
+        .expect_err("writes after the lease is lost");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    drop(file);
+
+    let out = mount.try_unmount();
+    let stderr = stderr_of(&out);
+    assert!(!out.status.success(), "unmount must fail: {stderr}");
+    assert!(
+        stderr.contains("blobdrive recover") && stderr.contains(".bdrec"),
+        "unmount names the recovery file: {stderr}\nlog: {}",
+        mount.log_text()
+    );
+    assert!(
+        mount.log_text().contains("RECOVERY FILE"),
+        "the daemon logs it loudly"
+    );
+    let files = recovery_files(&sandbox.recovery_dir());
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(
+        rt.block_on(blob_bytes(&guard.client, &path, 2 * MIB, 3 * MIB)),
+        vec![0u8; MIB as usize],
+        "nothing reached the blob without the lease"
+    );
+
+    let file_s = files[0].to_string_lossy().to_string();
+    let out = sandbox.blobdrive_ok(&["recover", &file_s]);
+    assert!(out.contains("recovered"), "{out}");
+    assert!(!files[0].exists(), "recover removes the file on success");
+    assert_eq!(
+        rt.block_on(blob_bytes(&guard.client, &path, 2 * MIB, 3 * MIB)),
+        dirty,
+        "the dirty pages are in the blob"
+    );
+    assert_eq!(
+        rt.block_on(blob_bytes(&guard.client, &path, 0, MIB)),
+        durable
+    );
+}
+
+#[test]
+fn recover_refuses_a_damaged_file_and_a_resized_blob() {
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-refuse"));
+    let path = guard.path("r.vhd");
+    rt.block_on(make_drive(&guard.client, &path, 4 * MIB));
+    let sandbox = Sandbox::new(common::connection_string());
+    let header = blobdrive::recovery::Header {
+        account: common::account().name.clone(),
+        target: path.to_string(),
+        blob_size_bytes: 8 * MIB + 512,
+        reason: "test".into(),
+        saved_at: String::new(),
+        records: 0,
+        data_bytes: 4096,
+    };
+    let runs = vec![(0u64, bytes::Bytes::from(pattern(9, 4096)))];
+    let dir = sandbox.recovery_dir();
+    let file = blobdrive::recovery::write_file(&dir, header, &runs).unwrap();
+    let file_s = file.to_string_lossy().to_string();
+    let out = sandbox.blobdrive(&["recover", &file_s]);
+    let stderr = stderr_of(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("refusing to apply it"), "{stderr}");
+    assert!(file.exists(), "a refused file is kept");
+
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes.len() - 200;
+    bytes[at] ^= 0x40;
+    std::fs::write(&file, &bytes).unwrap();
+    let out = sandbox.blobdrive(&["recover", &file_s]);
+    let stderr = stderr_of(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("checksum mismatch"), "{stderr}");
+    assert_eq!(
+        rt.block_on(blob_bytes(&guard.client, &path, 0, 4096)),
+        vec![0u8; 4096],
+        "nothing applied"
+    );
+}
+
+#[test]
+fn storage_unreachable_at_unmount_saves_a_recovery_file() {
+    if !can_run("storage_unreachable_at_unmount", false) {
+        return;
+    }
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-cut"));
+    let path = guard.path("u.vhd");
+    rt.block_on(make_drive(&guard.client, &path, 16 * MIB));
+    let upstream = common::account().endpoint.clone();
+    let proxy = rt.block_on(FaultProxy::start(&upstream, Fault::ServerBusy, 0));
+    let sandbox = Sandbox::new(via_proxy(&proxy)).with_env("BLOBDRIVE_RETRY_TOTAL_SECS", "4");
+    let mount = sandbox.mount("ns", Some(&guard.name), &[]);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(mount.path("u.vhd"))
+        .expect("open the drive file");
+    let durable = pattern(11, MIB as usize);
+    file.write_all_at(&durable, 0).unwrap();
+    file.sync_all().expect("fsync while storage is up");
+    let dirty = pattern(12, MIB as usize);
+    file.write_all_at(&dirty, 4 * MIB).unwrap();
+    proxy.cut();
+    drop(file);
+
+    let started = Instant::now();
+    let out = mount.try_unmount();
+    let stderr = stderr_of(&out);
+    assert!(!out.status.success(), "unmount must fail: {stderr}");
+    assert!(
+        stderr.contains("blobdrive recover") && stderr.contains(".bdrec"),
+        "unmount names the recovery file: {stderr}\nlog: {}",
+        mount.log_text()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "bounded by the retry budget"
+    );
+    let files = recovery_files(&sandbox.recovery_dir());
+    assert_eq!(files.len(), 1, "{files:?}");
+
+    // The dead mount still holds the lease: recover needs --break-lease.
+    let direct = Sandbox::new(common::connection_string());
+    let file_s = files[0].to_string_lossy().to_string();
+    let out = direct.blobdrive(&["recover", &file_s]);
+    assert!(!out.status.success(), "lease still held");
+    assert!(
+        stderr_of(&out).contains("break-lease"),
+        "{}",
+        stderr_of(&out)
+    );
+    direct.blobdrive_ok(&["recover", &file_s, "--break-lease"]);
+    assert_eq!(
+        rt.block_on(blob_bytes(&guard.client, &path, 4 * MIB, 5 * MIB)),
+        dirty
+    );
+    assert_eq!(
+        rt.block_on(blob_bytes(&guard.client, &path, 0, MIB)),
+        durable
+    );
+}
+
+#[test]
+fn fio_verify_passes_under_injected_503s_and_resets_and_the_blob_matches() {
+    if !can_run("fio_verify_under_faults", false) {
+        return;
+    }
+    if Command::new("fio").arg("--version").output().is_err() {
+        println!("SKIPPED: fio is not installed");
+        assert!(
+            std::env::var_os(REQUIRE_ENV).is_none(),
+            "fio is required under {REQUIRE_ENV}"
+        );
+        return;
+    }
+    let seed: u64 = std::env::var("BLOBDRIVE_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("fault seed {seed} (BLOBDRIVE_FAULT_SEED={seed} reproduces the draws)");
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-fio"));
+    let path = guard.path("f.vhd");
+    let size = 64 * MIB;
+    rt.block_on(make_drive(&guard.client, &path, size));
+    let upstream = common::account().endpoint.clone();
+    let proxy = rt.block_on(FaultProxy::start_random(
+        &upstream,
+        Rates::issue_default(),
+        seed,
+    ));
+    let sandbox = Sandbox::new(via_proxy(&proxy));
+    let fio = |file: &Path, verify_only: bool| {
+        let file = file.to_string_lossy().to_string();
+        let mut args = vec![
+            "--name=faults".to_string(),
+            format!("--filename={file}"),
+            "--rw=randwrite".into(),
+            "--bs=64k".into(),
+            "--size=48M".into(),
+            "--ioengine=psync".into(),
+            "--direct=1".into(),
+            "--verify=crc32c".into(),
+            "--verify_fatal=1".into(),
+            "--randrepeat=1".into(),
+            "--randseed=7".into(),
+            "--fsync_on_close=1".into(),
+        ];
+        if verify_only {
+            args.push("--verify_only=1".into());
+        }
+        let out = Command::new("fio").args(&args).output().expect("run fio");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "fio failed: {text}");
+        assert!(!text.contains("verify: bad"), "fio verify error: {text}");
+    };
+    let mount = sandbox.mount("ns", Some(&guard.name), &[]);
+    fio(&mount.path("f.vhd"), false);
+    let seen_hash = {
+        let bytes = std::fs::read(mount.path("f.vhd")).expect("read the drive file");
+        Sha256::digest(&bytes).to_vec()
+    };
+    let retries_first: u64 = sandbox.stats(&mount.dir)["devices"]
+        .as_object()
+        .map(|d| d.values().filter_map(|v| v["retries"].as_u64()).sum())
+        .unwrap_or(0);
+    mount.unmount();
+
+    // Again after a remount: every block read back from the blob, through faults.
+    let mount = sandbox.mount("ns2", Some(&guard.name), &[]);
+    fio(&mount.path("f.vhd"), true);
+    mount.unmount();
+
+    let blob = rt.block_on(blob_bytes(&guard.client, &path, 0, size));
+    assert_eq!(
+        Sha256::digest(&blob).to_vec(),
+        seen_hash,
+        "the blob (read directly) matches the drive file"
+    );
+    let t = proxy.tally();
+    println!(
+        "requests {} through the proxy: {} ServerBusy, {} resets mid-request, {} mid-response, \
+         {} delayed; daemon retries (first mount stats): {retries_first}",
+        t.seen, t.busy, t.reset_request, t.reset_response, t.delayed
+    );
+    assert!(
+        t.busy > 0 && t.reset_request + t.reset_response > 0,
+        "{t:?}"
+    );
+}
+
+#[test]
+fn kill_9_keeps_every_fsynced_byte_and_the_lease_refuses_a_new_writer() {
+    if !can_run("kill_9_mid_stream", false) {
+        return;
+    }
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-kill"));
+    let path = guard.path("k.vhd");
+    let chunk = 256 * 1024usize;
+    let chunks = 128u64;
+    rt.block_on(make_drive(&guard.client, &path, chunks * chunk as u64));
+    let sandbox = Sandbox::new(common::connection_string());
+    let mount = sandbox.mount("ns", Some(&guard.name), &[]);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(mount.path("k.vhd"))
+        .expect("open the drive file");
+    let acked = Arc::new(AtomicU64::new(0));
+    let acked2 = acked.clone();
+    let writer = std::thread::spawn(move || {
+        for i in 0..chunks {
+            if file
+                .write_all_at(&pattern(100 + i, chunk), i * chunk as u64)
+                .is_err()
+                || file.sync_data().is_err()
+            {
+                return;
+            }
+            acked2.store(i + 1, Ordering::SeqCst);
+        }
+    });
+    wait_for("20 acknowledged chunks", Duration::from_secs(60), || {
+        acked.load(Ordering::SeqCst) >= 20
+    });
+    send_signal(mount.pid, libc::SIGKILL);
+    let acked_at_kill = acked.load(Ordering::SeqCst);
+    let dir = mount.dir.to_string_lossy().to_string();
+    let _ = Command::new("umount").args(["-l", &dir]).output();
+    writer.join().expect("writer thread");
+    let acked = acked.load(Ordering::SeqCst);
+    println!("{acked_at_kill} chunks acknowledged at the kill, {acked} in all");
+    for i in 0..acked {
+        let got = rt.block_on(blob_bytes(
+            &guard.client,
+            &path,
+            i * chunk as u64,
+            (i + 1) * chunk as u64,
+        ));
+        assert!(
+            got == pattern(100 + i, chunk),
+            "chunk {i} acknowledged but not in the blob"
+        );
+    }
+
+    // The dead daemon's lease is still there: a new writer is refused.
+    let mount2 = sandbox.mount("ns2", Some(&guard.name), &[]);
+    let err = OpenOptions::new()
+        .write(true)
+        .open(mount2.path("k.vhd"))
+        .expect_err("a writable open while the lease is held");
+    assert_eq!(err.raw_os_error(), Some(libc::EBUSY), "{err}");
+    sandbox.blobdrive_ok(&["break-lease", &path.to_string()]);
+    let file = OpenOptions::new()
+        .write(true)
+        .open(mount2.path("k.vhd"))
+        .expect("writable open after break-lease");
+    drop(file);
+    mount2.unmount();
+    drop(mount);
+}
+
+/// One fsx-style run: `ops` (`BLOBDRIVE_FSX_OPS`, default 3,000) random reads
+/// (40%), writes (40%), punch holes (10%), fsyncs (9.7%) and remounts (0.3%) of
+/// a drive file against a `Vec<u8>` model; `BLOBDRIVE_FSX_SEED` replays a run.
+#[test]
+fn random_operations_match_a_model_across_fsyncs_and_remounts() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, RngCore, SeedableRng};
+    if !can_run("random_operations_match_a_model", false) {
+        return;
+    }
+    let ops: u64 = std::env::var("BLOBDRIVE_FSX_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3000);
+    let seed: u64 = std::env::var("BLOBDRIVE_FSX_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("fsx: {ops} ops, seed {seed} (BLOBDRIVE_FSX_SEED={seed} BLOBDRIVE_FSX_OPS={ops} reproduces it)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-fsx"));
+    let path = guard.path("x.vhd");
+    let size = 8 * MIB;
+    rt.block_on(make_drive(&guard.client, &path, size));
+    let sandbox = Sandbox::new(common::connection_string());
+    let open = |mount: &DaemonMount| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(mount.path("x.vhd"))
+            .expect("open the drive file")
+    };
+    let mut model = vec![0u8; size as usize];
+    let mut generation = 0u32;
+    let mut mount = sandbox.mount("fsx0", Some(&guard.name), &[]);
+    let mut file = open(&mount);
+    let mut counts = [0u64; 5];
+    let max_len = 128 * 1024u64;
+    for op in 0..ops {
+        let kind = rng.random_range(0..1000u32);
+        let offset = rng.random_range(0..size);
+        let len = rng.random_range(1..=max_len).min(size - offset);
+        let (at, n) = (offset as usize, len as usize);
+        match kind {
+            0..=399 => {
+                counts[0] += 1;
+                let mut buf = vec![0u8; n];
+                file.read_exact_at(&mut buf, offset)
+                    .unwrap_or_else(|e| panic!("op {op}: read {offset}+{len}: {e} (seed {seed})"));
+                if buf != model[at..at + n] {
+                    let first = (0..n).find(|&i| buf[i] != model[at + i]).unwrap_or(0);
+                    panic!(
+                        "op {op}: read {offset}+{len} differs from the model at byte {} (seed {seed})",
+                        offset + first as u64
+                    );
+                }
+            }
+            400..=799 => {
+                counts[1] += 1;
+                let mut buf = vec![0u8; n];
+                rng.fill_bytes(&mut buf);
+                file.write_all_at(&buf, offset)
+                    .unwrap_or_else(|e| panic!("op {op}: write {offset}+{len}: {e} (seed {seed})"));
+                model[at..at + n].copy_from_slice(&buf);
+            }
+            800..=899 => {
+                counts[2] += 1;
+                use std::os::fd::AsRawFd;
+                // SAFETY: a valid open fd and in-range arguments.
+                let rc = unsafe {
+                    libc::fallocate(
+                        file.as_raw_fd(),
+                        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                        offset as libc::off_t,
+                        len as libc::off_t,
+                    )
+                };
+                assert_eq!(
+                    rc,
+                    0,
+                    "op {op}: punch hole {offset}+{len}: {} (seed {seed})",
+                    std::io::Error::last_os_error()
+                );
+                model[at..at + n].fill(0);
+            }
+            900..=996 => {
+                counts[3] += 1;
+                file.sync_all()
+                    .unwrap_or_else(|e| panic!("op {op}: fsync: {e} (seed {seed})"));
+            }
+            _ => {
+                counts[4] += 1;
+                drop(file);
+                mount.unmount();
+                generation += 1;
+                mount = sandbox.mount(&format!("fsx{generation}"), Some(&guard.name), &[]);
+                file = open(&mount);
+                let whole = std::fs::read(mount.path("x.vhd")).expect("read after remount");
+                assert!(
+                    whole == model,
+                    "op {op}: the drive differs from the model after a remount (seed {seed})"
+                );
+            }
+        }
+    }
+    drop(file);
+    mount.unmount();
+    let blob = rt.block_on(blob_bytes(&guard.client, &path, 0, size));
+    assert!(
+        blob == model,
+        "the blob differs from the model at the end (seed {seed})"
+    );
+    println!(
+        "fsx: {} reads, {} writes, {} punch holes, {} fsyncs, {} remounts: 0 mismatches",
+        counts[0], counts[1], counts[2], counts[3], counts[4]
+    );
+}
+
+/// What `kill -9` of an attach daemon leaves behind (the filesystem at DIR,
+/// the loop device, the private FUSE mount), removed on drop.
+struct DeadAttach {
+    dir: String,
+    loop_device: Option<String>,
+    fuse_dir: Option<String>,
+}
+
+impl DeadAttach {
+    fn clean(&mut self) {
+        let quiet = |program: &str, args: &[&str]| {
+            let _ = Command::new(program).args(args).output();
+        };
+        quiet("umount", &["-l", &self.dir]);
+        if let Some(dev) = self.loop_device.take() {
+            quiet("losetup", &["-d", &dev]);
+        }
+        if let Some(fuse) = self.fuse_dir.take() {
+            quiet("umount", &["-l", &fuse]);
+        }
+    }
+}
+
+impl Drop for DeadAttach {
+    fn drop(&mut self) {
+        self.clean();
+    }
+}
+
+/// The attach registry entry of `dir` in `sandbox`.
+fn attach_entry(sandbox: &Sandbox, dir: &Path) -> serde_json::Value {
+    let reg = sandbox.root.path().join("run").join("attach");
+    std::fs::read_dir(&reg)
+        .expect("attach registry")
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .find(|v| v["dir"].as_str().map(Path::new) == Some(dir))
+        .expect("a registry entry for the attach")
+}
+
+#[test]
+fn kill_9_of_an_attached_ext4_keeps_fsynced_files_and_e2fsck_is_clean_after_replay() {
+    if !can_run("kill_9_attached_ext4", true) {
+        return;
+    }
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-ext4"));
+    let name = format!("{}/e.vhd", guard.name);
+    let sandbox = Sandbox::new(common::connection_string());
+    sandbox.blobdrive_ok(&["create", &name, "--size", "64M", "--mkfs", "ext4"]);
+    let dir = sandbox.dir("fs");
+    let dir_s = dir.canonicalize().unwrap().to_string_lossy().to_string();
+    sandbox.blobdrive_ok(&["mount", &name, &dir_s]);
+    let entry = attach_entry(&sandbox, Path::new(&dir_s));
+    let mut dead = DeadAttach {
+        dir: dir_s.clone(),
+        loop_device: entry["loop_device"].as_str().map(String::from),
+        fuse_dir: entry["fuse_dir"].as_str().map(String::from),
+    };
+    let pid = entry["pid"].as_i64().expect("pid in the registry") as i32;
+    let acked = Arc::new(AtomicU64::new(0));
+    let acked2 = acked.clone();
+    let base = PathBuf::from(&dir_s);
+    let writer = std::thread::spawn(move || {
+        for i in 0..400u64 {
+            let write = || -> std::io::Result<()> {
+                let f = std::fs::File::create(base.join(format!("f{i}")))?;
+                f.write_all_at(&pattern(500 + i, 64 * 1024), 0)?;
+                f.sync_all()?;
+                std::fs::File::open(&base)?.sync_all()
+            };
+            if write().is_err() {
+                return;
+            }
+            acked2.store(i + 1, Ordering::SeqCst);
+        }
+    });
+    wait_for("10 fsynced files", Duration::from_secs(60), || {
+        acked.load(Ordering::SeqCst) >= 10
+    });
+    send_signal(pid, libc::SIGKILL);
+    dead.clean();
+    writer.join().expect("writer thread");
+    let acked = acked.load(Ordering::SeqCst);
+    println!("{acked} files fsynced before the kill");
+
+    // The dead daemon's lease refuses a new writer until --break-lease.
+    let dir2 = sandbox.dir("fs2").canonicalize().unwrap();
+    let dir2_s = dir2.to_string_lossy().to_string();
+    let out = sandbox.blobdrive(&["mount", &name, &dir2_s]);
+    assert!(!out.status.success(), "mount while the lease is held");
+    let stderr = stderr_of(&out);
+    assert!(stderr.contains("break-lease"), "{stderr}");
+    sandbox.blobdrive_ok(&["mount", &name, &dir2_s, "--break-lease"]);
+    for i in 0..acked {
+        let got = std::fs::read(dir2.join(format!("f{i}")))
+            .unwrap_or_else(|e| panic!("file f{i} fsynced before the kill: {e}"));
+        assert!(got == pattern(500 + i, 64 * 1024), "file f{i} differs");
+    }
+    sandbox.blobdrive_ok(&["unmount", &dir2_s]);
+
+    // The filesystem (journal replayed by that mount) checks clean.
+    let ro = sandbox.mount("ro", Some(&guard.name), &["--read-only"]);
+    let out = Command::new("e2fsck")
+        .args(["-fn", &ro.path("e.vhd").to_string_lossy()])
+        .output()
+        .expect("run e2fsck");
+    assert!(
+        out.status.success(),
+        "e2fsck -fn: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ro.unmount();
+}
+
+#[test]
+fn a_hung_backend_turns_fsync_into_eio_in_bounded_time_and_keeps_the_data() {
+    if !can_run("hung_backend_gives_eio", false) {
+        return;
+    }
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-hang"));
+    let path = guard.path("h.vhd");
+    rt.block_on(make_drive(&guard.client, &path, 16 * MIB));
+    let upstream = common::account().endpoint.clone();
+    let proxy = rt.block_on(FaultProxy::start(&upstream, Fault::ServerBusy, 0));
+    let sandbox = Sandbox::new(via_proxy(&proxy)).with_env("BLOBDRIVE_RETRY_TOTAL_SECS", "3");
+    let mount = sandbox.mount("ns", Some(&guard.name), &[]);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(mount.path("h.vhd"))
+        .expect("open the drive file");
+    let data = pattern(21, MIB as usize);
+    proxy.hang_all(true);
+    file.write_all_at(&data, 3 * MIB).unwrap();
+    let started = Instant::now();
+    let err = file.sync_all().expect_err("fsync while the backend hangs");
+    let took = started.elapsed();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(took < Duration::from_secs(30), "EIO after {took:?}");
+    println!(
+        "fsync on a hung backend: EIO after {:.1} s",
+        took.as_secs_f64()
+    );
+
+    // The data stayed dirty: once storage answers again, fsync makes it durable.
+    proxy.hang_all(false);
+    file.write_all_at(&data[..512], 3 * MIB).unwrap();
+    file.sync_all().expect("fsync once storage answers");
+    drop(file);
+    mount.unmount();
+    assert_eq!(
+        rt.block_on(blob_bytes(&guard.client, &path, 3 * MIB, 4 * MIB)),
+        data
+    );
+}
+
+/// A user error: `args` fail with `exit` and a single stderr line holding `needle`.
+fn expect_error(sandbox: &Sandbox, args: &[&str], exit: i32, needle: &str) {
+    let out = sandbox.blobdrive(args);
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(exit), "{args:?}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{args:?}: one line expected: {stderr}");
+    assert!(
+        lines[0].starts_with("blobdrive: ") && lines[0].contains(needle),
+        "{args:?}: expected '{needle}' in: {stderr}"
+    );
+}
+
+#[test]
+fn bad_input_gets_one_clear_line_and_a_non_zero_exit() {
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-bad"));
+    let c = guard.name.clone();
+    let sandbox = Sandbox::new(common::connection_string());
+    let d = format!("{c}/d.vhd");
+    sandbox.blobdrive_ok(&["create", &d, "--size", "16M"]);
+    let dir = sandbox.dir("m").to_string_lossy().to_string();
+    let cases: Vec<(Vec<String>, i32, &str)> = vec![
+        (
+            vec!["create".into(), d.clone(), "--size".into(), "10Q".into()],
+            2,
+            "invalid size '10Q'",
+        ),
+        (
+            vec![
+                "create".into(),
+                format!("{c}/e.vhd"),
+                "--size".into(),
+                "17.5M".into(),
+            ],
+            2,
+            "not a whole number of MiB",
+        ),
+        (
+            vec![
+                "create".into(),
+                format!("{c}/e.vhd"),
+                "--size".into(),
+                "8M".into(),
+            ],
+            2,
+            "too small",
+        ),
+        (
+            vec![
+                "create".into(),
+                format!("{c}/e.vhd"),
+                "--size".into(),
+                "9T".into(),
+            ],
+            2,
+            "too large",
+        ),
+        (
+            vec![
+                "create".into(),
+                "Bad_Name/d.vhd".into(),
+                "--size".into(),
+                "16M".into(),
+            ],
+            2,
+            "invalid container name",
+        ),
+        (
+            vec!["create".into(), c.clone(), "--size".into(), "16M".into()],
+            2,
+            "a blob name is missing",
+        ),
+        (
+            vec!["create".into(), d.clone(), "--size".into(), "16M".into()],
+            1,
+            "never replaces a blob",
+        ),
+        (
+            vec!["info".into(), format!("{c}/nope.vhd")],
+            1,
+            "does not exist",
+        ),
+        (
+            vec!["info".into(), "no-such-container-x/x.vhd".into()],
+            1,
+            "container 'no-such-container-x' does not exist",
+        ),
+        (
+            vec![
+                "info".into(),
+                d.clone(),
+                "--snapshot".into(),
+                "notatime".into(),
+            ],
+            1,
+            "snapshot notatime",
+        ),
+        (
+            vec!["mount".into(), format!("{c}/nope.vhd"), dir.clone()],
+            1,
+            "does not exist",
+        ),
+        (
+            vec!["mount".into(), d.clone(), "/nonexistent/dir".into()],
+            1,
+            "does not exist",
+        ),
+        (
+            vec![
+                "mount".into(),
+                d.clone(),
+                dir.clone(),
+                "--read-only".into(),
+                "--break-lease".into(),
+            ],
+            2,
+            "--break-lease",
+        ),
+        (
+            vec![
+                "mount".into(),
+                c.clone(),
+                dir.clone(),
+                "--break-lease".into(),
+            ],
+            2,
+            "applies to a drive",
+        ),
+        (
+            vec!["unmount".into(), dir.clone()],
+            1,
+            "is not a blobdrive mount",
+        ),
+        (
+            vec!["recover".into(), "/nonexistent/x.bdrec".into()],
+            1,
+            "x.bdrec",
+        ),
+        (vec!["frobnicate".into()], 2, "unrecognized subcommand"),
+        (
+            vec![
+                "--connection-string".into(),
+                "garbage".into(),
+                "list".into(),
+            ],
+            1,
+            "malformed connection string",
+        ),
+    ];
+    for (args, exit, needle) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        expect_error(&sandbox, &args, *exit, needle);
+    }
+    let mut account = common::account();
+    account.credential = blobdrive::blob::Credential::SharedKey { key: vec![0u8; 64] };
+    let wrong_key = Sandbox::new(account.connection_string());
+    expect_error(&wrong_key, &["info", &d], 1, "refused the credentials");
+}
