@@ -315,6 +315,8 @@ fn fio_verify_passes_under_injected_503s_and_resets_and_the_blob_matches() {
             "--randrepeat=1".into(),
             "--randseed=7".into(),
             "--fsync_on_close=1".into(),
+            // No verify state file in the working directory.
+            "--verify_state_save=0".into(),
         ];
         if verify_only {
             args.push("--verify_only=1".into());
