@@ -3,8 +3,8 @@
 //! One file per command, each thin. This module owns what they share: the
 //! global flags, logging to stderr (`-v`), and the exit contract: every failure
 //! ends in exactly one line `blobdrive: <message>` on stderr, exit code 1 for a
-//! failed operation and 2 for a usage error (bad flag, bad size, a command that
-//! is not available yet). Nothing here panics on user input.
+//! failed operation and 2 for a usage error (bad flag, bad size). Nothing here
+//! panics on user input.
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -35,7 +35,7 @@ pub mod values;
 pub const EXIT_OK: i32 = 0;
 /// Exit code of a command that failed (service error, lease held, ...).
 pub const EXIT_FAILED: i32 = 1;
-/// Exit code of a usage error: bad arguments, or a command not available yet.
+/// Exit code of a usage error: bad arguments or flags.
 pub const EXIT_USAGE: i32 = 2;
 
 /// Azure page blobs holding fixed VHDs, as Linux disks.
@@ -156,7 +156,7 @@ impl Context {
     }
 }
 
-/// An error that carries its own exit code (usage errors, commands not available).
+/// An error that carries its own exit code (usage errors).
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct CodedError {
@@ -173,11 +173,6 @@ impl CodedError {
             code: EXIT_USAGE,
             message: message.into(),
         }
-    }
-
-    /// A command that is part of the contract but not built yet (exit code 2).
-    pub fn not_available(command: &str) -> Self {
-        CodedError::usage(format!("'{command}' is not available yet"))
     }
 }
 
@@ -412,9 +407,9 @@ mod tests {
     }
 
     #[test]
-    fn not_available_exits_2_with_the_command_name() {
-        let err = anyhow::Error::new(CodedError::not_available("list"));
-        assert_eq!(err.to_string(), "'list' is not available yet");
+    fn usage_errors_exit_2_and_failures_exit_1() {
+        let err = anyhow::Error::new(CodedError::usage("bad flag"));
+        assert_eq!(err.to_string(), "bad flag");
         assert_eq!(report_error(&err), EXIT_USAGE);
         assert_eq!(report_error(&anyhow::anyhow!("boom")), EXIT_FAILED);
     }
