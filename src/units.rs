@@ -3,7 +3,7 @@
 //! (`512M`, `10G`, `1.5 GiB`), and the size rules for new drives.
 //!
 //! Offsets in bytes and in pages are easy to mix up; a mix-up corrupts a disk.
-//! Page quantities carry the `_pages` suffix or the [`PageIndex`] type.
+//! Page quantities carry the `_pages` suffix or the `drive::PageRange` type.
 
 /// Size of one page of a page blob, the unit of every write and clear.
 pub const PAGE_SIZE: u64 = 512;
