@@ -38,6 +38,10 @@ pub struct MountArgs {
     /// Memory for the page cache.
     #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = values::size)]
     pub cache_size: u64,
+    /// How far ahead sequential reads fetch from the blob (32M measured 1.4-1.8x
+    /// faster than 4M for a cold sequential read through ext4; see BENCHMARKS.md).
+    #[arg(long, value_name = "SIZE", default_value = "32M", value_parser = values::size)]
+    pub read_ahead: u64,
     /// Keep clean pages on local disk in DIR too, so the drive is warm after a
     /// remount (turns the disk tier on).
     #[arg(long, value_name = "DIR")]
@@ -70,6 +74,7 @@ impl MountArgs {
         let disk_tier = self.cache_dir.is_some() || self.disk_cache_size.is_some();
         DriveOptions {
             cache_bytes: self.cache_size,
+            read_ahead_bytes: self.read_ahead,
             disk_cache: disk_tier.then(|| DiskCacheOptions {
                 dir: self
                     .cache_dir

@@ -89,7 +89,7 @@ impl Default for DriveOptions {
             max_dirty_bytes: 64 * 1024 * 1024,
             flush_delay: Duration::from_secs(1),
             flush_parallelism: 8,
-            read_ahead_bytes: 4 * 1024 * 1024,
+            read_ahead_bytes: 32 * 1024 * 1024,
             lease_id: None,
             target: String::from("drive"),
             disk_cache: None,

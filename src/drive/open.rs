@@ -101,7 +101,9 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         max_dirty_bytes,
         flush_parallelism: opts.flush_parallelism.max(1),
         flush_delay: opts.flush_delay,
-        read_ahead_bytes: opts.read_ahead_bytes,
+        // Read-ahead beyond a quarter of the cache would evict itself before
+        // the reader gets there.
+        read_ahead_bytes: opts.read_ahead_bytes.min(cache_bytes / 4),
         read_ahead: Mutex::new(ReadAhead::default()),
         closed: AtomicBool::new(false),
         kick: Notify::new(),
