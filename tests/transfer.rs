@@ -403,6 +403,44 @@ async fn qemu_fixed_vhd_with_ext4_uploads_and_its_file_reads_back() {
     sh("umount", &[mnt2.to_str().unwrap()]);
     assert_eq!(read.unwrap(), payload);
     assert_eq!(hello.unwrap(), "hello from blobdrive\n");
+
+    // And attached as a drive: `blobdrive mount C/B DIR --read-only`.
+    let run_dir = tmp.path().join("run");
+    let mnt3 = tmp.path().join("mnt3");
+    std::fs::create_dir(&mnt3).unwrap();
+    let attach = |args: &[&str]| {
+        bin()
+            .env("BLOBDRIVE_RUN_DIR", &run_dir)
+            .args(args)
+            .output()
+            .expect("blobdrive runs")
+    };
+    /// Detaches the drive even when an assertion below fails.
+    struct Detach<'a, F: Fn(&[&str]) -> Output>(&'a F, &'a Path);
+    impl<F: Fn(&[&str]) -> Output> Drop for Detach<'_, F> {
+        fn drop(&mut self) {
+            let _ = (self.0)(&["unmount", self.1.to_str().unwrap()]);
+        }
+    }
+    let out = attach(&["mount", &target, mnt3.to_str().unwrap(), "--read-only"]);
+    assert!(
+        out.status.success(),
+        "attach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let detach = Detach(&attach, &mnt3);
+    assert_eq!(std::fs::read(mnt3.join("payload.bin")).unwrap(), payload);
+    assert_eq!(
+        std::fs::read_to_string(mnt3.join("hello.txt")).unwrap(),
+        "hello from blobdrive\n"
+    );
+    std::mem::forget(detach);
+    let out = attach(&["unmount", mnt3.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "unmount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Which chunks the blob's upload record has as done.
