@@ -9,7 +9,6 @@ use std::sync::Arc;
 use blobdrive::blob::{BlobClient, BlobPath};
 use blobdrive::drive::{BlobPageStore, Drive, DriveOptions, Error, Mode};
 use blobdrive::vhd;
-use bytes::Bytes;
 use common::ContainerGuard;
 use rand::{Rng, SeedableRng};
 
@@ -17,12 +16,7 @@ const MIB: u64 = 1024 * 1024;
 
 async fn make_drive(g: &ContainerGuard, name: &str, size: u64) -> BlobPath {
     let path = g.path(name);
-    g.client.create_page_blob(&path, size + 512).await.unwrap();
-    let footer = vhd::Footer::new_fixed(size).to_bytes();
-    g.client
-        .put_pages(&path, size, Bytes::copy_from_slice(&footer), None)
-        .await
-        .unwrap();
+    common::make_drive(&g.client, &path, size).await;
     path
 }
 

@@ -23,9 +23,8 @@ use std::time::{Duration, Instant};
 
 use blobdrive::blob::{BlobClient, BlobPath};
 use blobdrive::units::ByteRange;
-use blobdrive::vhd::Footer;
 use common::fault_proxy::{Fault, FaultProxy, Rates};
-use common::ContainerGuard;
+use common::{make_drive, ContainerGuard};
 use mount_support::*;
 use sha2::{Digest, Sha256};
 
@@ -33,23 +32,6 @@ const MIB: u64 = 1024 * 1024;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("tokio runtime")
-}
-
-/// A fresh drive: a page blob of `size_bytes` + 512 with a fixed VHD footer.
-async fn make_drive(client: &BlobClient, path: &BlobPath, size_bytes: u64) {
-    client
-        .create_page_blob(path, size_bytes + 512)
-        .await
-        .expect("create page blob");
-    client
-        .put_pages(
-            path,
-            size_bytes,
-            Footer::new_fixed(size_bytes).to_bytes().to_vec().into(),
-            None,
-        )
-        .await
-        .expect("write the VHD footer");
 }
 
 /// The blob's bytes `[start, end)`, read directly from Azurite.

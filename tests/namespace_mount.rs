@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use blobdrive::blob::{BlobClient, BlobPath, LeaseState};
 use blobdrive::units::ByteRange;
 use blobdrive::vhd::Footer;
-use common::ContainerGuard;
+use common::{make_drive, ContainerGuard};
 use futures::stream::{self, StreamExt};
 use mount_support::*;
 use rand::RngCore;
@@ -31,23 +31,6 @@ const MIB: u64 = 1024 * 1024;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("tokio runtime")
-}
-
-/// A fresh drive: a page blob of `size_bytes` + 512 with a fixed VHD footer.
-async fn make_drive(client: &BlobClient, path: &BlobPath, size_bytes: u64) {
-    client
-        .create_page_blob(path, size_bytes + 512)
-        .await
-        .expect("create page blob");
-    client
-        .put_pages(
-            path,
-            size_bytes,
-            Footer::new_fixed(size_bytes).to_bytes().to_vec().into(),
-            None,
-        )
-        .await
-        .expect("write the VHD footer");
 }
 
 /// Bytes the blob actually stores (sum of its page ranges, footer included).

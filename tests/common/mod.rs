@@ -9,7 +9,8 @@ pub mod token_server;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use blobdrive::blob::{Account, BlobClient};
+use blobdrive::blob::{Account, BlobClient, BlobPath};
+use blobdrive::vhd::Footer;
 
 /// Azurite's blob endpoint (or the one of `BLOBDRIVE_TEST_CONNECTION_STRING`).
 pub fn azurite_url() -> String {
@@ -122,4 +123,21 @@ impl Drop for ContainerGuard {
         })
         .join();
     }
+}
+
+/// A fresh drive: a page blob of `size_bytes` + 512 with a fixed VHD footer.
+pub async fn make_drive(client: &BlobClient, path: &BlobPath, size_bytes: u64) {
+    client
+        .create_page_blob(path, size_bytes + 512)
+        .await
+        .expect("create page blob");
+    client
+        .put_pages(
+            path,
+            size_bytes,
+            Footer::new_fixed(size_bytes).to_bytes().to_vec().into(),
+            None,
+        )
+        .await
+        .expect("write the VHD footer");
 }
