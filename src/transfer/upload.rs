@@ -69,8 +69,9 @@ pub struct UploadOptions {
     pub lease_secs: u32,
     /// Record done chunks after this many bytes sent (and every 5 s).
     pub record_every_bytes: u64,
-    /// Test hook: stop (as if interrupted) once this many chunks were
-    /// recorded in this run.
+    /// Test hook: stop reading the image after this many chunks and end
+    /// the run (as if interrupted) once they are sent, so exactly these
+    /// chunks are recorded.
     pub stop_after_chunks: Option<u64>,
     /// Set to stop the upload (Ctrl-C): what is done is recorded, the lease
     /// released, and [`Error::Interrupted`] returned.
@@ -570,6 +571,7 @@ impl Uploader {
         let mut stopping = false;
         let mut scan_open = true;
         let mut done_this_run = 0u64;
+        let mut scanned_chunks = 0u64;
         let mut unrecorded = 0u64;
         let mut sent_since_record = 0u64;
         let mut last_record = Instant::now();
@@ -620,6 +622,10 @@ impl Uploader {
                         if f.outstanding == 0 {
                             commit = Some(chunk);
                         }
+                        scanned_chunks += 1;
+                        if self.opts.stop_after_chunks.is_some_and(|n| scanned_chunks >= n) {
+                            stopping = true;
+                        }
                     }
                 },
                 joined = puts.join_next(), if !puts.is_empty() => {
@@ -653,13 +659,6 @@ impl Uploader {
                 self.journal.done[chunk as usize] = f.digest;
                 done_this_run += 1;
                 unrecorded += 1;
-                if self
-                    .opts
-                    .stop_after_chunks
-                    .is_some_and(|n| done_this_run >= n)
-                {
-                    stopping = true;
-                }
             }
             let due = sent_since_record >= self.opts.record_every_bytes
                 || last_record.elapsed() >= Duration::from_secs(5);
