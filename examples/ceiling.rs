@@ -3,12 +3,15 @@
 //! Blob against the configured account, at several parallelism levels.
 //!
 //!   cargo run --release --example ceiling -- [--seconds S] [--blob-mib N]
+//!   cargo run --release --example ceiling -- --read C/B [--seconds S] [--blob-mib N]
 //!
 //! Prints one JSON object: for each operation the best rate and the parallelism
 //! that gave it, plus the 4 KiB rate at queue depth 32 (what fio uses), so the
 //! bench can divide blobdrive's figures by these. The account comes from the
 //! environment like the CLI's (Azurite by default); a scratch container is made
-//! and deleted.
+//! and deleted. With `--read C/B` only the 4 MiB Get figure is measured, on
+//! the first `--blob-mib` of an existing blob (the bench's own drive, so
+//! both sides read the same stored layout).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -42,12 +45,15 @@ impl Op {
 struct Args {
     seconds: f64,
     blob_bytes: u64,
+    /// An existing blob to measure 4 MiB Gets on, instead of a scratch one.
+    read: Option<String>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
     let mut args = Args {
         seconds: 3.0,
         blob_bytes: 1 << 30,
+        read: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -55,6 +61,7 @@ fn parse_args() -> anyhow::Result<Args> {
         match flag.as_str() {
             "--seconds" => args.seconds = value.parse().context("--seconds")?,
             "--blob-mib" => args.blob_bytes = value.parse::<u64>().context("--blob-mib")? << 20,
+            "--read" => args.read = Some(value),
             other => anyhow::bail!("unknown flag {other}"),
         }
     }
@@ -167,6 +174,18 @@ async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let account = Account::from_env(None)?;
     let client = BlobClient::new(account)?;
+    if let Some(target) = &args.read {
+        let (container, blob) = target
+            .split_once('/')
+            .context("--read wants CONTAINER/BLOB")?;
+        let path = BlobPath::new(container, blob)?;
+        let get = best(&client, &path, Op::Get4M, &args).await?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "get_4m": get }))?
+        );
+        return Ok(());
+    }
     let container = format!(
         "ceiling-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]

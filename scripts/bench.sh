@@ -188,6 +188,47 @@ put seq_read_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
 put seq_read_gets "$((g1 - g0))"
 unmount "$work/seq"
 
+# --- the disk tier (issue 10): cold with it on, warm after a remount ------------
+
+# Seconds to read the file cold: mount (ARGS...), drop caches, dd, unmount.
+# Leaves the number of Gets the read made in $work/gets.
+cold_read() {
+  drop_caches
+  mount_drive "$c/seq.vhd" "$work/seq" "$@"
+  local g0 t0 t1
+  g0=$(stat "$work/seq" get)
+  t0=$(now)
+  dd if="$work/seq/file" of=/dev/null bs=4M status=none
+  t1=$(now)
+  echo $(($(stat "$work/seq" get) - g0)) >"$work/gets"
+  unmount "$work/seq"
+  elapsed "$t0" "$t1"
+}
+# Tier off and on alternate, twice each, so the machine's drift hits both.
+say "disk tier: cold reads with and without it, then a warm read after remount"
+tier=$work/tier
+off=0 on=0
+for round in 1 2; do
+  rm -rf "$tier"
+  off=$(python3 -c "print($off + $(cold_read))")
+  on=$(python3 -c "print($on + $(cold_read --cache-dir "$tier"))")
+done
+put tier_cold_off_mibps "$(mibps $((seq_mib * 2)) "$off")"
+put tier_cold_on_mibps "$(mibps $((seq_mib * 2)) "$on")"
+# The tier now holds the file (filled by the last cold read): read it again.
+warm=$(cold_read --cache-dir "$tier")
+put tier_warm_mibps "$(mibps "$seq_mib" "$warm")"
+put tier_warm_gets "$(cat "$work/gets")"
+put tier_bytes "$(du -sb "$tier" | cut -f1)"
+# The same bytes from a local file on the disk that holds the tier.
+cp "$shm/random" "$work/local"
+drop_caches
+t0=$(now)
+dd if="$work/local" of=/dev/null bs=4M status=none
+t1=$(now)
+put local_read_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
+rm -f "$work/local"
+
 # --- random 4 KiB I/O with fio on the drive file of a namespace mount ----------
 
 say "random 4 KiB: fio on a drive file (namespace mount), ${fio_seconds}s per job"
@@ -316,6 +357,8 @@ rows = [
     ("cold rand 4k read, qd32", r["rand_read_iops"], "IOPS", small["at_32"], ">= 0.8", lambda x: x >= 0.8),
     ("rand 4k write, qd32", r["rand_write_iops"], "IOPS", r["tmpfs_write_iops"], "(vs tmpfs)", None),
     ("warm rand 4k re-read, qd32", r["warm_read_iops"], "IOPS", r["tmpfs_read_iops"], ">= 0.25", lambda x: x >= 0.25),
+    ("cold seq read, tier on (vs off)", r["tier_cold_on_mibps"], "MiB/s", r["tier_cold_off_mibps"], ">= 0.95", lambda x: x >= 0.95),
+    ("seq read after remount from tier", r["tier_warm_mibps"], "MiB/s", r["local_read_mibps"], ">= 0.5 (vs local file)", lambda x: x >= 0.5),
 ]
 table, out_rows = [], []
 for name, v, unit, ceil, target, ok in rows:
@@ -329,6 +372,8 @@ absolute = [
     ("mount+open empty 8 TiB", r["mount_empty_8t_s"], "s", "< 0.5", r["mount_empty_8t_s"] < 0.5),
     ("mount+open 8 TiB, 10k extents", r["mount_10k_extents_s"], "s", "< 2", r["mount_10k_extents_s"] < 2),
     ("Put Page per GiB written", r["put_page_per_gib"], "requests", "<= 300", r["put_page_per_gib"] <= 300),
+    ("Gets of the read from the tier", r["tier_warm_gets"], "requests", "0", r["tier_warm_gets"] == 0),
+    ("disk tier size after the reads", r["tier_bytes"] / 2**20, "MiB", "-", None),
     ("bytes up per GiB written", r["bytes_up_per_gib"] / 2**30, "GiB", "-", None),
     ("stored after mkfs.ext4 1 TiB", r["mkfs_1t_stored_bytes"] / 2**20, "MiB", "< 1% (10485 MiB)", r["mkfs_1t_stored_bytes"] < 0.01 * 2**40),
     ("peak RSS, 256 MiB cache", r["rss_peak_mib"], "MiB", "<= 320", r["rss_peak_mib"] <= 320),

@@ -690,6 +690,33 @@ async fn sequential_reads_use_read_ahead_in_large_requests() {
 }
 
 #[tokio::test]
+async fn reads_arriving_out_of_order_still_get_read_ahead() {
+    // The loop device sends several reads at once and they arrive out of
+    // order: here the second half of every MiB is asked for before the first.
+    let store = new_store(64 * MIB);
+    let data = pattern(3, 32 * MIB as usize);
+    store.poke(0, &data);
+    let drive = open(&store, opts(Mode::ReadOnly)).await;
+    let before = store.counts().reads;
+    let half = 512 * KIB;
+    for mib in 0..32u64 {
+        for at in [mib * MIB + half, mib * MIB] {
+            let got = drive.read_at(at, half as usize).await.unwrap();
+            assert!(
+                got[..] == data[at as usize..(at + half) as usize],
+                "bytes at {at}"
+            );
+        }
+    }
+    let gets = store.counts().reads - before;
+    assert!(
+        gets <= 16,
+        "{gets} Get Blob requests for 32 MiB read out of order"
+    );
+    assert_eq!(drive.counters().bytes_down, 32 * MIB + 512);
+}
+
+#[tokio::test]
 async fn cold_read_of_fragmented_region_reads_small_holes_with_their_neighbours() {
     // 4 KiB of data every 64 KiB, like a fragmented ext4 region.
     let store = new_store(32 * MIB);

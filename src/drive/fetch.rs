@@ -27,7 +27,7 @@ use super::Inner;
 use crate::units::{ByteRange, PAGE_SIZE};
 
 /// Largest single Get Blob a fetch issues.
-const MAX_GET_BYTES: u64 = 4 * 1024 * 1024;
+pub(crate) const MAX_GET_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Holes up to this size between two stored extents are read along with
 /// them (the service returns zeros there): one 4 MiB Get costs about what a
@@ -296,20 +296,30 @@ impl Inner {
     }
 
     /// Start reading ahead `[start_bytes, end_bytes)`: pin the chunks that
-    /// hold data there (only if there is room now) and mark their pages, so
-    /// a reader arriving before the data waits instead of fetching again.
-    /// The caller runs the returned job in the background.
-    pub(crate) fn reserve_read_ahead(&self, start_bytes: u64, end_bytes: u64) -> Option<FetchJob> {
+    /// hold data there and mark their pages, so a reader arriving before
+    /// the data waits instead of fetching again. The caller runs the
+    /// returned job in the background; `Ok(None)` means there is nothing to
+    /// fetch (holes, or pages already valid or being fetched), `Err(NoRoom)`
+    /// that the cache cannot pin the chunks now.
+    pub(crate) fn reserve_read_ahead(
+        &self,
+        start_bytes: u64,
+        end_bytes: u64,
+    ) -> std::result::Result<Option<FetchJob>, NoRoom> {
         let window = PageRange::covering(ByteRange::new(start_bytes, end_bytes));
         let indices: Vec<u64> = chunks_of(start_bytes, end_bytes)
             .filter(|&i| self.extents().any_in(intersect(chunk_pages(i), window)))
             .take(self.cache.max_pins())
             .collect();
         if indices.is_empty() {
-            return None;
+            return Ok(None);
         }
-        let refs = self.cache.try_pin_all(&indices)?;
+        let refs = self.cache.try_pin_all(&indices).ok_or(NoRoom)?;
         let (job, _, _) = self.reserve(&refs, &[window], PageRange::new(0, 0));
-        (!job.is_empty()).then_some(job)
+        Ok((!job.is_empty()).then_some(job))
     }
 }
+
+/// The cache has no room to pin a read-ahead's chunks now.
+#[derive(Debug)]
+pub(crate) struct NoRoom;

@@ -15,8 +15,13 @@ use super::chunk::{CHUNK_BYTES, CHUNK_PAGES};
 use super::counters::add;
 use super::error::{Error, Result};
 use super::extents::PageRange;
+use super::fetch::MAX_GET_BYTES;
 use super::Inner;
 use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES, PAGE_SIZE};
+
+/// How far a read may start from the end of the reads before it (either
+/// way) and still count as sequential, at least.
+const SEQUENTIAL_SLACK_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Chunk numbers touched by `[start, end)` bytes.
 pub(crate) fn chunks_of(start: u64, end: u64) -> std::ops::Range<u64> {
@@ -69,19 +74,43 @@ impl Inner {
 
     /// The read-ahead window to start after a read of `[start, end)`, given
     /// how reads have been going: a sequential reader keeps about
-    /// `read_ahead_bytes` fetched beyond its reads, in steps of half of it.
+    /// `read_ahead_bytes` fetched beyond its reads, topped up a step at a time.
+    /// The caller reports a started window with [`Self::read_ahead_started`].
     fn read_ahead_window(&self, start: u64, end: u64) -> Option<(u64, u64)> {
         let ra = self.read_ahead_bytes;
         let mut st = self.read_ahead.lock().expect("read-ahead mutex poisoned");
-        let sequential = start == st.last_end && start > 0;
-        st.last_end = end;
-        if !sequential || ra == 0 || st.fetched_until >= end + ra / 2 {
+        // The loop device and the kernel's own read-ahead send several reads
+        // at once, which arrive out of order: a read that starts near where
+        // reads have got to is still part of the sequential stream.
+        let slack = (ra / 4).max(SEQUENTIAL_SLACK_BYTES);
+        let sequential = start > 0 && start + slack >= st.last_end && start <= st.last_end + slack;
+        if !sequential {
+            // A new stream: what was fetched for the old one says nothing here.
+            st.last_end = end;
+            st.fetched_until = end;
             return None;
         }
-        let from = end.max(st.fetched_until);
-        let until = (end + ra).min(self.size_bytes);
-        st.fetched_until = until;
+        st.last_end = st.last_end.max(end);
+        let edge = st.last_end;
+        // Top the window up one step at a time, so Gets keep flowing.
+        if ra == 0 || st.fetched_until + self.read_ahead_step() > edge + ra {
+            return None;
+        }
+        let from = edge.max(st.fetched_until);
+        let until = (edge + ra).min(self.size_bytes);
         (from < until).then_some((from, until))
+    }
+
+    /// The part of the read-ahead window one background job fetches: one
+    /// Get, or half the window when that is smaller.
+    pub(crate) fn read_ahead_step(&self) -> u64 {
+        (self.read_ahead_bytes / 2).clamp(PAGE_SIZE, MAX_GET_BYTES)
+    }
+
+    /// Read-ahead up to `until` has started (its pages are marked).
+    pub(crate) fn read_ahead_started(&self, until: u64) {
+        let mut st = self.read_ahead.lock().expect("read-ahead mutex poisoned");
+        st.fetched_until = st.fetched_until.max(until);
     }
 
     /// Read `[offset, offset + len)` clipped to the drive; also returns the

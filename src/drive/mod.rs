@@ -166,8 +166,10 @@ pub struct Drive {
     read_aheads: Mutex<JoinSet<()>>,
 }
 
-/// Read-ahead fetches in flight at most.
-const MAX_READ_AHEADS: usize = 2;
+/// Read-ahead fetches in flight at most. Each is one step of the window
+/// (at most one 4 MiB Get), so its pages become readable as soon as its own
+/// Get returns, not when the whole window has arrived.
+const MAX_READ_AHEADS: usize = 8;
 
 impl Drive {
     /// Open the drive in `store`: check the VHD footer, take the lease for
@@ -216,27 +218,36 @@ impl Drive {
         Ok(data)
     }
 
-    /// Fetch `[start, end)` in the background. Its pages are marked before
-    /// this returns, so the next sequential read waits for them instead of
-    /// fetching them again. At most `MAX_READ_AHEADS` run at once.
+    /// Fetch `[start, end)` in the background, one step of the window per
+    /// job. Each job's pages are marked before this returns, so the next
+    /// sequential read waits for them instead of fetching them again. At
+    /// most `MAX_READ_AHEADS` run at once; what does not fit now is asked
+    /// for again by a later read.
     fn start_read_ahead(&self, start: u64, end: u64) {
         let mut set = self
             .read_aheads
             .lock()
             .expect("read-ahead set mutex poisoned");
         while set.try_join_next().is_some() {}
-        if set.len() >= MAX_READ_AHEADS {
-            return;
+        let step = self.inner.read_ahead_step();
+        let mut at = start;
+        while at < end && set.len() < MAX_READ_AHEADS {
+            // Steps end on multiples of the step, like the writes that
+            // filled the blob, so each is one Get.
+            let until = end.min((at / step + 1) * step);
+            let Ok(job) = self.inner.reserve_read_ahead(at, until) else {
+                return; // no room in the cache now
+            };
+            self.inner.read_ahead_started(until);
+            at = until;
+            let Some(job) = job else { continue };
+            let inner = self.inner.clone();
+            set.spawn(async move {
+                if let Err(e) = inner.run_job(job).await {
+                    tracing::debug!(target = %inner.target, error = %e, "read-ahead failed");
+                }
+            });
         }
-        let Some(job) = self.inner.reserve_read_ahead(start, end) else {
-            return;
-        };
-        let inner = self.inner.clone();
-        set.spawn(async move {
-            if let Err(e) = inner.run_job(job).await {
-                tracing::debug!(target = %inner.target, error = %e, "read-ahead failed");
-            }
-        });
     }
 
     /// Write `data` at `offset_bytes` (any alignment). The data is in the
