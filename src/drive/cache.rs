@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use lru::LruCache;
 use tokio::sync::Notify;
 
-use super::chunk::{Chunk, DirtyDelta, CHUNK_BYTES};
+use super::chunk::{BufferPool, Chunk, DirtyDelta, CHUNK_BYTES};
 
 type Cell = Mutex<Chunk>;
 
@@ -70,6 +70,7 @@ struct DirtyIndex {
 pub(crate) struct Cache {
     table: Mutex<LruCache<u64, Arc<Cell>>>,
     max_chunks: usize,
+    buffers: Arc<BufferPool>,
     dirty: Mutex<DirtyIndex>,
     /// Signalled whenever a pin is dropped.
     pub unpinned: Arc<Notify>,
@@ -83,6 +84,7 @@ impl Cache {
         Cache {
             table: Mutex::new(LruCache::unbounded()),
             max_chunks,
+            buffers: BufferPool::new(max_chunks),
             dirty: Mutex::new(DirtyIndex::default()),
             unpinned: Arc::new(Notify::new()),
             filled: Arc::new(Notify::new()),
@@ -168,7 +170,8 @@ impl Cache {
         let refs = indices
             .iter()
             .map(|&i| {
-                let cell = table.get_or_insert(i, || Arc::new(Mutex::new(Chunk::new())));
+                let cell =
+                    table.get_or_insert(i, || Arc::new(Mutex::new(Chunk::new(&self.buffers))));
                 self.pin(i, cell)
             })
             .collect();

@@ -30,9 +30,11 @@ use super::Inner;
 use crate::units::{MAX_PUT_PAGE_BYTES, PAGE_SIZE};
 
 const MAX_UPDATE_PAGES: u64 = MAX_PUT_PAGE_BYTES / PAGE_SIZE;
-/// Longest span gathered before it is cut (a multiple of the update limit,
-/// so long sequential writes still go out in full 4 MiB requests).
-const SPAN_PAGES: u64 = 4 * MAX_UPDATE_PAGES;
+/// Longest span gathered before it is cut: one full Put Page, so a long
+/// sequential write still goes out in 4 MiB requests, and a span's copy is
+/// freed as soon as its own requests are done (runs share their span's
+/// buffer; longer spans kept up to 60 MiB of copies alive with 8 in flight).
+const SPAN_PAGES: u64 = MAX_UPDATE_PAGES;
 /// Zero stretches up to this long between data pages are written, not split out.
 const ZERO_ISLAND_PAGES: usize = 8;
 const PAGE: usize = PAGE_SIZE as usize;
@@ -175,7 +177,9 @@ impl<'a> RunBuilder<'a> {
                     start: page,
                     classes: Vec::new(),
                     gens: Vec::new(),
-                    data: Vec::new(),
+                    // One allocation of the largest span: growing by doubling
+                    // would hold two copies at once and fragment the heap.
+                    data: Vec::with_capacity((SPAN_PAGES * PAGE_SIZE) as usize),
                     chunks: Vec::new(),
                 });
                 let bytes = c.page(slot);

@@ -61,14 +61,17 @@ pub enum Mode {
 pub struct DriveOptions {
     /// Read-write, read-only or snapshot.
     pub mode: Mode,
-    /// Memory bound of the page cache (at least 2 MiB is used).
+    /// Memory bound for the drive's data: cached chunks plus the copies that
+    /// requests in flight hold (an eighth of it, at most `flush_parallelism`
+    /// Put Pages of 4 MiB). At least 2 MiB of chunks are used.
     pub cache_bytes: u64,
     /// Memory that chunks holding dirty pages may pin before writers wait
     /// for a flush (clamped to half the cache).
     pub max_dirty_bytes: u64,
     /// How long written data may stay dirty before the background flush.
     pub flush_delay: Duration,
-    /// Put Page / Clear Pages requests in flight during a flush.
+    /// Put Page / Clear Pages requests in flight during a flush (fewer when
+    /// an eighth of `cache_bytes` cannot hold that many 4 MiB bodies).
     pub flush_parallelism: usize,
     /// How far ahead sequential reads fetch.
     pub read_ahead_bytes: u64,

@@ -17,7 +17,9 @@ use super::extents::{Extents, PageRange};
 use super::lease::Lease;
 use super::store::PageStore;
 use super::{DriveOptions, Inner, Mode, ReadAhead};
-use crate::units::{ByteRange, MAX_PAGE_BLOB_BYTES, PAGE_SIZE, VHD_FOOTER_BYTES};
+use crate::units::{
+    ByteRange, MAX_PAGE_BLOB_BYTES, MAX_PUT_PAGE_BYTES, PAGE_SIZE, VHD_FOOTER_BYTES,
+};
 
 /// Smallest cache, in chunks: enough for a few operations to pin at once.
 const MIN_CACHE_CHUNKS: u64 = 8;
@@ -84,9 +86,22 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         "drive open"
     );
 
-    let max_chunks = (opts.cache_bytes / CHUNK_BYTES).max(MIN_CACHE_CHUNKS);
+    // Requests in flight hold copies of their pages (Put Page bodies, Get
+    // bodies): they come out of the same budget as the cached chunks, so
+    // `cache_bytes` bounds all the data memory of the drive.
+    let in_flight = (opts.flush_parallelism.max(1) as u64 * MAX_PUT_PAGE_BYTES)
+        .min(opts.cache_bytes / 8)
+        .max(MAX_PUT_PAGE_BYTES);
+    let flush_parallelism = (in_flight / MAX_PUT_PAGE_BYTES) as usize;
+    let max_chunks =
+        (opts.cache_bytes.saturating_sub(in_flight) / CHUNK_BYTES).max(MIN_CACHE_CHUNKS);
     let cache_bytes = max_chunks * CHUNK_BYTES;
-    let max_dirty_bytes = opts.max_dirty_bytes.clamp(CHUNK_BYTES, cache_bytes / 2);
+    let mut max_dirty_bytes = opts.max_dirty_bytes.clamp(CHUNK_BYTES, cache_bytes / 2);
+    // Whole Put Pages: a pass that writers wait for then sends full 4 MiB
+    // requests of a sequential stream, not a 4 MiB and a 2 MiB one.
+    if max_dirty_bytes >= MAX_PUT_PAGE_BYTES {
+        max_dirty_bytes -= max_dirty_bytes % MAX_PUT_PAGE_BYTES;
+    }
     Ok(Inner {
         store,
         mode: opts.mode,
@@ -99,7 +114,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         meters,
         flush_lock: tokio::sync::Mutex::new(()),
         max_dirty_bytes,
-        flush_parallelism: opts.flush_parallelism.max(1),
+        flush_parallelism,
         flush_delay: opts.flush_delay,
         // Read-ahead beyond a quarter of the cache would evict itself before
         // the reader gets there.
