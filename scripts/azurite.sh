@@ -8,7 +8,9 @@
 #   scripts/azurite.sh stop             stop the instance this script started
 #   scripts/azurite.sh status           exit 0 if the blob port answers
 #
-# Port: BLOBDRIVE_AZURITE_PORT (default 10000).
+# Port: BLOBDRIVE_AZURITE_PORT (default 10000). In-memory extent storage:
+# BLOBDRIVE_AZURITE_MEMORY_MB (Azurite's default is half the machine's memory;
+# it answers 409 MemoryExtentStoreAtSizeLimit past it).
 set -euo pipefail
 
 AZURITE_VERSION=3.37.0
@@ -45,6 +47,7 @@ start() {
   local args=(--blobHost 127.0.0.1 --blobPort "$port" --skipApiVersionCheck --loose --silent)
   if [ "$memory" = 1 ]; then
     args+=(--inMemoryPersistence)
+    [ -n "${BLOBDRIVE_AZURITE_MEMORY_MB:-}" ] && args+=(--extentMemoryLimit "$BLOBDRIVE_AZURITE_MEMORY_MB")
   else
     args+=(--location "$dir/data")
   fi

@@ -132,7 +132,10 @@ if scripts/azurite.sh status 2>/dev/null; then
   say "something already listens on $port; set BLOBDRIVE_AZURITE_PORT to a free port"
   exit 1
 fi
-scripts/azurite.sh start --memory
+# The run stores about 11 GB (Azurite keeps overwritten extents for a while):
+# more than Azurite's default in-memory limit of half of a 24 GiB machine.
+mem_mb=$(awk '/MemTotal/ {print int($2 / 1024 * 0.7)}' /proc/meminfo)
+BLOBDRIVE_AZURITE_MEMORY_MB=${BLOBDRIVE_AZURITE_MEMORY_MB:-$mem_mb} scripts/azurite.sh start --memory
 azurite_started=1
 azurite_pid=$(cat .azurite/azurite-$port.pid)
 
