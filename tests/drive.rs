@@ -668,6 +668,31 @@ async fn writing_64_mib_sequentially_makes_at_most_17_put_pages() {
 }
 
 #[tokio::test]
+async fn background_flushes_during_a_sequential_write_send_full_put_pages() {
+    // The flusher runs many times while the stream goes on; each pass
+    // would otherwise send the stream's short tail as one more request.
+    let store = new_store(128 * MIB);
+    let o = DriveOptions {
+        flush_delay: Duration::from_millis(20),
+        ..opts(Mode::ReadWrite)
+    };
+    let drive = open(&store, o).await;
+    let chunk = pattern(5, MIB as usize);
+    let mut passes_seen = 0;
+    for i in 0..64 {
+        drive.write_at(i * MIB, &chunk).await.unwrap();
+        let before = drive.counters().put_page;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        passes_seen += (drive.counters().put_page > before) as u32;
+    }
+    drive.close().await.unwrap();
+    assert_eq!(store.stored_bytes(), 64 * MIB + 512);
+    let puts = drive.counters().put_page;
+    assert!(passes_seen > 0, "no background flush ran during the stream");
+    assert!(puts <= 17, "{puts} put page requests for 64 MiB");
+}
+
+#[tokio::test]
 async fn sequential_reads_use_read_ahead_in_large_requests() {
     let store = new_store(32 * MIB);
     store.poke(0, &pattern(2, 16 * MIB as usize));

@@ -620,6 +620,28 @@ fn kill_9_of_an_attached_ext4_keeps_fsynced_files_and_e2fsck_is_clean_after_repl
         acked.load(Ordering::SeqCst) >= 10
     });
     send_signal(pid, libc::SIGKILL);
+
+    // `unmount` removes what the dead daemon left and says what was lost.
+    let out = sandbox.blobdrive(&["unmount", &dir_s]);
+    assert!(!out.status.success(), "unmount after the daemon died");
+    let stderr = stderr_of(&out);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("had died") && stderr.contains("removed"),
+        "{stderr}"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let fuse_dir = entry["fuse_dir"].as_str().unwrap().to_string();
+    for point in [&dir_s, &fuse_dir] {
+        assert!(
+            !mounts
+                .lines()
+                .any(|l| l.split(' ').nth(4) == Some(point.as_str())),
+            "{point} is still mounted after unmount"
+        );
+    }
+    let listed = sandbox.blobdrive_ok(&["list", "--mounted", "--json"]);
+    assert!(!listed.contains(&dir_s), "still registered: {listed}");
     dead.clean();
     writer.join().expect("writer thread");
     let acked = acked.load(Ordering::SeqCst);

@@ -35,7 +35,9 @@ pub struct MountArgs {
     /// Mount this snapshot (always read-only).
     #[arg(long, value_name = "TIME")]
     pub snapshot: Option<String>,
-    /// Memory for the page cache.
+    /// Memory for each drive's data: the page cache plus the copies that
+    /// requests in flight hold (the daemon's peak RSS stays within about
+    /// this plus 64 MiB; see BENCHMARKS.md).
     #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = values::size)]
     pub cache_size: u64,
     /// How far ahead sequential reads fetch from the blob (32M measured 1.4-1.8x

@@ -7,6 +7,7 @@ use clap::Args;
 
 use super::{CmdResult, Context};
 use crate::daemon::control::{self, NoDaemon};
+use crate::daemon::{attach, registry};
 
 /// Arguments of `unmount`.
 #[derive(Debug, Args)]
@@ -17,22 +18,41 @@ pub struct UnmountArgs {
 }
 
 /// Run `unmount`: ask the mount's daemon to flush, release and unmount, and
-/// wait for its answer. When the daemon died (crash, kill -9), remove the dead
-/// mount it left, and still fail: what it had not flushed is lost, and the
-/// drives it had open for writing stay leased.
+/// wait for its answer. When the daemon died (crash, kill -9), remove what it
+/// left (for an attach: the filesystem, the loop device, the FUSE mount and
+/// the registry entry, even when DIR itself is gone), and still fail: what
+/// it had not flushed is lost, and the drives it had open for writing stay
+/// leased.
 pub fn run(_ctx: &Context, args: &UnmountArgs) -> CmdResult {
     let err = match crate::daemon::request_unmount(&args.dir) {
         Ok(()) => return Ok(()),
         Err(err) => err,
     };
-    let Some(gone @ NoDaemon::Gone { .. }) = err.downcast_ref::<NoDaemon>() else {
-        return Err(err);
+    let gone = match err.downcast_ref::<NoDaemon>() {
+        Some(gone @ NoDaemon::Gone { .. }) => Some(gone),
+        _ => None,
     };
-    let detached = control::remove_dead_mount(gone)?;
-    let what = if detached {
-        "removed the dead mount it left"
-    } else {
-        "removed its stale control socket"
+    let dead_attach = registry::find_by_dir(&args.dir).filter(|e| !e.alive);
+    let what = match (&dead_attach, gone) {
+        (Some(entry), _) => {
+            let removed = attach::remove_dead(entry)?;
+            if let Some(gone) = gone {
+                control::remove_dead_mount(gone)?;
+            }
+            if removed.is_empty() {
+                "forgot its attach record".to_string()
+            } else {
+                format!("removed {}", removed.join(", "))
+            }
+        }
+        (None, Some(gone)) => {
+            if control::remove_dead_mount(gone)? {
+                "removed the dead mount it left".to_string()
+            } else {
+                "removed its stale control socket".to_string()
+            }
+        }
+        (None, None) => return Err(err),
     };
     anyhow::bail!(
         "the daemon of {} had died; {what}. Writes it had not flushed are lost, and \

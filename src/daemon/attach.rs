@@ -261,6 +261,41 @@ impl Attachment {
     }
 }
 
+/// Removes what the dead daemon of `entry` left: the filesystem at its
+/// directory (detached lazily), its loop device (only if it still reads a
+/// file under the attach's private FUSE mount), that dead FUSE mount, and
+/// the registry entry. Returns what it removed, for the user.
+pub fn remove_dead(entry: &AttachedDrive) -> anyhow::Result<Vec<String>> {
+    let mut removed = Vec::new();
+    if is_mount_point(&entry.dir).unwrap_or(false) {
+        super::control::lazy_unmount(&entry.dir)?;
+        removed.push(format!("the filesystem at {}", entry.dir.display()));
+    }
+    let node = &entry.loop_device;
+    if loop_backing_file(node).is_some_and(|f| f.starts_with(&entry.fuse_dir)) {
+        LoopDevice {
+            device: node.clone(),
+        }
+        .detach()
+        .with_context(|| format!("cannot detach {}", node.display()))?;
+        removed.push(node.display().to_string());
+    }
+    if is_mount_point(&entry.fuse_dir).unwrap_or(false) {
+        super::control::lazy_unmount(&entry.fuse_dir)?;
+        removed.push("its FUSE mount".into());
+    }
+    let _ = std::fs::remove_dir(&entry.fuse_dir);
+    registry::remove(&entry.dir);
+    Ok(removed)
+}
+
+/// The file behind loop device `node`, if it has one.
+fn loop_backing_file(node: &Path) -> Option<PathBuf> {
+    let name = node.file_name()?.to_string_lossy().into_owned();
+    let text = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
+    Some(PathBuf::from(text.trim_end()))
+}
+
 /// Runs a blocking tool call off the async threads.
 async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> anyhow::Result<T>
 where

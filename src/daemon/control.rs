@@ -94,25 +94,30 @@ pub fn remove_dead_mount(gone: &NoDaemon) -> anyhow::Result<bool> {
     let NoDaemon::Gone { dir, socket } = gone else {
         return Ok(false);
     };
-    let detached = if is_mount_point(dir) {
-        use std::os::unix::ffi::OsStrExt;
-        let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
-            .context("mount point path holds a NUL byte")?;
-        // SAFETY: `path` is a valid NUL-terminated string for the call's duration.
-        if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot detach the dead mount {}", dir.display()));
-        }
-        true
-    } else {
-        false
-    };
+    let detached = is_mount_point(dir);
+    if detached {
+        lazy_unmount(dir)?;
+    }
     match std::fs::remove_file(socket) {
         Ok(()) => {}
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
         Err(err) => return Err(err).with_context(|| format!("cannot remove {}", socket.display())),
     }
     Ok(detached)
+}
+
+/// Detaches whatever is mounted at `dir` now and lets the kernel finish
+/// when it is no longer busy (`umount -l`).
+pub(crate) fn lazy_unmount(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .context("mount point path holds a NUL byte")?;
+    // SAFETY: `path` is a valid NUL-terminated string for the call's duration.
+    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("cannot detach the dead mount {}", dir.display()));
+    }
+    Ok(())
 }
 
 pub(crate) fn socket_path_of_canonical(canonical: &Path) -> PathBuf {

@@ -105,10 +105,14 @@ pub fn remove(dir: &Path) {
     }
 }
 
-/// The entry of the attach at `dir`, if any.
+/// The entry of the attach at `dir`, if any: found by its canonical path,
+/// or by the path as given when `dir` cannot be resolved any more (its dead
+/// mount, or the directory removed after the daemon died).
 pub fn find_by_dir(dir: &Path) -> Option<AttachedDrive> {
-    let canonical = dir.canonicalize().ok()?;
-    read_entry(&entry_file(&mount_key(&canonical)))
+    match dir.canonicalize() {
+        Ok(canonical) => read_entry(&entry_file(&mount_key(&canonical))),
+        Err(_) => list_mounted().into_iter().find(|e| e.dir == dir),
+    }
 }
 
 /// Every drive this host has attached, sorted by directory; stale entries
@@ -153,10 +157,21 @@ fn process_alive(pid: u32) -> bool {
         return false;
     };
     // SAFETY: signal 0 only checks that the process exists.
-    if unsafe { libc::kill(pid, 0) } == 0 {
-        return true;
-    }
-    std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let exists = unsafe { libc::kill(pid, 0) } == 0
+        || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // A killed daemon whose parent has not reaped it yet is a zombie: gone.
+    exists && !is_zombie(pid)
+}
+
+/// True when `/proc/PID/stat` shows the process as a zombie.
+fn is_zombie(pid: libc::pid_t) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "PID (comm) STATE ...": comm may hold spaces and parentheses.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        == Some("Z")
 }
 
 #[cfg(test)]

@@ -7,7 +7,10 @@
 //! at most 4 MiB. A short stretch of zero pages between data pages (a zero
 //! sector inside a filesystem block) is written as part of the update rather
 //! than splitting it into three requests. Runs span chunk boundaries and go
-//! out in parallel (bounded). Invariants: every request carries the lease id;
+//! out in parallel (bounded). A background pass (the flusher's timer, not an
+//! fsync, a close or a writer waiting for room) leaves the short run at the
+//! end of a write stream still going for its next pass, so a long sequential
+//! write goes out in full 4 MiB requests. Invariants: every request carries the lease id;
 //! one pass at a time (so a page is never in two uploads at once); a page
 //! written again after it was copied keeps its dirty bit (its generation
 //! moved); the sparse map gains pages before an update is sent and loses them
@@ -115,6 +118,12 @@ fn absorb_zero_islands(classes: &mut [Class]) {
 /// runs, lazily, so only a span and the runs in flight are copied at a time.
 struct RunBuilder<'a> {
     inner: &'a Inner,
+    /// A background pass leaves a short update run ending here unsent: the
+    /// end of a write stream still going, which the next pass sends as part
+    /// of a full 4 MiB request.
+    hold_tail_at: Option<u64>,
+    /// Pages left dirty for that reason.
+    held_pages: u64,
     chunks: VecDeque<ChunkRef>,
     /// Next page slot to look at in the front chunk.
     slot: usize,
@@ -124,9 +133,11 @@ struct RunBuilder<'a> {
 }
 
 impl<'a> RunBuilder<'a> {
-    fn new(inner: &'a Inner, chunks: VecDeque<ChunkRef>) -> Self {
+    fn new(inner: &'a Inner, chunks: VecDeque<ChunkRef>, hold_tail_at: Option<u64>) -> Self {
         RunBuilder {
             inner,
+            hold_tail_at,
+            held_pages: 0,
             chunks,
             slot: 0,
             has_data: None,
@@ -224,7 +235,11 @@ impl<'a> RunBuilder<'a> {
             let pages = PageRange::new(span.start + i as u64, span.start + j as u64);
             let chunks = chunks_for(&span.chunks, pages);
             let gens = &span.gens[i..j];
+            let short = ((j - i) as u64) < MAX_UPDATE_PAGES;
             match class {
+                Class::Data if short && self.hold_tail_at == Some(pages.end) => {
+                    self.held_pages += pages.len_pages();
+                }
                 Class::Data => self.ready.push_back(Run {
                     kind: Kind::Update,
                     pages,
@@ -273,25 +288,48 @@ impl Inner {
 
     /// One flush pass; the caller holds `flush_lock`.
     pub(crate) async fn flush_pass_locked(&self) -> Result<()> {
+        self.run_pass(None).await.map(|_| ())
+    }
+
+    /// The background flusher's pass: like [`Self::flush_pass`], but when a
+    /// write ended less than `flush_delay` ago, the short run that ends where
+    /// it did stays dirty (the stream is likely to go on). Returns whether
+    /// pages were held back, so the flusher comes again.
+    async fn background_pass(&self) -> Result<bool> {
+        let _g = self.flush_lock.lock().await;
+        let last = *self.last_write.lock().expect("last-write mutex poisoned");
+        let hold = last
+            .filter(|(end, at)| at.elapsed() < self.flush_delay && end % PAGE_SIZE == 0)
+            .map(|(end, _)| end / PAGE_SIZE);
+        Ok(self.run_pass(hold).await? > 0)
+    }
+
+    /// Send every dirty page (but a held-back tail ending at page
+    /// `hold_tail_at`); returns the pages held back.
+    async fn run_pass(&self, hold_tail_at: Option<u64>) -> Result<u64> {
         let dirty = self.cache.dirty_chunks();
         if dirty.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         self.lease.check()?;
         let began = std::time::Instant::now();
         let dirty_bytes = self.cache.dirty_bytes();
         let refs: VecDeque<ChunkRef> = dirty.iter().filter_map(|&i| self.cache.get(i)).collect();
-        let mut sends = futures::stream::iter(RunBuilder::new(self, refs))
-            .map(|run| self.send_run(run))
-            .buffer_unordered(self.flush_parallelism);
+        let mut builder = RunBuilder::new(self, refs, hold_tail_at);
         let mut first_err = None;
         let mut runs = 0u64;
-        while let Some(r) = sends.next().await {
-            runs += 1;
-            if let Err(e) = r {
-                first_err.get_or_insert(e);
+        {
+            let mut sends = futures::stream::iter(builder.by_ref())
+                .map(|run| self.send_run(run))
+                .buffer_unordered(self.flush_parallelism);
+            while let Some(r) = sends.next().await {
+                runs += 1;
+                if let Err(e) = r {
+                    first_err.get_or_insert(e);
+                }
             }
         }
+        let held = builder.held_pages;
         tracing::debug!(
             target = %self.target,
             dirty_bytes,
@@ -302,7 +340,7 @@ impl Inner {
         );
         match first_err {
             Some(e) => Err(e),
-            None => Ok(()),
+            None => Ok(held),
         }
     }
 
@@ -376,8 +414,9 @@ pub(super) fn spawn_background(inner: &Arc<Inner>) -> JoinHandle<()> {
             if me.stopping.load(Ordering::Acquire) {
                 return;
             }
-            match me.flush_pass().await {
-                Ok(()) => {}
+            match me.background_pass().await {
+                Ok(false) => {}
+                Ok(true) => me.kick.notify_one(),
                 // Logged at error level already; retrying cannot help.
                 Err(super::Error::LeaseLost { .. }) => {}
                 Err(e) => {

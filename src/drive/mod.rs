@@ -103,10 +103,12 @@ impl Default for DriveOptions {
 /// Where sequential reads stand, for read-ahead.
 #[derive(Debug, Default)]
 struct ReadAhead {
-    /// End of the last read.
+    /// Furthest end of the current stream's reads.
     last_end: u64,
     /// End of what read-ahead already fetched.
     fetched_until: u64,
+    /// Near reads in a row.
+    streak: u32,
 }
 
 /// State shared by the drive handle and its background flusher.
@@ -129,6 +131,9 @@ pub(crate) struct Inner {
     flush_delay: Duration,
     read_ahead_bytes: u64,
     read_ahead: Mutex<ReadAhead>,
+    /// Where and when the last write ended, so a background flush can leave
+    /// the growing tail of a sequential stream for the next pass.
+    last_write: Mutex<Option<(u64, std::time::Instant)>>,
     closed: AtomicBool,
     /// Wakes the background flusher after a write (or to stop it).
     kick: Notify,
