@@ -140,11 +140,13 @@ impl Inner {
             return Ok((Bytes::new(), None));
         }
         let want = PageRange::covering(ByteRange::new(offset_bytes, end));
-        let mut out = vec![0u8; (end - offset_bytes) as usize];
+        // Filled in order, chunk by chunk: zeroing it first would cost one
+        // more pass over every byte read.
+        let mut out = Vec::with_capacity((end - offset_bytes) as usize);
         let all: Vec<u64> = chunks_of(offset_bytes, end).collect();
         for batch in all.chunks(self.cache.max_pins()) {
             // Chunks not in memory whose pages hold no data read as zeros
-            // (already in `out`) without a request or an allocation.
+            // without a request or an allocation.
             let mut need = Vec::with_capacity(batch.len());
             for &idx in batch {
                 let part = intersect(chunk_pages(idx), want);
@@ -155,24 +157,33 @@ impl Inner {
                     need.push(idx);
                 }
             }
-            if need.is_empty() {
-                continue;
-            }
-            let refs = self.pin_all(&need).await?;
-            let stats = self.fill(&refs, &[want], want).await?;
-            for r in &refs {
-                let span = chunk_pages(r.index);
+            let refs = if need.is_empty() {
+                Vec::new()
+            } else {
+                let refs = self.pin_all(&need).await?;
+                let stats = self.fill(&refs, &[want], want).await?;
+                add(&self.meters.cache_misses, stats.misses);
+                add(&self.meters.cache_hits, stats.hits);
+                add(&self.meters.pages_elided, stats.holes);
+                refs
+            };
+            for &idx in batch {
+                let span = chunk_pages(idx);
                 let from = offset_bytes.max(span.start * PAGE_SIZE);
                 let to = end.min(span.end * PAGE_SIZE);
-                let c = r.lock();
-                let base = span.start * PAGE_SIZE;
-                out[(from - offset_bytes) as usize..(to - offset_bytes) as usize]
-                    .copy_from_slice(c.bytes((from - base) as usize, (to - base) as usize));
+                match refs.iter().find(|r| r.index == idx) {
+                    Some(r) => {
+                        let base = span.start * PAGE_SIZE;
+                        let c = r.lock();
+                        out.extend_from_slice(
+                            c.bytes((from - base) as usize, (to - base) as usize),
+                        );
+                    }
+                    None => out.resize(out.len() + (to - from) as usize, 0),
+                }
             }
-            add(&self.meters.cache_misses, stats.misses);
-            add(&self.meters.cache_hits, stats.hits);
-            add(&self.meters.pages_elided, stats.holes);
         }
+        debug_assert_eq!(out.len() as u64, end - offset_bytes);
         let ahead = self.read_ahead_window(offset_bytes, end);
         Ok((Bytes::from(out), ahead))
     }
