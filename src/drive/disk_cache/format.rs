@@ -13,6 +13,8 @@
 //! a chunk only if every byte checks out (magic, index, lengths, CRC), so a
 //! torn or flipped file is never served.
 
+use bytes::Bytes;
+
 use super::{ChunkBits, PAGES, PAGE_BYTES};
 
 const MAGIC: &[u8; 8] = b"BDCHUNK1";
@@ -28,15 +30,17 @@ pub struct CachedChunk {
     pub held: ChunkBits,
     /// Known pages that are all zeros (a subset of `held`).
     pub zero: ChunkBits,
-    /// The non-zero held pages, 512 bytes each, in page order.
-    pub data: Vec<u8>,
+    /// The non-zero held pages, 512 bytes each, in page order (a slice of
+    /// the file read, without a copy).
+    pub data: Bytes,
     /// `held` and not `zero`: the pages in `data`.
     stored: ChunkBits,
 }
 
 impl CachedChunk {
     /// A chunk from its bitmaps and the bytes of its held non-zero pages.
-    pub fn new(held: ChunkBits, zero: ChunkBits, data: Vec<u8>) -> Self {
+    pub fn new(held: ChunkBits, zero: ChunkBits, data: impl Into<Bytes>) -> Self {
+        let data: Bytes = data.into();
         let mut stored = ChunkBits::default();
         for (i, (h, z)) in held.words().iter().zip(zero.words()).enumerate() {
             stored.set_word(i, h & !z);
@@ -101,9 +105,10 @@ fn get_bits(raw: &[u8]) -> ChunkBits {
     bits
 }
 
-/// The file for chunk `index`.
-pub fn encode(index: u64, chunk: &CachedChunk) -> Vec<u8> {
-    let mut out = Vec::with_capacity(chunk.encoded_len());
+/// The header of the file for chunk `index`; the file is this followed by
+/// `chunk.data` (written separately, so the data is not copied once more).
+pub fn header(index: u64, chunk: &CachedChunk) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_BYTES);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&index.to_le_bytes());
     put_bits(&mut out, &chunk.held);
@@ -111,7 +116,6 @@ pub fn encode(index: u64, chunk: &CachedChunk) -> Vec<u8> {
     out.extend_from_slice(&(chunk.data.len() as u32).to_le_bytes());
     let crc = crc32c::crc32c_append(crc32c::crc32c(&out), &chunk.data);
     out.extend_from_slice(&crc.to_le_bytes());
-    out.extend_from_slice(&chunk.data);
     out
 }
 
@@ -127,7 +131,7 @@ pub enum Bad {
 }
 
 /// Parse and verify the file of chunk `index`.
-pub fn decode(index: u64, raw: &[u8]) -> Result<CachedChunk, Bad> {
+pub fn decode(index: u64, raw: Bytes) -> Result<CachedChunk, Bad> {
     if raw.len() < HEADER_BYTES || &raw[..8] != MAGIC {
         return Err(Bad::Torn);
     }
@@ -154,7 +158,7 @@ pub fn decode(index: u64, raw: &[u8]) -> Result<CachedChunk, Bad> {
     if zero_not_held || (held.count() - zero.count()) * PAGE_BYTES != data_len {
         return Err(Bad::Torn);
     }
-    Ok(CachedChunk::new(held, zero, raw[HEADER_BYTES..].to_vec()))
+    Ok(CachedChunk::new(held, zero, raw.slice(HEADER_BYTES..)))
 }
 
 #[cfg(test)]
@@ -173,12 +177,16 @@ mod tests {
         CachedChunk::new(held, zero, data)
     }
 
+    fn file(index: u64, chunk: &CachedChunk) -> Vec<u8> {
+        [header(index, chunk), chunk.data.to_vec()].concat()
+    }
+
     #[test]
     fn a_chunk_round_trips_and_zero_pages_take_no_bytes() {
         let c = sample();
-        let raw = encode(42, &c);
+        let raw = file(42, &c);
         assert_eq!(raw.len(), HEADER_BYTES + 2 * PAGE_BYTES);
-        let back = decode(42, &raw).expect("valid file");
+        let back = decode(42, raw.into()).expect("valid file");
         assert_eq!(back, c);
         assert_eq!(back.page(0), Some(Some(&[7u8; PAGE_BYTES][..])));
         assert_eq!(back.page(3), Some(None));
@@ -189,18 +197,18 @@ mod tests {
 
     #[test]
     fn every_flipped_byte_and_every_truncation_is_refused() {
-        let raw = encode(5, &sample());
+        let raw = file(5, &sample());
         for at in 0..raw.len() {
             let mut bad = raw.clone();
             bad[at] ^= 0x40;
-            assert!(decode(5, &bad).is_err(), "flip at {at} accepted");
+            assert!(decode(5, bad.into()).is_err(), "flip at {at} accepted");
         }
         for len in 0..raw.len() {
             assert!(
-                decode(5, &raw[..len]).is_err(),
+                decode(5, Bytes::copy_from_slice(&raw[..len])).is_err(),
                 "truncated to {len} accepted"
             );
         }
-        assert_eq!(decode(6, &raw), Err(Bad::WrongIndex));
+        assert_eq!(decode(6, raw.into()), Err(Bad::WrongIndex));
     }
 }

@@ -420,13 +420,14 @@ impl DiskCache {
                 return None;
             }
         };
-        match format::decode(idx, &raw) {
+        let raw_len = raw.len();
+        match format::decode(idx, raw.into()) {
             Ok(chunk) => {
                 if !known {
                     // Written by another reader of this directory: count it.
                     let mut index = self.shared.index();
                     if !index.entries.contains_key(&idx) {
-                        let bytes = round_up(raw.len() as u64);
+                        let bytes = round_up(raw_len as u64);
                         let last_use = index.clock;
                         index.entries.insert(idx, Entry { bytes, last_use });
                         index.bytes += bytes;
@@ -620,7 +621,10 @@ fn write_chunk(shared: &Shared, idx: u64, ticket: u64, chunk: &CachedChunk, n: u
     let tmp = shared
         .chunks_dir
         .join(format!("{idx:016x}.tmp.{}.{n}", std::process::id()));
-    let written = File::create(&tmp).and_then(|mut f| f.write_all(&format::encode(idx, chunk)));
+    let written = File::create(&tmp).and_then(|mut f| {
+        f.write_all(&format::header(idx, chunk))?;
+        f.write_all(&chunk.data)
+    });
     if let Err(e) = written {
         tracing::warn!(chunk = idx, error = %e, "disk cache write failed");
         let _ = std::fs::remove_file(&tmp);
