@@ -33,14 +33,13 @@ use super::Inner;
 use crate::units::{MAX_PUT_PAGE_BYTES, PAGE_SIZE};
 
 const MAX_UPDATE_PAGES: u64 = MAX_PUT_PAGE_BYTES / PAGE_SIZE;
-/// Spans end at multiples of one full Put Page (4 MiB) of the drive, so a
-/// long sequential write goes out in 4 MiB requests that line up with the
-/// 4 MiB Gets of read-ahead (raw 4 MiB Gets over the bench's ext4 drive:
-/// 95-150 MiB/s from Azurite when it was written in unaligned runs, 150-183
-/// aligned; a cold 512 MiB file read 220 → 244 MB/s, three reads each),
-/// and a span's copy is freed as soon as its
-/// own requests are done (runs share their span's buffer; 16 MiB spans kept
-/// up to 60 MiB of copies alive with 8 in flight).
+/// Longest span gathered before it is cut: one full Put Page, so a long
+/// sequential write still goes out in 4 MiB requests, and a span's copy is
+/// freed as soon as its own requests are done (runs share their span's
+/// buffer; 16 MiB spans kept up to 60 MiB of copies alive with 8 in flight).
+/// Spans start at the first dirty page, not at 4 MiB boundaries of the
+/// drive: aligned spans cost one more Put Page per flush pass that starts
+/// mid-window (318 per GiB instead of 292 in the bench; BENCHMARKS.md).
 const SPAN_PAGES: u64 = MAX_UPDATE_PAGES;
 /// Zero stretches up to this long between data pages are written, not split out.
 const ZERO_ISLAND_PAGES: usize = 8;
@@ -184,7 +183,7 @@ impl<'a> RunBuilder<'a> {
                     continue;
                 }
                 if let Some(s) = &span {
-                    if s.end() != page || page % SPAN_PAGES == 0 {
+                    if s.end() != page || s.classes.len() as u64 >= SPAN_PAGES {
                         return span;
                     }
                 }
