@@ -236,7 +236,7 @@ impl Attachment {
             if let Err(err) = blocking(move || device.detach()).await {
                 // Gone already (someone ran losetup -d) is fine; anything else
                 // leaves the device and is reported.
-                if loop_backs_file(&node) {
+                if loop_backing_file(&node).is_some() {
                     return Err(ShutdownError::Failed(format!(
                         "cannot detach loop device {}: {err}",
                         node.display()
@@ -308,17 +308,11 @@ where
         .map_err(anyhow::Error::new)
 }
 
-/// True while the loop device `node` still has a backing file.
-fn loop_backs_file(node: &Path) -> bool {
-    let name = node.file_name().map(|n| n.to_string_lossy().into_owned());
-    name.is_some_and(|n| Path::new(&format!("/sys/block/{n}/loop/backing_file")).exists())
-}
-
 /// The kernel lets go of a detached loop device's file asynchronously; the
 /// FUSE unmount that follows is clean only once it has.
 async fn wait_for_loop_release(node: &Path) {
     let start = Instant::now();
-    while loop_backs_file(node) {
+    while loop_backing_file(node).is_some() {
         if start.elapsed() > LOOP_RELEASE_TIMEOUT {
             tracing::warn!(device = %node.display(), "loop device still holds the drive file");
             return;

@@ -79,14 +79,6 @@ pub enum NoDaemon {
     },
 }
 
-/// True when `dir` (canonical) is a mount point of this mount namespace.
-fn is_mount_point(dir: &Path) -> bool {
-    let dir = dir.to_string_lossy();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|info| info.lines().any(|l| l.split(' ').nth(4) == Some(&*dir)))
-        .unwrap_or(false)
-}
-
 /// Cleans up after a daemon that died: lazily detaches its dead FUSE mount (if
 /// still mounted) and removes its stale control socket. Returns whether a
 /// mount was detached.
@@ -94,7 +86,7 @@ pub fn remove_dead_mount(gone: &NoDaemon) -> anyhow::Result<bool> {
     let NoDaemon::Gone { dir, socket } = gone else {
         return Ok(false);
     };
-    let detached = is_mount_point(dir);
+    let detached = super::attach::is_mount_point(dir).unwrap_or(false);
     if detached {
         lazy_unmount(dir)?;
     }

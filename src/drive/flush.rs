@@ -10,8 +10,8 @@
 //! out in parallel (bounded). A background pass (the flusher's timer, not an
 //! fsync, a close or a writer waiting for room) leaves the short run at the
 //! end of a write stream still going for its next pass, so a long sequential
-//! write goes out in full 4 MiB requests. Invariants: every request carries the lease id;
-//! one pass at a time (so a page is never in two uploads at once); a page
+//! write goes out in full 4 MiB requests. Invariants: every request carries
+//! the lease id; one pass at a time (so a page is never in two uploads at once); a page
 //! written again after it was copied keeps its dirty bit (its generation
 //! moved); the sparse map gains pages before an update is sent and loses them
 //! only after a clear succeeded; pages reach the disk tier only once settled.

@@ -90,9 +90,7 @@ impl Inner {
         // reads have got to is still part of the sequential stream. Random
         // reads land near by chance too, so a stream counts only after a
         // few near reads in a row.
-        let near = st.last_end > 0
-            && start + SEQUENTIAL_SLACK_BYTES >= st.last_end
-            && start <= st.last_end + SEQUENTIAL_SLACK_BYTES;
+        let near = st.last_end > 0 && start.abs_diff(st.last_end) <= SEQUENTIAL_SLACK_BYTES;
         if !near {
             // A new stream: what was fetched for the old one says nothing here.
             st.last_end = end;
