@@ -121,9 +121,10 @@ fn absorb_zero_islands(classes: &mut [Class]) {
 /// runs, lazily, so only a span and the runs in flight are copied at a time.
 struct RunBuilder<'a> {
     inner: &'a Inner,
-    /// A background pass leaves a short update run ending here unsent: the
-    /// end of a write stream still going, which the next pass sends as part
-    /// of a full 4 MiB request.
+    /// A background pass leaves the update run ending here unsent back to
+    /// its last 4 MiB boundary of the drive: the head of a write stream
+    /// still going, which the next pass sends as part of a full, aligned
+    /// 4 MiB request.
     hold_tail_at: Option<u64>,
     /// Pages left dirty for that reason.
     held_pages: u64,
@@ -238,10 +239,25 @@ impl<'a> RunBuilder<'a> {
             let pages = PageRange::new(span.start + i as u64, span.start + j as u64);
             let chunks = chunks_for(&span.chunks, pages);
             let gens = &span.gens[i..j];
-            let short = ((j - i) as u64) < MAX_UPDATE_PAGES;
             match class {
-                Class::Data if short && self.hold_tail_at == Some(pages.end) => {
-                    self.held_pages += pages.len_pages();
+                Class::Data if self.hold_tail_at == Some(pages.end) => {
+                    // The head of a stream still being written: send up to
+                    // its last 4 MiB boundary of the drive and hold the rest,
+                    // so the stream's next requests start aligned.
+                    let boundary = pages.end - pages.end % MAX_UPDATE_PAGES;
+                    let keep = boundary.max(pages.start);
+                    self.held_pages += pages.end - keep;
+                    if keep > pages.start {
+                        let sent = PageRange::new(pages.start, keep);
+                        let k = (keep - span.start) as usize;
+                        self.ready.push_back(Run {
+                            kind: Kind::Update,
+                            pages: sent,
+                            data: data.slice(i * PAGE..k * PAGE),
+                            gens: span.gens[i..k].to_vec(),
+                            chunks: chunks_for(&span.chunks, sent),
+                        });
+                    }
                 }
                 Class::Data => self.ready.push_back(Run {
                     kind: Kind::Update,
