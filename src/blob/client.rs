@@ -570,6 +570,13 @@ impl BlobClient {
                 "the service refused the access token from {} for account '{name}'{detail}: check that the identity is in the account's tenant and that the account allows Microsoft Entra sign-in",
                 cache.source_name()
             ),
+            (None, Some(c @ ("AuthorizationPermissionMismatch" | "AuthorizationResourceTypeMismatch" | "AuthorizationServiceMismatch")))
+                if matches!(self.inner.account.credential, Credential::Sas(_)) =>
+            {
+                format!(
+                    "the SAS token for account '{name}' does not allow this operation ({c}): blobdrive needs read and list permissions to mount read-only, and write, create and delete too to create drives and mount them read-write"
+                )
+            }
             (None, _) => format!(
                 "the service refused the credentials for account '{name}'{detail}: check the account key or SAS token (and that it allows this operation)"
             ),

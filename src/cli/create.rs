@@ -57,12 +57,16 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
     let created = path.clone();
     drives::block_on(async move {
         let started = Instant::now();
-        if client
-            .create_container(&path.container)
-            .await
-            .map_err(blob_err)?
-        {
-            tracing::info!(container = %path.container, "created container");
+        match client.create_container(&path.container).await {
+            Ok(true) => tracing::info!(container = %path.container, "created container"),
+            Ok(false) => {}
+            // A SAS scoped to one container, or to blobs only, may not create
+            // containers; if the container exists the drive can still be made,
+            // and if not, creating the blob says so.
+            Err(e) if e.is_auth_failure() => {
+                tracing::debug!(container = %path.container, error = %e, "cannot create the container; trying the blob");
+            }
+            Err(e) => return Err(blob_err(e)),
         }
         let footer = Footer::new_fixed(size_bytes);
         client

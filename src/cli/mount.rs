@@ -130,6 +130,14 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
         )
         .into());
     }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(anyhow::anyhow!(
+            "attaching a drive needs root: it sets up a loop device and mounts a filesystem; \
+             run it with sudo, or use a namespace mount ('blobdrive mount {} DIR') to get the drive as a file",
+            path.container
+        ));
+    }
     // Checked before the fork, so a bad account fails in the user's terminal.
     let account = ctx.account()?;
     let drive = EntryPath {

@@ -161,6 +161,13 @@ fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyho
         Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
             return Err(NoDaemon::Gone { dir, socket: path }.into())
         }
+        Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
+            bail!(
+                "cannot reach the daemon of {}: {}",
+                mountpoint.display(),
+                run_dir_denied(&path)
+            )
+        }
         Err(err) => {
             return Err(err).with_context(|| {
                 format!(
@@ -243,7 +250,11 @@ pub(crate) fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
     let dir = path
         .parent()
         .context("control socket path has no directory")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let denied = |e: &std::io::Error| e.kind() == std::io::ErrorKind::PermissionDenied;
+    match std::fs::create_dir_all(dir) {
+        Err(e) if denied(&e) => bail!("{}", run_dir_denied(path)),
+        r => r.with_context(|| format!("cannot create {}", dir.display()))?,
+    }
     {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
@@ -258,7 +269,19 @@ pub(crate) fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
         std::fs::remove_file(path)
             .with_context(|| format!("cannot remove stale {}", path.display()))?;
     }
-    tokio::net::UnixListener::bind(path).with_context(|| format!("cannot bind {}", path.display()))
+    match tokio::net::UnixListener::bind(path) {
+        Err(e) if denied(&e) => bail!("{}", run_dir_denied(path)),
+        r => r.with_context(|| format!("cannot bind {}", path.display())),
+    }
+}
+
+/// What to say when the run directory holding `socket` is not ours to use.
+fn run_dir_denied(socket: &Path) -> String {
+    let dir = socket.parent().unwrap_or(socket);
+    format!(
+        "permission denied in the run directory {}: mounts are made as root (sudo), or set {RUN_DIR_ENV} to a directory you own",
+        dir.display()
+    )
 }
 
 /// Answers control connections until the task is aborted.

@@ -152,8 +152,11 @@ fn read_entry(path: &Path) -> Option<AttachedDrive> {
     Some(entry)
 }
 
-fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
+/// Whether process `pid` is running: it exists and is not a zombie (a
+/// daemon that exited but whose parent has not reaped it yet).
+pub fn process_alive(pid: u32) -> bool {
+    // pid 0 would address our own process group.
+    let Ok(pid @ 1..) = libc::pid_t::try_from(pid) else {
         return false;
     };
     // SAFETY: signal 0 only checks that the process exists.

@@ -88,9 +88,10 @@ pub fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) 
     }
 }
 
+/// Exited daemons are reparented to init, which may reap them late: a
+/// zombie counts as gone.
 fn process_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+    u32::try_from(pid).is_ok_and(blobdrive::daemon::registry::process_alive)
 }
 
 /// Sends `signal` to `pid`.
