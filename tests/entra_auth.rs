@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use blobdrive::blob::{
-    Account, AccountOptions, AuthMode, BlobClient, BlobPath, ErrorKind, ListBlobsOptions,
+    Account, AccountOptions, AuthMode, BlobClient, BlobPath, BlobType, ErrorKind, LeaseDuration,
+    LeaseState, ListBlobsOptions,
 };
 use blobdrive::units::ByteRange;
 use bytes::Bytes;
@@ -103,7 +104,8 @@ fn container() -> String {
     common::unique_name("entra")
 }
 
-/// Every blob operation blobdrive uses, once.
+/// Every operation the blob client offers, once each (the lease ones in the
+/// order a mount meets them), with its effect checked through another call.
 async fn exercise_every_operation(client: &BlobClient) {
     let c = container();
     assert!(client.create_container(&c).await.unwrap());
@@ -126,6 +128,8 @@ async fn exercise_every_operation(client: &BlobClient) {
         .await
         .unwrap();
     assert_eq!(got, pattern(8192, 3).slice(0..4096));
+
+    // The mount lock: acquire, renew, change; the old id no longer writes.
     let lease = uuid::Uuid::new_v4().to_string();
     client.acquire_lease(&path, &lease, None).await.unwrap();
     client
@@ -133,9 +137,74 @@ async fn exercise_every_operation(client: &BlobClient) {
         .await
         .unwrap();
     let snap = client.snapshot(&path).await.unwrap();
-    client.release_lease(&path, &lease).await.unwrap();
+    client.renew_lease(&path, &lease).await.unwrap();
     let props = client.get_properties(&path).await.unwrap();
-    assert_eq!(props.content_length, size);
+    assert_eq!(props.lease_state, Some(LeaseState::Leased));
+    assert_eq!(props.lease_duration, Some(LeaseDuration::Infinite));
+    let proposed = uuid::Uuid::new_v4().to_string();
+    let changed = client.change_lease(&path, &lease, &proposed).await.unwrap();
+    assert_eq!(changed, proposed);
+    let e = client
+        .put_pages(&path, 0, pattern(512, 1), Some(&lease))
+        .await
+        .unwrap_err();
+    assert!(e.is_lease_lost(), "the old lease id still writes: {e}");
+
+    // Metadata and resize under the changed lease.
+    let metadata = vec![
+        ("owner".to_string(), "entra-test".to_string()),
+        ("Purpose".to_string(), "every operation".to_string()),
+    ];
+    client
+        .set_metadata(&path, &metadata, Some(&changed))
+        .await
+        .unwrap();
+    let grown = 2 << 20;
+    client.resize(&path, grown, Some(&changed)).await.unwrap();
+    client.release_lease(&path, &changed).await.unwrap();
+    let props = client.get_properties(&path).await.unwrap();
+    assert_eq!(props.content_length, grown);
+    assert_eq!(props.lease_state, Some(LeaseState::Available));
+    assert_eq!(
+        props.metadata.get("owner").map(String::as_str),
+        Some("entra-test")
+    );
+    assert_eq!(
+        props.metadata.get("purpose").map(String::as_str),
+        Some("every operation")
+    );
+    assert_eq!(
+        client
+            .get_page_ranges(&path, None)
+            .await
+            .unwrap()
+            .blob_size_bytes,
+        grown
+    );
+
+    // A stale lock, broken: a fixed lease, renewed, then broken at once.
+    let fixed = uuid::Uuid::new_v4().to_string();
+    client.acquire_lease(&path, &fixed, Some(15)).await.unwrap();
+    client.renew_lease(&path, &fixed).await.unwrap();
+    let props = client.get_properties(&path).await.unwrap();
+    assert_eq!(props.lease_duration, Some(LeaseDuration::Fixed));
+    assert_eq!(client.break_lease(&path, Some(0)).await.unwrap(), 0);
+    let props = client.get_properties(&path).await.unwrap();
+    assert_eq!(props.lease_state, Some(LeaseState::Broken));
+
+    // A small block blob beside the drive.
+    let notes = BlobPath::new(&c, "notes/readme.txt").unwrap();
+    let text = Bytes::from_static(b"written with a bearer token");
+    client.put_block_blob(&notes, text.clone()).await.unwrap();
+    let props = client.get_properties(&notes).await.unwrap();
+    assert_eq!(props.blob_type, Some(BlobType::BlockBlob));
+    assert_eq!(props.content_length, text.len() as u64);
+    let got = client
+        .get_blob_range(&notes, ByteRange::new(0, text.len() as u64))
+        .await
+        .unwrap();
+    assert_eq!(got, text);
+
     let listed = client
         .list_blobs(
             &c,
@@ -146,20 +215,56 @@ async fn exercise_every_operation(client: &BlobClient) {
         )
         .await
         .unwrap();
-    assert_eq!(listed.blobs.len(), 2, "the blob and its snapshot");
+    assert_eq!(
+        listed.blobs.len(),
+        3,
+        "the drive, its snapshot and the block blob"
+    );
+    let all = client
+        .list_all_blobs(
+            &c,
+            &ListBlobsOptions {
+                include_metadata: true,
+                max_results: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let names: Vec<&str> = all.blobs.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["disk.vhd", "notes/readme.txt"], "one page each");
+    assert_eq!(
+        all.blobs[0].metadata.get("owner").map(String::as_str),
+        Some("entra-test")
+    );
     let snap_path = path.clone().with_snapshot(Some(&snap));
     let old = client
         .get_blob_range(&snap_path, ByteRange::new(0, 512))
         .await
         .unwrap();
     assert_eq!(old, pattern(512, 9));
+    assert_eq!(
+        client
+            .get_properties(&snap_path)
+            .await
+            .unwrap()
+            .content_length,
+        size,
+        "the snapshot keeps the size it was taken at"
+    );
     assert!(client
         .list_containers()
         .await
         .unwrap()
         .iter()
         .any(|x| x.name == c));
+    client.delete_blob(&notes, false, None).await.unwrap();
     client.delete_blob(&path, true, None).await.unwrap();
+    assert!(client
+        .get_properties(&path)
+        .await
+        .unwrap_err()
+        .is_not_found());
     client.delete_container(&c).await.unwrap();
 }
 
