@@ -7,6 +7,7 @@
 //! final checks look for every secret and token in it.
 
 mod common;
+mod mount_support;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -16,7 +17,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use blobdrive::blob::{
-    Account, AccountOptions, AuthMode, BlobClient, BlobPath, ErrorKind, ListBlobsOptions,
+    Account, AccountOptions, AuthMode, BlobClient, BlobPath, BlobType, ErrorKind, LeaseDuration,
+    LeaseState, ListBlobsOptions,
 };
 use blobdrive::units::ByteRange;
 use bytes::Bytes;
@@ -103,7 +105,32 @@ fn container() -> String {
     common::unique_name("entra")
 }
 
-/// Every blob operation blobdrive uses, once.
+/// What to look for when checking that `secret` is not in some text: a
+/// JWT's claims part (unique to each token; the signature is fake), else
+/// the secret itself.
+fn secret_needle(secret: &str) -> &str {
+    let parts: Vec<&str> = secret.split('.').collect();
+    if parts.len() == 3 {
+        parts[1]
+    } else {
+        secret
+    }
+}
+
+/// Panics, naming what precedes it on its line, when `text` (described by
+/// `what`) holds any of `secrets`.
+fn assert_no_secret(what: &str, text: &str, secrets: &[String]) {
+    for secret in secrets {
+        if let Some(i) = text.find(secret_needle(secret)) {
+            let start = text[..i].rfind('\n').map_or(0, |n| n + 1);
+            let line = &text[start..i];
+            panic!("a secret in {what}, after: {line}");
+        }
+    }
+}
+
+/// Every operation the blob client offers, once each (the lease ones in the
+/// order a mount meets them), with its effect checked through another call.
 async fn exercise_every_operation(client: &BlobClient) {
     let c = container();
     assert!(client.create_container(&c).await.unwrap());
@@ -126,6 +153,8 @@ async fn exercise_every_operation(client: &BlobClient) {
         .await
         .unwrap();
     assert_eq!(got, pattern(8192, 3).slice(0..4096));
+
+    // The mount lock: acquire, renew, change; the old id no longer writes.
     let lease = uuid::Uuid::new_v4().to_string();
     client.acquire_lease(&path, &lease, None).await.unwrap();
     client
@@ -133,9 +162,74 @@ async fn exercise_every_operation(client: &BlobClient) {
         .await
         .unwrap();
     let snap = client.snapshot(&path).await.unwrap();
-    client.release_lease(&path, &lease).await.unwrap();
+    client.renew_lease(&path, &lease).await.unwrap();
     let props = client.get_properties(&path).await.unwrap();
-    assert_eq!(props.content_length, size);
+    assert_eq!(props.lease_state, Some(LeaseState::Leased));
+    assert_eq!(props.lease_duration, Some(LeaseDuration::Infinite));
+    let proposed = uuid::Uuid::new_v4().to_string();
+    let changed = client.change_lease(&path, &lease, &proposed).await.unwrap();
+    assert_eq!(changed, proposed);
+    let e = client
+        .put_pages(&path, 0, pattern(512, 1), Some(&lease))
+        .await
+        .unwrap_err();
+    assert!(e.is_lease_lost(), "the old lease id still writes: {e}");
+
+    // Metadata and resize under the changed lease.
+    let metadata = vec![
+        ("owner".to_string(), "entra-test".to_string()),
+        ("Purpose".to_string(), "every operation".to_string()),
+    ];
+    client
+        .set_metadata(&path, &metadata, Some(&changed))
+        .await
+        .unwrap();
+    let grown = 2 << 20;
+    client.resize(&path, grown, Some(&changed)).await.unwrap();
+    client.release_lease(&path, &changed).await.unwrap();
+    let props = client.get_properties(&path).await.unwrap();
+    assert_eq!(props.content_length, grown);
+    assert_eq!(props.lease_state, Some(LeaseState::Available));
+    assert_eq!(
+        props.metadata.get("owner").map(String::as_str),
+        Some("entra-test")
+    );
+    assert_eq!(
+        props.metadata.get("purpose").map(String::as_str),
+        Some("every operation")
+    );
+    assert_eq!(
+        client
+            .get_page_ranges(&path, None)
+            .await
+            .unwrap()
+            .blob_size_bytes,
+        grown
+    );
+
+    // A stale lock, broken: a fixed lease, renewed, then broken at once.
+    let fixed = uuid::Uuid::new_v4().to_string();
+    client.acquire_lease(&path, &fixed, Some(15)).await.unwrap();
+    client.renew_lease(&path, &fixed).await.unwrap();
+    let props = client.get_properties(&path).await.unwrap();
+    assert_eq!(props.lease_duration, Some(LeaseDuration::Fixed));
+    assert_eq!(client.break_lease(&path, Some(0)).await.unwrap(), 0);
+    let props = client.get_properties(&path).await.unwrap();
+    assert_eq!(props.lease_state, Some(LeaseState::Broken));
+
+    // A small block blob beside the drive.
+    let notes = BlobPath::new(&c, "notes/readme.txt").unwrap();
+    let text = Bytes::from_static(b"written with a bearer token");
+    client.put_block_blob(&notes, text.clone()).await.unwrap();
+    let props = client.get_properties(&notes).await.unwrap();
+    assert_eq!(props.blob_type, Some(BlobType::BlockBlob));
+    assert_eq!(props.content_length, text.len() as u64);
+    let got = client
+        .get_blob_range(&notes, ByteRange::new(0, text.len() as u64))
+        .await
+        .unwrap();
+    assert_eq!(got, text);
+
     let listed = client
         .list_blobs(
             &c,
@@ -146,20 +240,56 @@ async fn exercise_every_operation(client: &BlobClient) {
         )
         .await
         .unwrap();
-    assert_eq!(listed.blobs.len(), 2, "the blob and its snapshot");
+    assert_eq!(
+        listed.blobs.len(),
+        3,
+        "the drive, its snapshot and the block blob"
+    );
+    let all = client
+        .list_all_blobs(
+            &c,
+            &ListBlobsOptions {
+                include_metadata: true,
+                max_results: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let names: Vec<&str> = all.blobs.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["disk.vhd", "notes/readme.txt"], "one page each");
+    assert_eq!(
+        all.blobs[0].metadata.get("owner").map(String::as_str),
+        Some("entra-test")
+    );
     let snap_path = path.clone().with_snapshot(Some(&snap));
     let old = client
         .get_blob_range(&snap_path, ByteRange::new(0, 512))
         .await
         .unwrap();
     assert_eq!(old, pattern(512, 9));
+    assert_eq!(
+        client
+            .get_properties(&snap_path)
+            .await
+            .unwrap()
+            .content_length,
+        size,
+        "the snapshot keeps the size it was taken at"
+    );
     assert!(client
         .list_containers()
         .await
         .unwrap()
         .iter()
         .any(|x| x.name == c));
+    client.delete_blob(&notes, false, None).await.unwrap();
     client.delete_blob(&path, true, None).await.unwrap();
+    assert!(client
+        .get_properties(&path)
+        .await
+        .unwrap_err()
+        .is_not_found());
     client.delete_container(&c).await.unwrap();
 }
 
@@ -343,6 +473,166 @@ async fn short_lived_tokens_are_refreshed_during_a_long_run() {
     assert!((4..=8).contains(&fetched), "{fetched} token requests");
     assert_eq!(client.token_fetches(), fetched);
     assert_eq!(client.retries(), 0, "no request needed a retry");
+}
+
+/// Lifetime of the tokens the long mount gets, seconds.
+const MOUNT_TOKEN_LIFE_S: u64 = 6;
+
+#[test]
+fn a_mount_outlives_its_tokens_and_keeps_reading_and_writing() {
+    if !mount_support::can_run(
+        "a_mount_outlives_its_tokens_and_keeps_reading_and_writing",
+        false,
+    ) {
+        return;
+    }
+    logs();
+    const MIB: u64 = 1 << 20;
+    const SLOT_BYTES: u64 = MIB / 2;
+    const IO_BYTES: usize = 64 << 10;
+    let drive_bytes = 64 * MIB;
+    let life = Duration::from_secs(MOUNT_TOKEN_LIFE_S);
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(MOUNT_TOKEN_LIFE_S as i64);
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    // The test's own client signs in as the service principal, so every
+    // managed-identity token is one the daemon asked for.
+    let acct = account(&az, AuthMode::Sp, sp_vars(&ts, CLIENT_SECRET), true);
+    let client = BlobClient::new(acct).unwrap();
+    let c = container();
+    assert!(rt.block_on(client.create_container(&c)).unwrap());
+    let path = BlobPath::new(&c, "long.vhd").unwrap();
+    rt.block_on(common::make_drive(&client, &path, drive_bytes));
+    // The upper half holds known bytes, for reads the daemon has not cached.
+    let half = drive_bytes / 2;
+    for off in (half..drive_bytes).step_by(4 * MIB as usize) {
+        rt.block_on(client.put_pages(&path, off, pattern(4 * MIB as usize, off as u8), None))
+            .unwrap();
+    }
+    let seeded = |off: u64| {
+        let chunk = off - off % (4 * MIB);
+        let at = (off - chunk) as usize;
+        pattern(4 * MIB as usize, chunk as u8).slice(at..at + IO_BYTES)
+    };
+
+    // The daemon logs at trace level (checked for secrets at the end).
+    let sandbox = mount_support::Sandbox::new(String::new())
+        .with_env("BLOBDRIVE_IMDS_ENDPOINT", &ts.imds_endpoint())
+        .with_env("RUST_LOG", "trace");
+    let endpoint = az.endpoint();
+    let ca = az.pki.ca_path.display().to_string();
+    let started = Instant::now();
+    let mount = sandbox.mount(
+        "ns",
+        Some(&c),
+        &[
+            "-vvv",
+            "--auth",
+            "msi",
+            "--account",
+            &endpoint,
+            "--ca-file",
+            &ca,
+        ],
+    );
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(mount.path("long.vhd"))
+        .expect("open the drive file");
+
+    // One round: an unaligned write made durable with fsync and found in the
+    // blob, and a read of bytes the daemon has to fetch.
+    let mut slot = 0u64;
+    let mut round = |what: &str| {
+        use std::os::unix::fs::FileExt;
+        assert!(slot < half / SLOT_BYTES, "out of slots");
+        let data = pattern(IO_BYTES, slot as u8 ^ 0x5a);
+        let at = slot * SLOT_BYTES + 1000;
+        file.write_all_at(&data, at)
+            .unwrap_or_else(|e| panic!("write {what}: {e}\n{}", mount.log_text()));
+        file.sync_data()
+            .unwrap_or_else(|e| panic!("fsync {what}: {e}\n{}", mount.log_text()));
+        let stored = rt
+            .block_on(client.get_blob_range(&path, ByteRange::new(at, at + IO_BYTES as u64)))
+            .unwrap();
+        assert!(
+            stored == data,
+            "{what}: the fsynced write is not in the blob"
+        );
+        let mut got = vec![0u8; IO_BYTES];
+        let from = half + slot * SLOT_BYTES;
+        file.read_exact_at(&mut got, from)
+            .unwrap_or_else(|e| panic!("read {what}: {e}\n{}", mount.log_text()));
+        assert!(got == seeded(from), "{what}: read the wrong bytes");
+        slot += 1;
+    };
+    // Busy through two token lifetimes: refreshed while in use.
+    while started.elapsed() < 2 * life {
+        round("while busy");
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    // Idle for longer than a token lives: the daemon's token expires unused
+    // (nothing is dirty, so nothing is sent), and the next request needs a
+    // new one.
+    let before_idle = ts.state.count("imds");
+    std::thread::sleep(life + Duration::from_secs(1));
+    assert_eq!(
+        ts.state.count("imds"),
+        before_idle,
+        "an idle mount asks for no token"
+    );
+    let resumed = Instant::now();
+    while resumed.elapsed() < life {
+        round("after the token expired");
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let stats = sandbox.stats(&mount.dir);
+    let device = &stats["devices"][format!("{c}/long.vhd")];
+    assert_eq!(
+        device["retries"].as_u64(),
+        Some(0),
+        "no request failed: {stats}"
+    );
+    drop(file);
+    let log_path = mount.log.clone();
+    mount.unmount();
+    let elapsed = started.elapsed();
+    let props = rt.block_on(client.get_properties(&path)).unwrap();
+    assert_eq!(
+        props.lease_state,
+        Some(LeaseState::Available),
+        "lease released"
+    );
+
+    let fetched = ts.state.count("imds");
+    assert!(fetched > before_idle, "no token after the idle one expired");
+    eprintln!(
+        "the mount lived {elapsed:.1?} on {MOUNT_TOKEN_LIFE_S}-s tokens, {slot} rounds of I/O, {fetched} tokens"
+    );
+    assert!(fetched >= 3, "only {fetched} token(s) for {elapsed:?}");
+    // A token is refreshed once at most half its life is left (the default
+    // margin of 5 minutes is longer than these tokens live), so the daemon
+    // needs about two tokens per lifetime while busy; not one per request.
+    let most = elapsed.as_secs() / (MOUNT_TOKEN_LIFE_S / 2) + 2;
+    assert!(
+        fetched <= most,
+        "{fetched} tokens in {elapsed:?}: refreshed far more often than at half-life"
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert_eq!(
+        log.matches("got an access token").count() as u64,
+        fetched,
+        "the daemon logs each token it gets: {log}"
+    );
+    assert!(
+        !log.contains("access token refused"),
+        "the daemon sent a token the service called expired: {log}"
+    );
+    let mut secrets = ts.tokens();
+    secrets.push(CLIENT_SECRET.to_string());
+    assert_no_secret("the daemon's log", &log, &secrets);
+    assert_no_secret("the logs", &log_text(), &secrets);
 }
 
 #[tokio::test]
@@ -603,19 +893,9 @@ async fn no_secret_in_logs_errors_or_help() {
         logs.contains("TRACE") || logs.contains("DEBUG"),
         "logs captured"
     );
+    assert_no_secret("the logs", &logs, &secrets);
     for secret in &secrets {
-        // A JWT's claims part is unique to each token (the signature is fake).
-        let parts: Vec<&str> = secret.split('.').collect();
-        let needle = if parts.len() == 3 {
-            parts[1]
-        } else {
-            secret.as_str()
-        };
-        if let Some(i) = logs.find(needle) {
-            let start = logs[..i].rfind('\n').map_or(0, |n| n + 1);
-            let line = &logs[start..i];
-            panic!("a secret in the logs, after: {line}");
-        }
+        let needle = secret_needle(secret);
         assert!(!dbg.contains(needle), "a secret in Debug output");
         for out in &outputs {
             assert!(!out.contains(needle), "a secret in CLI output: {out}");

@@ -52,7 +52,8 @@ pub struct ClientOptions {
     /// Allow plain HTTP to an account other than local development storage
     /// (`--allow-http`).
     pub allow_http: bool,
-    /// Refresh an access token this long before it expires.
+    /// Refresh an access token this long before it expires (or at half its
+    /// life, when that is sooner).
     pub token_refresh_margin: Duration,
 }
 

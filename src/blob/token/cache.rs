@@ -1,11 +1,13 @@
 //! One cached token per client, refreshed before it expires.
 //!
-//! A token is used until `margin` before its expiry; then the first caller
-//! refreshes it while the others keep using the old one (still valid), so a
-//! refresh never stalls a mount. Only when no valid token is left do callers
-//! wait, and then they all wait for the same single request. A token the
-//! service rejected is dropped with [`TokenCache::invalidate`] so the next
-//! caller fetches a new one.
+//! A token is used until `margin` before its expiry, or until half its life
+//! is left when it came with less than twice the margin to live (else a
+//! short-lived token would be fetched anew for every request); then the
+//! first caller refreshes it while the others keep using the old one (still
+//! valid), so a refresh never stalls a mount. Only when no valid token is
+//! left do callers wait, and then they all wait for the same single request.
+//! A token the service rejected is dropped with [`TokenCache::invalidate`]
+//! so the next caller fetches a new one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,12 +21,21 @@ pub const DEFAULT_REFRESH_MARGIN: Duration = Duration::from_secs(5 * 60);
 /// A token is only handed out while it has at least this long to live.
 const MIN_LIFE: Duration = Duration::from_secs(2);
 
+/// The token in use and when to replace it.
+#[derive(Clone, Debug)]
+struct Cached {
+    access: AccessToken,
+    /// Replace it once this little life is left: the margin, or half the
+    /// life it had when fetched if that is less.
+    refresh_when_left: Duration,
+}
+
 /// The token cache of one client.
 #[derive(Debug)]
 pub struct TokenCache {
     provider: Arc<dyn TokenProvider>,
     margin: Duration,
-    current: Mutex<Option<AccessToken>>,
+    current: Mutex<Option<Cached>>,
     refresh: tokio::sync::Mutex<()>,
     fetches: AtomicU64,
 }
@@ -51,17 +62,17 @@ impl TokenCache {
         self.fetches.load(Ordering::Relaxed)
     }
 
-    fn snapshot(&self) -> Option<AccessToken> {
+    fn snapshot(&self) -> Option<Cached> {
         self.current
             .lock()
             .expect("token cache lock is never poisoned")
             .clone()
     }
 
-    /// True when `t` should be replaced now.
-    fn due(&self, t: &AccessToken, now: SystemTime) -> bool {
-        let left = t.expires_at.duration_since(now).unwrap_or_default();
-        left <= self.margin.max(MIN_LIFE)
+    /// True when `c` should be replaced now.
+    fn due(c: &Cached, now: SystemTime) -> bool {
+        let left = c.access.expires_at.duration_since(now).unwrap_or_default();
+        left <= c.refresh_when_left.max(MIN_LIFE)
     }
 
     fn usable(t: &AccessToken, now: SystemTime) -> bool {
@@ -73,8 +84,8 @@ impl TokenCache {
         let now = SystemTime::now();
         let old = self.snapshot();
         if let Some(t) = &old {
-            if !self.due(t, now) {
-                return Ok(t.token.clone());
+            if !Self::due(t, now) {
+                return Ok(t.access.token.clone());
             }
         }
         // Due for refresh. If another caller is refreshing and the old token
@@ -82,7 +93,7 @@ impl TokenCache {
         let _guard = match self.refresh.try_lock() {
             Ok(g) => g,
             Err(_) => match &old {
-                Some(t) if Self::usable(t, now) => return Ok(t.token.clone()),
+                Some(t) if Self::usable(&t.access, now) => return Ok(t.access.token.clone()),
                 _ => self.refresh.lock().await,
             },
         };
@@ -90,8 +101,8 @@ impl TokenCache {
         let now = SystemTime::now();
         let old = self.snapshot();
         if let Some(t) = &old {
-            if !self.due(t, now) {
-                return Ok(t.token.clone());
+            if !Self::due(t, now) {
+                return Ok(t.access.token.clone());
             }
         }
         match self.provider.fetch(http).await {
@@ -103,16 +114,20 @@ impl TokenCache {
                     .unwrap_or_default();
                 tracing::debug!(source = %self.provider.name(), expires_in_s = left.as_secs(), "got an access token");
                 let secret = t.token.clone();
+                let cached = Cached {
+                    access: t,
+                    refresh_when_left: self.margin.min(left / 2),
+                };
                 *self
                     .current
                     .lock()
-                    .expect("token cache lock is never poisoned") = Some(t);
+                    .expect("token cache lock is never poisoned") = Some(cached);
                 Ok(secret)
             }
             Err(e) => match old {
-                Some(t) if Self::usable(&t, SystemTime::now()) => {
+                Some(t) if Self::usable(&t.access, SystemTime::now()) => {
                     tracing::warn!(error = %e, "token refresh failed; using the current token until it expires");
-                    Ok(t.token)
+                    Ok(t.access.token)
                 }
                 _ => Err(e),
             },
@@ -125,7 +140,7 @@ impl TokenCache {
             .current
             .lock()
             .expect("token cache lock is never poisoned");
-        if cur.as_ref().is_some_and(|t| &t.token == used) {
+        if cur.as_ref().is_some_and(|t| &t.access.token == used) {
             *cur = None;
         }
     }
@@ -171,6 +186,13 @@ mod tests {
         (p, c)
     }
 
+    /// Make the cached token expire `secs` from now, as if time had passed.
+    fn expire_in(c: &TokenCache, secs: u64) {
+        let mut cur = c.current.lock().unwrap();
+        let cached = cur.as_mut().expect("a token is cached");
+        cached.access.expires_at = SystemTime::now() + Duration::from_secs(secs);
+    }
+
     #[tokio::test]
     async fn concurrent_callers_share_one_fetch() {
         let (p, c) = cache(3600, 100, 300);
@@ -191,17 +213,32 @@ mod tests {
 
     #[tokio::test]
     async fn token_inside_the_margin_is_refreshed_and_invalidate_forces_a_fetch() {
-        let (p, c) = cache(10, 0, 10);
+        let (p, c) = cache(3600, 0, 300);
         let http = reqwest::Client::new();
         assert_eq!(c.token(&http).await.unwrap().expose(), "token-0");
-        // 10 s of life, 10 s margin: due at once.
+        assert_eq!(c.token(&http).await.unwrap().expose(), "token-0");
+        // Later: 200 s left, inside the 300-s margin.
+        expire_in(&c, 200);
         assert_eq!(c.token(&http).await.unwrap().expose(), "token-1");
-        let (p2, c2) = cache(3600, 0, 300);
-        let t = c2.token(&http).await.unwrap();
-        c2.invalidate(&t);
-        assert_eq!(c2.token(&http).await.unwrap().expose(), "token-1");
-        assert_eq!(p2.n.load(Ordering::SeqCst), 2);
-        assert_eq!(p.n.load(Ordering::SeqCst), 2);
+        let t = c.token(&http).await.unwrap();
+        c.invalidate(&t);
+        assert_eq!(c.token(&http).await.unwrap().expose(), "token-2");
+        assert_eq!(p.n.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn token_shorter_lived_than_the_margin_is_kept_for_half_its_life() {
+        // 10 s of life against a 300-s margin: not refetched on every call.
+        let (p, c) = cache(10, 0, 300);
+        let http = reqwest::Client::new();
+        for _ in 0..5 {
+            assert_eq!(c.token(&http).await.unwrap().expose(), "token-0");
+        }
+        assert_eq!(p.n.load(Ordering::SeqCst), 1);
+        // With less than half its life left (but still usable) it is replaced.
+        expire_in(&c, 4);
+        assert_eq!(c.token(&http).await.unwrap().expose(), "token-1");
+        assert_eq!(c.fetches(), 2);
     }
 
     #[tokio::test]
