@@ -1,7 +1,8 @@
 //! `blobdrive mount C/B DIR` end to end: real Azurite, real FUSE, loop devices
 //! and ext4, driven through the built binary exactly as a user would
 //! (`create --mkfs`, `mount`, `snapshot`, `unmount`, `mount -t blobdrive`,
-//! fstab, systemd readiness).
+//! fstab, systemd readiness, a `--cache-dir` disk tier shared by snapshot
+//! attaches in separate daemons, `stats` and `cache clear`).
 //!
 //! Each test gets its own run directory (control sockets, registry, private
 //! FUSE mounts) and temp directory; a [`Site`] guard undoes every attach,
@@ -784,5 +785,171 @@ fn xfs_snapshot_attaches_beside_its_live_drive() {
     );
     site.ok(&["unmount", &then.to_string_lossy()]);
     site.ok(&["unmount", &live.to_string_lossy()]);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+/// The one device's counters in `blobdrive stats DIR --json`.
+fn device_stats(site: &Site, dir: &Path) -> serde_json::Value {
+    let stats: serde_json::Value =
+        serde_json::from_str(&site.ok(&["stats", &dir.to_string_lossy(), "--json"]))
+            .expect("stats is JSON");
+    let devices = stats["devices"].as_object().expect("stats has devices");
+    assert_eq!(devices.len(), 1, "one drive per attach: {stats}");
+    devices.values().next().expect("one device").clone()
+}
+
+fn counter(device: &serde_json::Value, name: &str) -> u64 {
+    device[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("stats has no counter {name}: {device}"))
+}
+
+/// The drives' directories of a disk tier (`DIR/v1/<hash>`).
+fn cached_drives(cache_dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(cache_dir.join("v1")) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// Chunk files (256 KiB of pages each) of every drive under a disk tier.
+fn cached_chunks(cache_dir: &Path) -> usize {
+    cached_drives(cache_dir)
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d.join("chunks")).ok())
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| !e.file_name().to_string_lossy().contains(".tmp."))
+        .count()
+}
+
+#[test]
+fn three_snapshot_attaches_share_one_disk_cache_that_cache_clear_empties() {
+    if !can_run("three_snapshot_attaches_share_one_disk_cache_that_cache_clear_empties") {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-diskcache"));
+    let drive = drive_name(&guard, "cached.vhd");
+    site.ok(&["create", &drive, "--size", "64M", "--mkfs", "ext4"]);
+    let live = site.dir("live");
+    let live_s = live.to_string_lossy().to_string();
+    site.ok(&["mount", &drive, &live_s]);
+    let data = pattern(16 << 20, 5);
+    std::fs::write(live.join("data.bin"), &data).unwrap();
+    site.ok(&["unmount", &live_s]);
+    let time = site.ok(&["snapshot", &drive]);
+
+    let cache = site.dir("cache");
+    let cache_s = cache.to_string_lossy().to_string();
+    let views: Vec<PathBuf> = (0..3).map(|i| site.dir(&format!("snap{i}"))).collect();
+    let attach = |view: &Path| {
+        site.ok(&[
+            "mount",
+            &drive,
+            &view.to_string_lossy(),
+            "--snapshot",
+            &time,
+            "--cache-dir",
+            &cache_s,
+        ]);
+    };
+
+    // The first attach reads everything from the blob and fills the tier.
+    attach(&views[0]);
+    assert!(
+        std::fs::read(views[0].join("data.bin")).unwrap() == data,
+        "first snapshot attach reads the data"
+    );
+    let first = device_stats(&site, &views[0]);
+    assert!(
+        counter(&first, "bytes_down") >= data.len() as u64,
+        "the first attach read from the blob: {first}"
+    );
+    assert_eq!(counter(&first, "disk_hits"), 0, "{first}");
+    // Fills reach the disk in the background: wait until every page read
+    // from the blob is on disk.
+    wait_for(
+        "the first attach's tier to fill",
+        Duration::from_secs(30),
+        || {
+            let d = device_stats(&site, &views[0]);
+            counter(&d, "disk_bytes") >= counter(&d, "disk_misses") * 512
+        },
+    );
+
+    // Two more attaches of the same snapshot, beside the first: served by
+    // the tier the first one filled, with (next to) no data from the blob.
+    for view in &views[1..] {
+        attach(view);
+        assert!(
+            std::fs::read(view.join("data.bin")).unwrap() == data,
+            "{} reads the data",
+            view.display()
+        );
+        let d = device_stats(&site, view);
+        println!(
+            "{}: get {}, bytes_down {}, disk_hits {}, disk_misses {}, disk_bytes {}",
+            view.display(),
+            counter(&d, "get"),
+            counter(&d, "bytes_down"),
+            counter(&d, "disk_hits"),
+            counter(&d, "disk_misses"),
+            counter(&d, "disk_bytes"),
+        );
+        assert!(
+            counter(&d, "disk_hits") * 512 >= data.len() as u64,
+            "the data came from the disk tier: {d}"
+        );
+        assert!(
+            counter(&d, "bytes_down") < data.len() as u64 / 16
+                && counter(&d, "disk_misses") * 512 < data.len() as u64 / 16,
+            "next to nothing came from the blob: {d}"
+        );
+    }
+    let listed: serde_json::Value =
+        serde_json::from_str(&site.ok(&["list", "--mounted", "--json"])).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(3), "{listed}");
+    assert_eq!(
+        cached_drives(&cache).len(),
+        1,
+        "one cache for the snapshot, not one per attach"
+    );
+
+    // `stats` shows the tier's hits, misses and size, as JSON and as text.
+    let text = site.ok(&["stats", &views[2].to_string_lossy()]);
+    for field in ["disk_hits", "disk_misses", "disk_bytes", "disk_bad_chunks"] {
+        assert!(text.contains(field), "stats text lacks {field}:\n{text}");
+        counter(&device_stats(&site, &views[2]), field);
+    }
+
+    // While mounted, `cache clear` leaves the snapshot's cache alone.
+    let busy = site.ok(&["cache", "clear", "--cache-dir", &cache_s]);
+    assert!(busy.contains("removed the cache of 0 drive(s)"), "{busy}");
+    assert!(busy.contains("left 1 in use"), "{busy}");
+    assert!(cached_chunks(&cache) > 0);
+    for view in &views {
+        site.ok(&["unmount", &view.to_string_lossy()]);
+    }
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+    let cleared = site.ok(&["cache", "clear", "--cache-dir", &cache_s]);
+    assert!(
+        cleared.contains("removed the cache of 1 drive(s)"),
+        "{cleared}"
+    );
+    assert!(!cleared.contains("in use"), "{cleared}");
+    assert!(cached_drives(&cache).is_empty(), "the tier is empty");
+
+    // A new attach finds nothing on disk: every page comes from the blob again.
+    attach(&views[0]);
+    assert!(std::fs::read(views[0].join("data.bin")).unwrap() == data);
+    let d = device_stats(&site, &views[0]);
+    assert_eq!(counter(&d, "disk_hits"), 0, "the tier was emptied: {d}");
+    assert!(counter(&d, "bytes_down") >= data.len() as u64, "{d}");
+    site.ok(&["unmount", &views[0].to_string_lossy()]);
     assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
 }

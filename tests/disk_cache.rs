@@ -330,6 +330,38 @@ async fn three_snapshot_mounts_share_one_cache() {
     }
 }
 
+/// Several snapshot mounts started at once (fstab at boot) on a fresh cache:
+/// one of them empties and records the directory while the others wait, and
+/// every one of them gets the tier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_mounts_opened_at_once_on_a_fresh_cache_all_use_it() {
+    let g = ContainerGuard::new("dcache-race").await;
+    let base = make_drive(&g, "r.vhd", 16 * MIB, 4 * MIB, 9).await;
+    let mut snap = base.clone();
+    snap.snapshot = Some(g.client.snapshot(&base).await.unwrap());
+    let want = pattern(9, 0, 512 * 1024);
+    for round in 0..10 {
+        let cache = tempfile::tempdir().unwrap();
+        let o = || opts(Mode::Snapshot, cache.path(), GIB);
+        let (a, b, c) = tokio::join!(
+            open(&g.client, &snap, o()),
+            open(&g.client, &snap, o()),
+            open(&g.client, &snap, o()),
+        );
+        for d in [&a, &b, &c] {
+            assert!(d.read_at(0, want.len()).await.unwrap()[..] == want[..]);
+            let k = d.counters();
+            assert!(
+                k.disk_hits + k.disk_misses > 0,
+                "round {round}: a mount runs without the disk tier: {k:?}"
+            );
+        }
+        for d in [a, b, c] {
+            d.close().await.unwrap();
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_disk_tier_stays_under_its_bound() {
     let g = ContainerGuard::new("dcache-bound").await;

@@ -606,12 +606,44 @@ async fn corrupted_chunk_is_detected_on_resume_and_sent_again() {
     assert!(ranges.is_empty(), "the stray page was cleared: {ranges:?}");
 }
 
+/// A size as `format_size` prints it (`128.0 MiB`), in bytes, and half a
+/// unit of the last printed digit: how far the printed value may be off.
+fn printed_size(text: &str) -> (u64, u64) {
+    let (number, unit) = text
+        .trim()
+        .split_once(' ')
+        .unwrap_or_else(|| panic!("not a size: {text:?}"));
+    let unit = match unit {
+        "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => MIB,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        _ => panic!("unknown unit in {text:?}"),
+    };
+    let value: f64 = number
+        .parse()
+        .unwrap_or_else(|_| panic!("not a size: {text:?}"));
+    ((value * unit as f64).round() as u64, unit / 20)
+}
+
+/// The line of an upload summary that starts with `label` (`sent`), without it.
+fn summary_line<'a>(summary: &'a str, label: &str) -> &'a str {
+    summary
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix(label))
+        .unwrap_or_else(|| panic!("no {label:?} line in the summary:\n{summary}"))
+        .trim_start()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_upload_process_resumes_after_its_lease_lapses() {
+async fn upload_killed_half_way_resumes_after_its_lease_lapses_and_sends_only_the_rest() {
     let c = ContainerGuard::new("xfer-kill").await;
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("big.img");
     let len = 256 * MIB;
+    let chunk = 4 * MIB;
+    let chunks = len / chunk;
     dense_file(&src, len, 3);
     let blob = c.path("big.vhd");
     let target = format!("{}/big.vhd", c.name);
@@ -629,13 +661,14 @@ async fn killed_upload_process_resumes_after_its_lease_lapses() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Kill it once it has recorded some chunks.
+    // SIGKILL it once about half of the chunks are recorded in the blob's
+    // metadata (it records every 64 MiB sent, so this is the 128 MiB record).
     let deadline = Instant::now() + Duration::from_secs(120);
     let recorded = loop {
-        assert!(Instant::now() < deadline, "upload recorded nothing in time");
+        assert!(Instant::now() < deadline, "upload recorded half too late");
         if let Ok(props) = c.client.get_properties(&blob).await {
             if let Some(Ok(j)) = Journal::from_metadata(&props.metadata) {
-                if j.done_count() > 0 {
+                if j.done_count() >= chunks / 2 {
                     child.kill().unwrap();
                     break j.done_count();
                 }
@@ -649,8 +682,10 @@ async fn killed_upload_process_resumes_after_its_lease_lapses() {
     };
     child.wait().unwrap();
     assert_no_footer(&c.client, &blob, len).await;
-    let now = recorded_chunks(&c.client, &blob).await.len();
-    println!("killed with {recorded} chunks recorded ({now} at the end)");
+    // It may have recorded once more between the look and the kill.
+    let at_kill = recorded_chunks(&c.client, &blob).await.len() as u64;
+    println!("killed with {recorded} of {chunks} chunks recorded ({at_kill} at the end)");
+    assert!(at_kill < chunks, "killed before the end");
 
     // The killed process's lease is still held: a mount (or upload) is refused.
     let out = run(&["upload", src.to_str().unwrap(), &target, "--overwrite"]);
@@ -668,7 +703,44 @@ async fn killed_upload_process_resumes_after_its_lease_lapses() {
         "resumed in {:.1} s:\n{stdout}",
         started.elapsed().as_secs_f64()
     );
-    assert!(stdout.contains("resumed"), "{stdout}");
+
+    // The summary: what was recorded counts as resumed, only the rest is sent.
+    let (resumed, resumed_err) = printed_size(
+        summary_line(&stdout, "resumed")
+            .split(" already")
+            .next()
+            .unwrap(),
+    );
+    assert!(
+        resumed.abs_diff(at_kill * chunk) <= resumed_err,
+        "resumed {resumed} bytes, {at_kill} chunks were recorded:\n{stdout}"
+    );
+    // `sent` counts Put Page bodies only (the resume's verifying reads and
+    // Clear Pages are requests, not bytes sent).
+    let sent_line = summary_line(&stdout, "sent");
+    let (sent, sent_err) = printed_size(
+        sent_line
+            .split(" in ")
+            .next()
+            .unwrap_or_else(|| panic!("sent line: {sent_line}")),
+    );
+    // The data is dense: every chunk not recorded is sent whole, then the footer.
+    let rest = (chunks - at_kill) * chunk + 512;
+    assert!(
+        sent.abs_diff(rest) <= sent_err,
+        "sent {sent} bytes, the rest is {rest}:\n{stdout}"
+    );
+    // Against what the test saw when it killed: no more than the remaining
+    // data plus a chunk of slack, and about half of the image.
+    let remaining = (chunks - recorded) * chunk;
+    assert!(
+        sent <= remaining + chunk,
+        "sent {sent} bytes, {remaining} remained when killed:\n{stdout}"
+    );
+    assert!(
+        sent <= len / 2 + chunk,
+        "sent more than about half:\n{stdout}"
+    );
     let stored = blob_bytes(&c.client, &blob, ByteRange::new(0, len)).await;
     assert!(
         stored == std::fs::read(&src).unwrap(),

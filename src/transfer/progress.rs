@@ -1,6 +1,7 @@
 //! Progress of a transfer: counters the workers bump, and a reporter thread
-//! that shows them: a bar redrawn in place on a terminal (bytes scanned,
-//! bytes sent, rate, ETA), plain log lines every few seconds otherwise.
+//! that shows them: a bar redrawn in place on stderr when both stdout and
+//! stderr are terminals (bytes scanned, bytes sent, rate, ETA), plain log
+//! lines on stderr every few seconds otherwise.
 //!
 //! Written here rather than taken from a crate: it is one line of text, and
 //! the non-terminal mode (what CI logs and `| tee` see) matters as much as
@@ -66,9 +67,21 @@ pub enum Display {
 }
 
 impl Display {
-    /// A bar when stderr is a terminal, lines otherwise.
+    /// A bar when both stdout and stderr are terminals, lines otherwise
+    /// (see [`Display::for_streams`]).
     pub fn auto() -> Display {
-        if std::io::stderr().is_terminal() {
+        Display::for_streams(
+            std::io::stdout().is_terminal(),
+            std::io::stderr().is_terminal(),
+        )
+    }
+
+    /// The display for streams that are (or are not) terminals. The bar is
+    /// drawn on stderr, but only when stdout is a terminal too: with stdout
+    /// piped or redirected (`upload ... > summary.txt`, `| tee`) the run is
+    /// being recorded, and a record wants lines, not carriage returns.
+    pub fn for_streams(stdout_is_terminal: bool, stderr_is_terminal: bool) -> Display {
+        if stdout_is_terminal && stderr_is_terminal {
             Display::Bar
         } else {
             Display::Lines
@@ -236,6 +249,14 @@ mod tests {
             line.contains("20.0 MiB sent, 10.0 MiB/s, ETA 0:02"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn the_bar_needs_both_stdout_and_stderr_on_a_terminal() {
+        assert_eq!(Display::for_streams(true, true), Display::Bar);
+        assert_eq!(Display::for_streams(false, true), Display::Lines);
+        assert_eq!(Display::for_streams(true, false), Display::Lines);
+        assert_eq!(Display::for_streams(false, false), Display::Lines);
     }
 
     #[test]

@@ -41,7 +41,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use rand::Rng as _;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc::{Receiver, Sender};
 
@@ -64,6 +66,20 @@ const OVERHEAD_BYTES: u64 = 16 * 1024;
 const MAX_INVALIDATED: usize = 65_536;
 /// Disk space is counted in blocks of this size.
 const BLOCK_BYTES: u64 = 4096;
+/// How long a reader waits for a directory another mount holds in a
+/// conflicting mode before it runs without a disk tier (see
+/// [`DiskCache::open`]); emptying and recording one takes milliseconds.
+pub const READER_BUSY_WAIT: Duration = Duration::from_secs(1);
+
+/// What one attempt to open a drive's directory found.
+enum Opened {
+    /// The tier, ready.
+    Ready(DiskCache),
+    /// The directory is held by a mount in a conflicting mode.
+    Busy,
+    /// The tier cannot be used for this blob.
+    Off,
+}
 
 /// Where the disk tier lives and how large it may grow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -296,13 +312,41 @@ impl DiskCache {
     /// Chunks kept earlier are used only if the record vouches for that ETag;
     /// otherwise the directory is emptied. `None` when the directory is in use
     /// by a mount that conflicts (a writer, or readers of another ETag): the
-    /// drive then runs without a disk tier. Blocks on file I/O.
+    /// drive then runs without a disk tier. A reader that finds the directory
+    /// busy tries again for up to [`READER_BUSY_WAIT`]: another reader of the
+    /// same snapshot holds it alone only while it empties and records it
+    /// (several snapshot mounts started at once on a fresh cache). Blocks on
+    /// file I/O.
     pub fn open(
         opts: &DiskCacheOptions,
         identity: &str,
         etag: Option<&str>,
         access: Access,
     ) -> io::Result<Option<DiskCache>> {
+        let deadline = Instant::now() + READER_BUSY_WAIT;
+        loop {
+            match Self::try_open(opts, identity, etag, access)? {
+                Opened::Ready(cache) => return Ok(Some(cache)),
+                Opened::Off => return Ok(None),
+                Opened::Busy if access == Access::Writer || Instant::now() >= deadline => {
+                    return Ok(None)
+                }
+                // Jittered, so two readers that both need the directory alone
+                // do not keep colliding.
+                Opened::Busy => {
+                    std::thread::sleep(Duration::from_millis(rand::rng().random_range(5..=25)))
+                }
+            }
+        }
+    }
+
+    /// One attempt of [`DiskCache::open`].
+    fn try_open(
+        opts: &DiskCacheOptions,
+        identity: &str,
+        etag: Option<&str>,
+        access: Access,
+    ) -> io::Result<Opened> {
         let dir = drive_dir(&opts.dir, identity);
         let chunks_dir = dir.join("chunks");
         let mode = match access {
@@ -310,18 +354,18 @@ impl DiskCache {
             Access::Reader => LockMode::Shared,
         };
         let Some(lock) = DirLock::try_take(&dir, mode)? else {
-            return Ok(None);
+            return Ok(Opened::Busy);
         };
         let trusted = record::read(&dir).is_some_and(|r| r.trusts(identity, etag));
         let mut exclusive = access == Access::Writer;
         if !trusted {
             if etag.is_none() {
                 // Without an ETag nothing could ever be trusted again.
-                return Ok(None);
+                return Ok(Opened::Off);
             }
             if !exclusive {
                 if !lock.try_convert(LockMode::Exclusive)? {
-                    return Ok(None);
+                    return Ok(Opened::Busy);
                 }
                 exclusive = true;
             }
@@ -345,7 +389,7 @@ impl DiskCache {
         }
         let index = scan(&chunks_dir, exclusive)?;
         if access == Access::Reader && exclusive && !lock.try_convert(LockMode::Shared)? {
-            return Ok(None);
+            return Ok(Opened::Busy);
         }
         let shared = Arc::new(Shared {
             chunks_dir,
@@ -376,7 +420,7 @@ impl DiskCache {
             bytes = cache.bytes_held(),
             "disk cache open"
         );
-        Ok(Some(cache))
+        Ok(Opened::Ready(cache))
     }
 
     /// The directory of this drive's cache.

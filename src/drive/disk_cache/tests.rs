@@ -202,3 +202,31 @@ fn many_invalidations_collapse_into_a_floor_that_refuses_older_copies() {
     assert_eq!(c.lookup(7), None);
     assert_eq!(c.lookup(8), Some(chunk(2, 1)));
 }
+
+#[test]
+fn a_reader_waits_out_another_reader_setting_the_directory_up_but_a_writer_does_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(tmp.path(), 64 * MB);
+    // Another reader of the snapshot holds the directory alone while it
+    // empties and records it.
+    let setup = DirLock::try_take(&drive_dir(tmp.path(), "snap"), LockMode::Exclusive)
+        .unwrap()
+        .unwrap();
+    let held = Duration::from_millis(100);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(held);
+        drop(setup);
+    });
+    let started = Instant::now();
+    let reader = DiskCache::open(&o, "snap", Some("s"), Access::Reader).unwrap();
+    assert!(reader.is_some(), "the reader got the tier once it was free");
+    assert!(started.elapsed() >= held);
+    release.join().unwrap();
+    // A writer conflicts with readers for as long as they are mounted:
+    // waiting would only delay its mount.
+    let started = Instant::now();
+    assert!(DiskCache::open(&o, "snap", Some("s"), Access::Writer)
+        .unwrap()
+        .is_none());
+    assert!(started.elapsed() < READER_BUSY_WAIT / 2);
+}
