@@ -14,7 +14,7 @@ use blobdrive::drive::{BlobPageStore, PageStore};
 use blobdrive::units::{ByteRange, MAX_PUT_PAGE_BYTES, PAGE_SIZE};
 use bytes::Bytes;
 use common::fault_proxy::{Fault, FaultProxy};
-use common::ContainerGuard;
+use common::{python, ContainerGuard};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -803,22 +803,6 @@ async fn names_with_special_characters_round_trip() {
 }
 
 // ---------------------------------------------------------------- Python SDK cross-check
-
-fn python(script: &str, args: &[&str]) -> String {
-    let out = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .env("CS", common::connection_string())
-        .output()
-        .expect("python3 runs (the azure-storage-blob SDK is required for this test)");
-    assert!(
-        out.status.success(),
-        "python failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
 
 const PY_READ: &str = r#"
 import os, sys, hashlib

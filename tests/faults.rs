@@ -906,4 +906,68 @@ fn bad_input_gets_one_clear_line_and_a_non_zero_exit() {
     account.credential = blobdrive::blob::Credential::SharedKey { key: vec![0u8; 64] };
     let wrong_key = Sandbox::new(account.connection_string());
     expect_error(&wrong_key, &["info", &d], 1, "refused the credentials");
+
+    // Blobs that are not drives.
+    let client = &guard.client;
+    rt.block_on(client.put_block_blob(&guard.path("notes.txt"), bytes::Bytes::from_static(b"hi")))
+        .unwrap();
+    rt.block_on(client.create_page_blob(&guard.path("raw.vhd"), 16 * MIB + 512))
+        .unwrap();
+    let footer_at = ByteRange::new(16 * MIB, 16 * MIB + 512);
+    let mut footer = rt
+        .block_on(client.get_blob_range(&guard.path("d.vhd"), footer_at))
+        .unwrap()
+        .to_vec();
+    footer[40] ^= 1; // a byte the checksum covers
+    rt.block_on(make_drive(client, &guard.path("bad.vhd"), 16 * MIB));
+    rt.block_on(client.put_pages(&guard.path("bad.vhd"), 16 * MIB, footer.into(), None))
+        .unwrap();
+    for (blob, needle) in [
+        ("notes.txt", "is a block blob, not a drive"),
+        ("raw.vhd", "is not a drive: no VHD footer"),
+        ("bad.vhd", "is not a drive: corrupted VHD footer: checksum"),
+    ] {
+        let name = format!("{c}/{blob}");
+        expect_error(&sandbox, &["info", &name], 1, needle);
+        let needle = needle.replace("is a block blob, not a drive", "is not a drive");
+        expect_error(&sandbox, &["mount", &name, &dir], 1, &needle);
+    }
+
+    // Permissions: a SAS that may only read and list; an attach without root.
+    let sas = common::python(PY_READ_ONLY_SAS, &[]);
+    let read_only = Sandbox::new(format!(
+        "BlobEndpoint={};SharedAccessSignature={sas}",
+        common::azurite_url()
+    ));
+    let no_write = "SAS token for account 'devstoreaccount1' does not allow this operation";
+    expect_error(
+        &read_only,
+        &["create", &format!("{c}/n.vhd"), "--size", "16M"],
+        1,
+        no_write,
+    );
+    expect_error(&read_only, &["mount", &d, &dir], 1, no_write);
+    let mut as_nobody = Command::new("setpriv");
+    as_nobody
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_blobdrive"))
+        .args(["mount", &d, &dir]);
+    let out = as_nobody.output().expect("setpriv runs (util-linux)");
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("blobdrive: attaching a drive needs root"),
+        "{stderr}"
+    );
 }
+
+/// An account SAS that may read and list, nothing else.
+const PY_READ_ONLY_SAS: &str = r#"
+import os, datetime
+from azure.storage.blob import BlobServiceClient, generate_account_sas, ResourceTypes, AccountSasPermissions
+s = BlobServiceClient.from_connection_string(os.environ["CS"])
+print(generate_account_sas(s.account_name, s.credential.account_key,
+    ResourceTypes(service=True, container=True, object=True),
+    AccountSasPermissions(read=True, list=True),
+    datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)))
+"#;

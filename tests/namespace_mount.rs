@@ -527,6 +527,84 @@ fn unmount_right_after_writes_leaves_them_in_the_blob() {
     );
 }
 
+/// The peak resident memory of process `pid` (`VmHWM`), in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kib * 1024
+}
+
+/// Writing 2 GiB through a mount with `--cache-size 64M`: the drive's cache
+/// never holds more than 64 MiB, and the daemon's peak memory stays within
+/// the cache plus 64 MiB (the binary, buffers, the runtime), every byte in
+/// the blob at the end.
+#[test]
+fn writing_2_gib_with_a_64_mib_cache_stays_within_the_bound() {
+    if !can_run(
+        "writing_2_gib_with_a_64_mib_cache_stays_within_the_bound",
+        false,
+    ) {
+        return;
+    }
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("e2e-memory"));
+    let path = guard.path("big.vhd");
+    let total = 2048 * MIB;
+    rt.block_on(make_drive(&guard.client, &path, total));
+    let sandbox = Sandbox::new(common::connection_string());
+    let mount = sandbox.mount("ns", Some(&guard.name), &["--cache-size", "64M"]);
+    let file = OpenOptions::new()
+        .write(true)
+        .open(mount.path("big.vhd"))
+        .expect("open drive");
+    // 4 MiB of random bytes, each MiB written with a different first byte so
+    // no two MiB of the drive are alike.
+    let mut block = random_bytes(4 * MIB as usize);
+    let mut hasher = Sha256::new();
+    let mut max_cache = 0;
+    for i in 0..total / (4 * MIB) {
+        for mib in 0..4 {
+            block[(mib * MIB) as usize] = (i * 4 + mib) as u8;
+        }
+        file.write_all_at(&block, i * 4 * MIB).expect("write");
+        hasher.update(&block);
+        if i % 16 == 0 {
+            let stats = sandbox.stats(&mount.dir);
+            let cache = stats["devices"][format!("{}/big.vhd", guard.name)]["cache_bytes"]
+                .as_u64()
+                .expect("stats show the drive's cache bytes");
+            max_cache = max_cache.max(cache);
+        }
+    }
+    file.sync_all().expect("fsync");
+    let peak = peak_rss(mount.pid);
+    drop(file);
+    mount.unmount();
+    println!(
+        "2 GiB written: cache at most {} MiB, daemon peak RSS {} MiB",
+        max_cache / MIB,
+        peak / MIB
+    );
+    assert!(max_cache <= 64 * MIB, "cache held {max_cache} bytes");
+    assert!(
+        peak <= 128 * MIB,
+        "daemon peak RSS {} MiB with a 64 MiB cache",
+        peak / MIB
+    );
+    let expect = format!("{:x}", hasher.finalize());
+    assert_eq!(
+        python_blob_sha256(&guard.name, "big.vhd", total),
+        expect,
+        "the blob holds what was written"
+    );
+    rt.block_on(guard.client.delete_blob(&path, true, None))
+        .expect("delete the 2 GiB drive (frees Azurite's memory)");
+}
+
 #[test]
 fn sigterm_flushes_dirty_data_and_the_foreground_daemon_exits_zero() {
     if !can_run(

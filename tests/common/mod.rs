@@ -141,3 +141,22 @@ pub async fn make_drive(client: &BlobClient, path: &BlobPath, size_bytes: u64) {
         .await
         .expect("write the VHD footer");
 }
+
+/// Runs a Python script (`python3 -c SCRIPT ARGS`) with the test account's
+/// connection string in `CS`, for the official `azure-storage-blob` SDK as
+/// an independent client; returns its trimmed stdout.
+pub fn python(script: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .env("CS", connection_string())
+        .output()
+        .expect("python3 runs (the azure-storage-blob SDK is required for this test)");
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
