@@ -36,6 +36,8 @@ pub const DIR_ENV: &str = "BLOBDRIVE_RECOVERY_DIR";
 pub const DEFAULT_DIR: &str = "/var/lib/blobdrive/recovery";
 /// Largest header accepted when reading (a sanity bound).
 const MAX_HEADER_BYTES: u32 = 64 * 1024;
+/// How long saving waits for the blob's ETag.
+const ETAG_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Largest record accepted when reading (runs are cut to this when written).
 const MAX_RECORD_BYTES: u32 = 64 * 1024 * 1024;
 
@@ -56,6 +58,11 @@ pub struct Header {
     pub records: u64,
     /// Bytes of data in all records.
     pub data_bytes: u64,
+    /// The blob's ETag when the file was saved, if the service answered:
+    /// `recover` refuses a blob that changed since (written by whoever took
+    /// the drive over) unless forced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blob_etag: Option<String>,
 }
 
 /// Why a recovery file cannot be used.
@@ -110,6 +117,15 @@ pub async fn save_drive(
     }
     let runs = drive.unflushed_data();
     let data_bytes = runs.iter().map(|(_, d)| d.len() as u64).sum();
+    // Asked briefly: when storage is unreachable the file matters more.
+    let blob_etag = match tokio::time::timeout(ETAG_WAIT, drive.blob_etag()).await {
+        Ok(Ok(etag)) => etag,
+        Ok(Err(e)) => {
+            tracing::warn!(target = drive.target(), error = %e, "cannot read the blob's ETag for the recovery file");
+            None
+        }
+        Err(_) => None,
+    };
     let header = Header {
         account: account.to_string(),
         target: drive.target().to_string(),
@@ -118,6 +134,7 @@ pub async fn save_drive(
         saved_at: now_rfc3339(),
         records: 0,
         data_bytes,
+        blob_etag,
     };
     let dir = dir();
     tokio::task::spawn_blocking(move || write_file(&dir, header, &runs).map(Some))
@@ -322,6 +339,7 @@ mod tests {
             saved_at: now_rfc3339(),
             records: 0,
             data_bytes: 0,
+            blob_etag: Some("\"0x8DC0\"".into()),
         }
     }
 

@@ -133,9 +133,31 @@ fn lease_broken_while_mounted_fails_writes_and_recover_applies_the_dirty_pages()
         "nothing reached the blob without the lease"
     );
 
+    // Whoever broke the lease writes to the drive: recover refuses to put
+    // older pages over that, until forced.
+    let theirs = pattern(13, 4096);
+    rt.block_on(
+        guard
+            .client
+            .put_pages(&path, 8 * MIB, bytes::Bytes::from(theirs.clone()), None),
+    )
+    .unwrap();
     let file_s = files[0].to_string_lossy().to_string();
-    let out = sandbox.blobdrive_ok(&["recover", &file_s]);
+    let out = sandbox.blobdrive(&["recover", &file_s]);
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("changed since") && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert!(files[0].exists(), "a refused file is kept");
+    let out = sandbox.blobdrive_ok(&["recover", &file_s, "--force"]);
     assert!(out.contains("recovered"), "{out}");
+    assert_eq!(
+        rt.block_on(blob_bytes(&guard.client, &path, 8 * MIB, 8 * MIB + 4096)),
+        theirs,
+        "pages the file does not hold are left alone"
+    );
     assert!(!files[0].exists(), "recover removes the file on success");
     assert_eq!(
         rt.block_on(blob_bytes(&guard.client, &path, 2 * MIB, 3 * MIB)),
@@ -163,6 +185,7 @@ fn recover_refuses_a_damaged_file_and_a_resized_blob() {
         saved_at: String::new(),
         records: 0,
         data_bytes: 4096,
+        blob_etag: None,
     };
     let runs = vec![(0u64, bytes::Bytes::from(pattern(9, 4096)))];
     let dir = sandbox.recovery_dir();

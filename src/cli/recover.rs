@@ -2,7 +2,9 @@
 //! (written when a flush could not complete at unmount) into their drive.
 //!
 //! The file is checked whole before anything is written: every checksum, the
-//! account, and the blob's size must match, or nothing is applied. The pages
+//! account, and the blob's size must match, and the blob must not have
+//! changed since the file was saved (its ETag; `--force` overrides), or
+//! nothing is applied. The pages
 //! go in under a new lease (through the drive engine, so they are flushed and
 //! the lease released as at a normal unmount); the file is deleted only after
 //! that succeeded.
@@ -27,6 +29,10 @@ pub struct RecoverArgs {
     /// Break the drive's lease first (when the host holding it is gone).
     #[arg(long)]
     pub break_lease: bool,
+    /// Apply the file even though the blob changed since it was saved (its
+    /// pages then replace whatever was written there since).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Run `recover`.
@@ -45,6 +51,7 @@ pub fn run(ctx: &Context, args: &RecoverArgs) -> CmdResult {
     }
     let file = args.file.clone();
     let break_lease = args.break_lease;
+    let force = args.force;
     drives::block_on(async move {
         let store = Arc::new(BlobPageStore::new(client.clone(), path.clone()));
         let opts = || DriveOptions {
@@ -71,6 +78,28 @@ pub fn run(ctx: &Context, args: &RecoverArgs) -> CmdResult {
                 file.display(),
                 rec.header.blob_size_bytes
             ));
+        }
+        // Under our lease now, so the blob cannot change before the writes.
+        let now = drive.blob_etag().await.map_err(|e| anyhow!("{e}"))?;
+        match (&rec.header.blob_etag, force) {
+            (Some(saved), false) if now.as_ref() != Some(saved) => {
+                let _ = drive.close().await;
+                return Err(anyhow!(
+                    "{path} changed since {} was saved (ETag {saved}, now {}): someone wrote \
+                     to it after this host lost it, and applying the file would put older \
+                     pages over those writes; check the drive, then run 'blobdrive recover {} \
+                     --force' to apply it anyway",
+                    file.display(),
+                    now.as_deref().unwrap_or("none"),
+                    file.display()
+                ));
+            }
+            (None, false) => tracing::warn!(
+                "{} does not say what the blob looked like when it was saved (the service did \
+                 not answer then): cannot check that {path} is unchanged since",
+                file.display()
+            ),
+            _ => {}
         }
         for (offset, data) in &rec.runs {
             drive

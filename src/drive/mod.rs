@@ -330,6 +330,12 @@ impl Drive {
         self.inner.cache.dirty_bytes()
     }
 
+    /// The blob's ETag as the service reports it now (`None` when it gives
+    /// none), so a recovery file can tell later whether the blob changed.
+    pub async fn blob_etag(&self) -> Result<Option<String>> {
+        Ok(self.inner.store.etag().await?)
+    }
+
     /// The unflushed data as `(offset_bytes, bytes)` runs of whole pages, in
     /// order, for a recovery file.
     pub fn unflushed_data(&self) -> Vec<(u64, Bytes)> {

@@ -153,6 +153,9 @@ impl Handles {
         }
         let retired = std::mem::take(&mut gate.retired);
         let current = file.set_current(None);
+        // Listed before the close too, so `stats` does not lose the device
+        // while its last flush runs; the final counters replace these.
+        self.remember_closed(&file.path, current.clone());
         let result = close_devices(&file.path, current.clone(), retired).await;
         self.remember_closed(&file.path, current);
         if let Err(err) = &result {
