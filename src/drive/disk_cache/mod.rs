@@ -70,6 +70,8 @@ const BLOCK_BYTES: u64 = 4096;
 /// conflicting mode before it runs without a disk tier (see
 /// [`DiskCache::open`]); emptying and recording one takes milliseconds.
 pub const READER_BUSY_WAIT: Duration = Duration::from_secs(1);
+/// How long a reader waits while another reader sets the directory up.
+pub const SETUP_BUSY_WAIT: Duration = Duration::from_secs(10);
 
 /// What one attempt to open a drive's directory found.
 enum Opened {
@@ -313,7 +315,7 @@ impl DiskCache {
     /// otherwise the directory is emptied. `None` when the directory is in use
     /// by a mount that conflicts (a writer, or readers of another ETag): the
     /// drive then runs without a disk tier. A reader that finds the directory
-    /// busy tries again for up to [`READER_BUSY_WAIT`]: another reader of the
+    /// busy tries again for a while (see `busy_wait`): another reader of the
     /// same snapshot holds it alone only while it empties and records it
     /// (several snapshot mounts started at once on a fresh cache). Blocks on
     /// file I/O.
@@ -323,12 +325,13 @@ impl DiskCache {
         etag: Option<&str>,
         access: Access,
     ) -> io::Result<Option<DiskCache>> {
-        let deadline = Instant::now() + READER_BUSY_WAIT;
+        let started = Instant::now();
         loop {
             match Self::try_open(opts, identity, etag, access)? {
                 Opened::Ready(cache) => return Ok(Some(cache)),
                 Opened::Off => return Ok(None),
-                Opened::Busy if access == Access::Writer || Instant::now() >= deadline => {
+                Opened::Busy if access == Access::Writer => return Ok(None),
+                Opened::Busy if started.elapsed() >= Self::busy_wait(opts, identity, etag) => {
                     return Ok(None)
                 }
                 // Jittered, so two readers that both need the directory alone
@@ -337,6 +340,19 @@ impl DiskCache {
                     std::thread::sleep(Duration::from_millis(rand::rng().random_range(5..=25)))
                 }
             }
+        }
+    }
+
+    /// How long a reader keeps trying a busy directory: long while nothing
+    /// is recorded there yet or the record already vouches for this blob
+    /// (another reader is setting it up, which ends soon even on a loaded
+    /// host), short when it holds another blob state or a writer's (a
+    /// conflict that lasts as long as that mount).
+    fn busy_wait(opts: &DiskCacheOptions, identity: &str, etag: Option<&str>) -> Duration {
+        match record::read(&drive_dir(&opts.dir, identity)) {
+            None => SETUP_BUSY_WAIT,
+            Some(r) if r.trusts(identity, etag) => SETUP_BUSY_WAIT,
+            Some(_) => READER_BUSY_WAIT,
         }
     }
 
