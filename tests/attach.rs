@@ -11,6 +11,7 @@
 //! `BLOBDRIVE_REQUIRE_FUSE=1`.
 
 mod common;
+mod system;
 
 use std::io::Write;
 use std::os::unix::net::UnixDatagram;
@@ -18,45 +19,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use blobdrive::blob::{BlobPath, LeaseState};
 use common::ContainerGuard;
 use sha2::{Digest, Sha256};
+use system::{is_mounted, wait_for};
 
 const BIN: &str = env!("CARGO_BIN_EXE_blobdrive");
 
-/// Whether the test can run; `SKIPPED: why` or a panic under BLOBDRIVE_REQUIRE_FUSE=1.
+/// Whether the test can run (FUSE, root, loop devices and their tools).
 fn can_run(test: &str) -> bool {
-    let missing = if !Path::new("/dev/fuse").exists() {
-        Some("no /dev/fuse".to_string())
-    } else if unsafe { libc::geteuid() } != 0 {
-        Some("not root (loop devices and mounts need it)".to_string())
-    } else if !Path::new("/dev/loop-control").exists() {
-        Some("no /dev/loop-control".to_string())
-    } else {
-        [
-            "losetup",
-            "mkfs.ext4",
-            "blkid",
-            "fsfreeze",
-            "mount",
-            "umount",
-        ]
-        .into_iter()
-        .find(|t| !blobdrive::attach::tool_exists(t))
-        .map(|t| format!("{t} not installed"))
-    };
-    match missing {
-        None => true,
-        Some(why) if std::env::var("BLOBDRIVE_REQUIRE_FUSE").as_deref() == Ok("1") => {
-            panic!("{test}: cannot run ({why}) and BLOBDRIVE_REQUIRE_FUSE=1")
-        }
-        Some(why) => {
-            println!("SKIPPED: {test}: {why}");
-            false
-        }
-    }
+    system::can_run(test, true)
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -213,21 +187,6 @@ fn run_tool(program: &str, args: &[&str]) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn is_mounted(dir: &Path) -> bool {
-    let dir = dir.to_string_lossy();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|info| info.lines().any(|l| l.split(' ').nth(4) == Some(&*dir)))
-        .unwrap_or(false)
-}
-
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn lease_state(guard: &ContainerGuard, blob: &str) -> Option<LeaseState> {

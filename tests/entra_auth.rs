@@ -8,6 +8,7 @@
 
 mod common;
 mod mount_support;
+mod system;
 
 use std::collections::HashMap;
 use std::io::Write;

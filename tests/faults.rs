@@ -12,6 +12,7 @@
 
 mod common;
 mod mount_support;
+mod system;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;

@@ -4,6 +4,7 @@
 //! `BLOBDRIVE_REQUIRE_FUSE=1`).
 
 mod fuse_support;
+mod system;
 
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -10,6 +10,7 @@
 
 mod common;
 mod mount_support;
+mod system;
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;

@@ -8,7 +8,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::{Arc, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -17,51 +17,14 @@ use blobdrive::daemon::{request_unmount, run_mount, MountOptions};
 use blobdrive::fs::memory::MemoryCatalog;
 use blobdrive::fs::Catalog;
 
-/// Set by CI: a test that cannot run fails instead of skipping.
-pub const REQUIRE_ENV: &str = "BLOBDRIVE_REQUIRE_FUSE";
+use crate::system::run_quietly;
+pub use crate::system::{is_mounted, run, wait_for, BlockMount, LoopDevice};
 
-/// Whether the test can run; prints `SKIPPED: why` (or panics under
-/// `BLOBDRIVE_REQUIRE_FUSE=1`) when it cannot.
+/// Whether the test can run (see [`crate::system::can_run`]), with control
+/// sockets in a private directory of this test process.
 pub fn can_run(test: &str, needs_loop: bool) -> bool {
     set_run_dir();
-    let missing = missing_requirement(needs_loop);
-    match missing {
-        None => true,
-        Some(why) if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") => {
-            panic!("{test}: cannot run ({why}) and {REQUIRE_ENV}=1")
-        }
-        Some(why) => {
-            println!("SKIPPED: {test}: {why}");
-            false
-        }
-    }
-}
-
-fn missing_requirement(needs_loop: bool) -> Option<String> {
-    if !Path::new("/dev/fuse").exists() {
-        return Some("no /dev/fuse".into());
-    }
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root (mounting and loop devices need it)".into());
-    }
-    if needs_loop {
-        for tool in ["losetup", "mkfs.ext4", "fstrim", "mount", "umount"] {
-            if !tool_exists(tool) {
-                return Some(format!("{tool} not installed"));
-            }
-        }
-        if !Path::new("/dev/loop-control").exists() {
-            return Some("no /dev/loop-control".into());
-        }
-    }
-    None
-}
-
-fn tool_exists(tool: &str) -> bool {
-    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-        .iter()
-        .any(|dir| Path::new(dir).join(tool).exists())
+    crate::system::can_run(test, needs_loop)
 }
 
 /// Points control sockets at a private directory for this test process.
@@ -71,42 +34,6 @@ pub fn set_run_dir() {
         let dir = std::env::temp_dir().join(format!("blobdrive-test-run-{}", std::process::id()));
         std::env::set_var("BLOBDRIVE_RUN_DIR", dir);
     });
-}
-
-/// Runs a command and returns its stdout; panics with its stderr on failure.
-pub fn run(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    assert!(
-        output.status.success(),
-        "{program} {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_string()
-}
-
-fn run_quietly(program: &str, args: &[&str]) -> Option<Output> {
-    Command::new(program).args(args).output().ok()
-}
-
-/// True when `dir` is a mount point of this mount namespace.
-pub fn is_mounted(dir: &Path) -> bool {
-    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    let dir = dir.to_string_lossy();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|info| info.lines().any(|l| l.split(' ').nth(4) == Some(&*dir)))
-        .unwrap_or(false)
-}
-
-/// Waits until `check` holds, or panics after `timeout` with `what`.
-pub fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A unique temporary directory removed on drop (after everything in it is unmounted).
@@ -198,80 +125,6 @@ fn rand_suffix() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-/// A loop device on a file; detached on drop.
-pub struct LoopDevice {
-    /// `/dev/loopN`.
-    pub device: String,
-}
-
-impl LoopDevice {
-    /// `losetup --direct-io=on --find --show FILE`.
-    pub fn attach_direct_io(file: &Path) -> LoopDevice {
-        let file = file.to_string_lossy();
-        let device = run("losetup", &["--direct-io=on", "--find", "--show", &file]);
-        LoopDevice { device }
-    }
-
-    /// Detaches now (and checks it worked).
-    pub fn detach(mut self) {
-        let device = std::mem::take(&mut self.device);
-        run("losetup", &["-d", &device]);
-        // The kernel drops the backing file asynchronously after LOOP_CLR_FD.
-        wait_for(
-            "loop device to let go of its file",
-            Duration::from_secs(10),
-            || {
-                let name = device.trim_start_matches("/dev/");
-                !Path::new(&format!("/sys/block/{name}/loop/backing_file")).exists()
-            },
-        );
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        if !self.device.is_empty() {
-            let _ = run_quietly("losetup", &["-d", &self.device]);
-        }
-    }
-}
-
-/// A filesystem mounted on a block device; unmounted on drop.
-pub struct BlockMount {
-    /// The mountpoint.
-    pub dir: PathBuf,
-    mounted: bool,
-}
-
-impl BlockMount {
-    /// `mount DEVICE DIR`.
-    pub fn mount(device: &str, dir: &Path) -> BlockMount {
-        std::fs::create_dir_all(dir).expect("cannot create ext4 mountpoint");
-        run("mount", &[device, &dir.to_string_lossy()]);
-        BlockMount {
-            dir: dir.to_path_buf(),
-            mounted: true,
-        }
-    }
-
-    /// Unmounts now (and checks it worked).
-    pub fn unmount(mut self) {
-        self.mounted = false;
-        run("umount", &[&self.dir.to_string_lossy()]);
-    }
-}
-
-impl Drop for BlockMount {
-    fn drop(&mut self) {
-        if self.mounted {
-            let dir = self.dir.to_string_lossy().to_string();
-            if run_quietly("umount", &[&dir]).is_none_or(|o| !o.status.success()) {
-                let _ = run_quietly("umount", &["-l", &dir]);
-            }
-        }
-    }
 }
 
 /// Environment variables of a child daemon (see `daemon_child_entry`).
