@@ -410,10 +410,8 @@ fn private_fuse_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     let fuse_dir = registry::fuse_dir_of(dir);
     if attach::is_mount_point(&fuse_dir).unwrap_or(false) {
         tracing::warn!(dir = %fuse_dir.display(), "detaching a stale FUSE mount");
-        let path = CString::new(fuse_dir.as_os_str().as_bytes())
-            .context("run directory path holds a NUL byte")?;
-        // SAFETY: `path` is a valid NUL-terminated string for the call's duration.
-        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        // Creating the directory below says what is wrong if this failed.
+        let _ = control::lazy_unmount(&fuse_dir);
     }
     std::fs::create_dir_all(&fuse_dir)
         .with_context(|| format!("cannot create {}", fuse_dir.display()))?;

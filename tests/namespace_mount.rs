@@ -96,17 +96,7 @@ for off in range(0, length, step):
     h.update(data)
 print(h.hexdigest())
 "#;
-    let out = std::process::Command::new("python3")
-        .args(["-c", script, container, blob, &len.to_string()])
-        .env("CS", common::connection_string())
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "python SDK read failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    common::python(script, &[container, blob, &len.to_string()])
 }
 
 /// Wall-clock time of each step of a test, for the TIMING lines.

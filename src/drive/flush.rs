@@ -8,9 +8,10 @@
 //! sector inside a filesystem block) is written as part of the update rather
 //! than splitting it into three requests. Runs span chunk boundaries and go
 //! out in parallel (bounded). A background pass (the flusher's timer, not an
-//! fsync, a close or a writer waiting for room) leaves the short run at the
-//! end of a write stream still going for its next pass, so a long sequential
-//! write goes out in full 4 MiB requests. Invariants: every request carries
+//! fsync, a close or a writer waiting for room) leaves the head of a write
+//! stream still going, back to its last 4 MiB boundary of the drive, for its
+//! next pass, so a long sequential write goes out in full, aligned 4 MiB
+//! requests. Invariants: every request carries
 //! the lease id; one pass at a time (so a page is never in two uploads at once); a page
 //! written again after it was copied keeps its dirty bit (its generation
 //! moved); the sparse map gains pages before an update is sent and loses them
@@ -236,33 +237,28 @@ impl<'a> RunBuilder<'a> {
             {
                 j += 1;
             }
-            let pages = PageRange::new(span.start + i as u64, span.start + j as u64);
+            // The head of a stream still being written goes out only up to
+            // its last 4 MiB boundary of the drive; the rest stays dirty, so
+            // the stream's next requests start aligned.
+            let mut sent = j;
+            let end = span.start + j as u64;
+            if class == Class::Data && self.hold_tail_at == Some(end) {
+                let keep = (end - end % MAX_UPDATE_PAGES).max(span.start + i as u64);
+                self.held_pages += end - keep;
+                sent = (keep - span.start) as usize;
+            }
+            if sent == i {
+                i = j;
+                continue;
+            }
+            let pages = PageRange::new(span.start + i as u64, span.start + sent as u64);
             let chunks = chunks_for(&span.chunks, pages);
-            let gens = &span.gens[i..j];
+            let gens = &span.gens[i..sent];
             match class {
-                Class::Data if self.hold_tail_at == Some(pages.end) => {
-                    // The head of a stream still being written: send up to
-                    // its last 4 MiB boundary of the drive and hold the rest,
-                    // so the stream's next requests start aligned.
-                    let boundary = pages.end - pages.end % MAX_UPDATE_PAGES;
-                    let keep = boundary.max(pages.start);
-                    self.held_pages += pages.end - keep;
-                    if keep > pages.start {
-                        let sent = PageRange::new(pages.start, keep);
-                        let k = (keep - span.start) as usize;
-                        self.ready.push_back(Run {
-                            kind: Kind::Update,
-                            pages: sent,
-                            data: data.slice(i * PAGE..k * PAGE),
-                            gens: span.gens[i..k].to_vec(),
-                            chunks: chunks_for(&span.chunks, sent),
-                        });
-                    }
-                }
                 Class::Data => self.ready.push_back(Run {
                     kind: Kind::Update,
                     pages,
-                    data: data.slice(i * PAGE..j * PAGE),
+                    data: data.slice(i * PAGE..sent * PAGE),
                     gens: gens.to_vec(),
                     chunks,
                 }),
@@ -311,8 +307,9 @@ impl Inner {
     }
 
     /// The background flusher's pass: like [`Self::flush_pass`], but when a
-    /// write ended less than `flush_delay` ago, the short run that ends where
-    /// it did stays dirty (the stream is likely to go on). Returns whether
+    /// write ended less than `flush_delay` ago, the run that ends where it did
+    /// stays dirty back to its last 4 MiB boundary (the stream is likely to
+    /// go on). Returns whether
     /// pages were held back, so the flusher comes again.
     async fn background_pass(&self) -> Result<bool> {
         let _g = self.flush_lock.lock().await;
@@ -323,7 +320,7 @@ impl Inner {
         Ok(self.run_pass(hold).await? > 0)
     }
 
-    /// Send every dirty page (but a held-back tail ending at page
+    /// Send every dirty page (but a held-back head ending at page
     /// `hold_tail_at`); returns the pages held back.
     async fn run_pass(&self, hold_tail_at: Option<u64>) -> Result<u64> {
         let dirty = self.cache.dirty_chunks();
