@@ -607,6 +607,11 @@ async fn close_everything(core: &FsCore) -> Result<(), ShutdownError> {
     let errors = core.close_all().await;
     if errors.is_empty() {
         Ok(())
+    } else if errors.iter().all(|e| e.data_durable) {
+        Err(ShutdownError::Failed(format!(
+            "unmounted; every write is durable, but {}",
+            join_errors(&errors)
+        )))
     } else {
         Err(ShutdownError::Failed(format!(
             "data may not be durable: {}",

@@ -18,8 +18,8 @@
 //! only after a clear succeeded; pages reach the disk tier only once settled.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use super::cache::ChunkRef;
 use super::chunk::{PageBits, CHUNK_PAGES};
 use super::counters::add;
-use super::error::Result;
+use super::error::{Error, Result};
 use super::extents::PageRange;
 use super::Inner;
 use crate::units::{MAX_PUT_PAGE_BYTES, PAGE_SIZE};
@@ -295,9 +295,13 @@ impl Iterator for RunBuilder<'_> {
 }
 
 impl Inner {
-    /// One flush pass (waits for a running one to end first).
+    /// One flush pass (waits for a running one to end first). When the pass
+    /// it waited for failed, that failure is the answer: in an outage the
+    /// caller then waits for one pass, not two.
     pub(crate) async fn flush_pass(&self) -> Result<()> {
+        let seen = self.passes.finished();
         let _g = self.flush_lock.lock().await;
+        self.passes.failed_since(seen)?;
         self.flush_pass_locked().await
     }
 
@@ -306,23 +310,53 @@ impl Inner {
         self.run_pass(None).await.map(|_| ())
     }
 
-    /// The background flusher's pass: like [`Self::flush_pass`], but when a
-    /// write ended less than `flush_delay` ago, the run that ends where it did
-    /// stays dirty back to its last 4 MiB boundary (the stream is likely to
-    /// go on). Returns whether
-    /// pages were held back, so the flusher comes again.
+    /// The background flusher's pass: like [`Self::flush_pass`], but while
+    /// a fast sequential stream is going (its last write less than
+    /// `flush_delay` ago, and at least one full Put Page written since the
+    /// previous background pass), the run that ends where it did stays dirty
+    /// back to its last 4 MiB boundary; the stream crosses that boundary
+    /// before the next pass, which sends the held pages in an aligned
+    /// request. A slow stream (appends of a few bytes at a time) is never
+    /// held, so no byte stays dirty much longer than `flush_delay` plus one
+    /// pass. Returns whether pages were held back, so the flusher comes again.
     async fn background_pass(&self) -> Result<bool> {
         let _g = self.flush_lock.lock().await;
         let last = *self.last_write.lock().expect("last-write mutex poisoned");
-        let hold = last
-            .filter(|(end, at)| at.elapsed() < self.flush_delay && end % PAGE_SIZE == 0)
-            .map(|(end, _)| end / PAGE_SIZE);
+        let hold = {
+            let mut mark = self.stream_mark.lock().expect("stream-mark mutex poisoned");
+            let previous = mark.replace(last.map_or(0, |(end, _)| end));
+            last.filter(|(end, at)| {
+                at.elapsed() < self.flush_delay
+                    && end % PAGE_SIZE == 0
+                    && previous.is_some_and(|p| end.saturating_sub(p) >= MAX_PUT_PAGE_BYTES)
+            })
+            .map(|(end, _)| end / PAGE_SIZE)
+        };
         Ok(self.run_pass(hold).await? > 0)
     }
 
     /// Send every dirty page (but a held-back head ending at page
-    /// `hold_tail_at`); returns the pages held back.
+    /// `hold_tail_at`); returns the pages held back. The pass takes no new
+    /// run after one fails (the rest stay dirty) and gives up after one
+    /// retry budget of the store, so an outage costs one budget per pass
+    /// however many runs are dirty. Its result is recorded for
+    /// [`Self::flush_pass`].
     async fn run_pass(&self, hold_tail_at: Option<u64>) -> Result<u64> {
+        let budget = self.store.retry_budget();
+        let result = match tokio::time::timeout(budget, self.send_dirty(hold_tail_at)).await {
+            Ok(r) => r,
+            // In-flight requests are dropped here: their pages stay dirty,
+            // and the store fences whatever of them may still land.
+            Err(_) => Err(Error::Stalled {
+                target: self.target.clone(),
+                secs: budget.as_secs(),
+            }),
+        };
+        self.passes.record(&result);
+        result
+    }
+
+    async fn send_dirty(&self, hold_tail_at: Option<u64>) -> Result<u64> {
         let dirty = self.cache.dirty_chunks();
         if dirty.is_empty() {
             return Ok(0);
@@ -332,15 +366,22 @@ impl Inner {
         let dirty_bytes = self.cache.dirty_bytes();
         let refs: VecDeque<ChunkRef> = dirty.iter().filter_map(|&i| self.cache.get(i)).collect();
         let mut builder = RunBuilder::new(self, refs, hold_tail_at);
+        let failed = AtomicBool::new(false);
         let mut first_err = None;
         let mut runs = 0u64;
         {
-            let mut sends = futures::stream::iter(builder.by_ref())
+            // After the first failure no new run starts: in an outage every
+            // one would spend its own retry budget.
+            let runs_to_send = builder
+                .by_ref()
+                .take_while(|_| !failed.load(Ordering::Acquire));
+            let mut sends = futures::stream::iter(runs_to_send)
                 .map(|run| self.send_run(run))
                 .buffer_unordered(self.flush_parallelism);
             while let Some(r) = sends.next().await {
                 runs += 1;
                 if let Err(e) = r {
+                    failed.store(true, Ordering::Release);
                     first_err.get_or_insert(e);
                 }
             }
@@ -410,6 +451,43 @@ impl Inner {
         }
         self.settle(pages, &gens, &chunks);
         Ok(())
+    }
+}
+
+/// How the flush passes ended, so a caller that waited for a pass can take
+/// its failure as the answer instead of starting another one.
+#[derive(Default)]
+pub(crate) struct PassLog {
+    state: Mutex<(u64, Option<Error>)>,
+}
+
+impl PassLog {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Option<Error>)> {
+        self.state.lock().expect("pass-log mutex poisoned")
+    }
+
+    /// Passes finished so far.
+    pub(crate) fn finished(&self) -> u64 {
+        self.lock().0
+    }
+
+    fn record(&self, result: &Result<u64>) {
+        let mut s = self.lock();
+        s.0 += 1;
+        s.1 = result.as_ref().err().cloned();
+    }
+
+    /// The failure of the last pass, when it ended after `seen` passes.
+    pub(crate) fn failed_since(&self, seen: u64) -> Result<()> {
+        match &*self.lock() {
+            (n, Some(e)) if *n > seen => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The failure of the last pass, if it failed.
+    pub(crate) fn last_failure(&self) -> Option<Error> {
+        self.lock().1.clone()
     }
 }
 

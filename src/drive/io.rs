@@ -57,6 +57,10 @@ impl Inner {
                 return Ok(refs);
             }
             if self.mode == super::Mode::ReadWrite && self.cache.dirty_chunk_bytes() > 0 {
+                // In an outage, fail now rather than spend another budget.
+                if let Some(e) = self.passes.last_failure() {
+                    return Err(e);
+                }
                 self.flush_pass().await?;
                 continue;
             }
@@ -66,13 +70,22 @@ impl Inner {
 
     /// Writers wait here while dirty chunks pin too much memory: they run a
     /// flush pass themselves, so a failing flush surfaces as their error
-    /// instead of a hang.
+    /// instead of a hang. While the last pass failed (an outage), a writer
+    /// that finds no room fails at once: the background flusher keeps
+    /// trying, and each writer waiting a budget of its own would stall a
+    /// filesystem's writeback for many budgets in a row.
     async fn throttle(&self) -> Result<()> {
         while self.cache.dirty_chunk_bytes() >= self.max_dirty_bytes {
+            if let Some(e) = self.passes.last_failure() {
+                return Err(e);
+            }
+            let seen = self.passes.finished();
             let _g = self.flush_lock.lock().await;
             if self.cache.dirty_chunk_bytes() < self.max_dirty_bytes {
                 break;
             }
+            // A pass that failed while this writer waited is its answer.
+            self.passes.failed_since(seen)?;
             self.flush_pass_locked().await?;
         }
         Ok(())

@@ -126,6 +126,11 @@ pub(crate) struct Inner {
     meters: Meters,
     /// One flush pass at a time, so a page is never in two uploads at once.
     flush_lock: tokio::sync::Mutex<()>,
+    /// How the passes ended.
+    passes: flush::PassLog,
+    /// Where the write stream ended at the previous background pass, to
+    /// tell a fast stream (worth holding its head back) from a slow one.
+    stream_mark: Mutex<Option<u64>>,
     max_dirty_bytes: u64,
     flush_parallelism: usize,
     flush_delay: Duration,
@@ -284,11 +289,15 @@ impl Drive {
     /// flush fails the drive stays open (and keeps its dirty data), so the
     /// caller can retry or save the data; later calls after a successful close
     /// fail with `Closed`.
+    ///
+    /// In an outage (the last flush pass failed), close does not start
+    /// another pass: it stops the background flusher at once and fails, so
+    /// the caller saves the dirty pages in a recovery file within one retry
+    /// budget of the first failure instead of waiting through more passes.
+    /// A lease that cannot be released after a durable flush is reported as
+    /// [`Error::ReleaseFailed`], never as lost data.
     pub async fn close(&self) -> Result<()> {
         self.inner.check_open()?;
-        if self.inner.mode == Mode::ReadWrite {
-            self.inner.flush_pass().await?;
-        }
         let mut aheads = std::mem::take(
             &mut *self
                 .read_aheads
@@ -296,15 +305,26 @@ impl Drive {
                 .expect("read-ahead set mutex poisoned"),
         );
         aheads.shutdown().await;
+        let seen = self.inner.passes.finished();
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.stop.notify_one();
         let handle = self.flusher.lock().expect("flusher mutex poisoned").take();
         if let Some(h) = handle {
+            if self.inner.passes.last_failure().is_some() {
+                // Its pass would only spend another budget on a dead link.
+                h.abort();
+            }
             let _ = h.await;
         }
-        // A write racing with close could have dirtied pages after the flush.
         if self.inner.mode == Mode::ReadWrite {
-            self.inner.flush_pass().await?;
+            if let Some(e) = self.inner.passes.last_failure() {
+                if self.inner.cache.dirty_bytes() > 0 {
+                    return Err(e);
+                }
+            }
+            let _g = self.inner.flush_lock.lock().await;
+            self.inner.passes.failed_since(seen)?;
+            self.inner.flush_pass_locked().await?;
         }
         self.inner.closed.store(true, Ordering::Release);
         // After the last flush, before the lease goes: the ETag recorded is

@@ -282,8 +282,14 @@ impl Device for DriveDevice {
     /// A close whose flush fails saves the unflushed pages in a recovery
     /// file (`crate::recovery`) and names it in the error.
     async fn close(&self) -> FsResult<()> {
-        let Err(err) = self.drive.close().await else {
-            return Ok(());
+        let err = match self.drive.close().await {
+            Ok(()) => return Ok(()),
+            Err(e @ crate::drive::Error::ReleaseFailed { .. }) => {
+                let mut fs_err = drive_error(e);
+                fs_err.data_durable = true;
+                return Err(fs_err);
+            }
+            Err(e) => e,
         };
         let mut fs_err = drive_error(err.clone());
         let reason = err.to_string();

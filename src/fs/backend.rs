@@ -20,6 +20,9 @@ pub struct FsError {
     pub errno: i32,
     /// What failed, for logs and control-socket answers.
     pub message: String,
+    /// The failure left no data behind: everything written is durable
+    /// (a lease that could not be released after the last flush).
+    pub data_durable: bool,
 }
 
 impl FsError {
@@ -28,6 +31,7 @@ impl FsError {
         FsError {
             errno,
             message: message.into(),
+            data_durable: false,
         }
     }
 
