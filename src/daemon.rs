@@ -563,12 +563,14 @@ async fn shut_down(
     let flush_errors = core.flush_all().await;
     if !flush_errors.is_empty() {
         // The client already retried for its whole budget (or the lease is
-        // gone): keeping the mount up would not help. Go on; the close below
-        // saves what is still dirty in a recovery file and names it.
-        tracing::error!(
-            errors = %join_errors(&flush_errors),
-            "flush at unmount failed; unflushed data goes to a recovery file"
-        );
+        // gone): keeping the mount up would not help. Save the dirty pages
+        // now, before the unmount and the close below (which may spend
+        // another budget, and which a stop timeout may cut short); the
+        // close replaces the file with a complete one or removes it.
+        let reason = join_errors(&flush_errors);
+        tracing::error!(errors = %reason, "flush at unmount failed; unflushed data goes to a recovery file");
+        let saved = core.save_unflushed_all(&reason).await;
+        tracing::info!(files = saved.len(), "recovery files written");
     }
     match umount(mountpoint, 0).await {
         Ok(()) => {}

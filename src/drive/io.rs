@@ -247,8 +247,16 @@ impl Inner {
                 self.disk_invalidate(r.index);
             }
         }
-        *self.last_write.lock().expect("last-write mutex poisoned") =
-            Some((end, std::time::Instant::now()));
+        {
+            let mut last = self.last_write.lock().expect("last-write mutex poisoned");
+            // A write far from where the last one ended starts a new stream:
+            // its progress is counted from here.
+            if last.is_none_or(|(e, _)| e.abs_diff(offset_bytes) > MAX_PUT_PAGE_BYTES) {
+                *self.stream.lock().expect("stream mutex poisoned") =
+                    Some(super::flush::StreamMarks::starting_at(offset_bytes));
+            }
+            *last = Some((end, std::time::Instant::now()));
+        }
         self.kick.notify_one();
         Ok(())
     }

@@ -128,9 +128,9 @@ pub(crate) struct Inner {
     flush_lock: tokio::sync::Mutex<()>,
     /// How the passes ended.
     passes: flush::PassLog,
-    /// Where the write stream ended at the previous background pass, to
-    /// tell a fast stream (worth holding its head back) from a slow one.
-    stream_mark: Mutex<Option<u64>>,
+    /// Where the current write stream began and where it stood at the
+    /// previous background pass: what a background pass may hold back.
+    stream: Mutex<Option<flush::StreamMarks>>,
     max_dirty_bytes: u64,
     flush_parallelism: usize,
     flush_delay: Duration,
@@ -290,10 +290,9 @@ impl Drive {
     /// caller can retry or save the data; later calls after a successful close
     /// fail with `Closed`.
     ///
-    /// In an outage (the last flush pass failed), close does not start
-    /// another pass: it stops the background flusher at once and fails, so
-    /// the caller saves the dirty pages in a recovery file within one retry
-    /// budget of the first failure instead of waiting through more passes.
+    /// In an outage (the last flush pass failed) close stops the background
+    /// flusher at once instead of waiting for its pass, so it takes one pass
+    /// (at most one retry budget), not two.
     /// A lease that cannot be released after a durable flush is reported as
     /// [`Error::ReleaseFailed`], never as lost data.
     pub async fn close(&self) -> Result<()> {
@@ -317,11 +316,6 @@ impl Drive {
             let _ = h.await;
         }
         if self.inner.mode == Mode::ReadWrite {
-            if let Some(e) = self.inner.passes.last_failure() {
-                if self.inner.cache.dirty_bytes() > 0 {
-                    return Err(e);
-                }
-            }
             let _g = self.inner.flush_lock.lock().await;
             self.inner.passes.failed_since(seen)?;
             self.inner.flush_pass_locked().await?;
@@ -342,6 +336,16 @@ impl Drive {
         let mut out = self.inner.meters.snapshot(c.dirty_bytes(), c.cache_bytes());
         (out.disk_bytes, out.disk_bad_chunks) = self.inner.disk_gauges();
         out
+    }
+
+    /// True when the last flush pass failed because storage did not answer
+    /// (not a refusal): asking it more now would only wait.
+    pub fn storage_unanswered(&self) -> bool {
+        match self.inner.passes.last_failure() {
+            Some(Error::Stalled { .. }) => true,
+            Some(Error::Backend(e)) => e.kind == crate::blob::ErrorKind::Transport,
+            _ => false,
+        }
     }
 
     /// Bytes written but not yet durable in the blob. After a lost lease this

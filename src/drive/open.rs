@@ -115,7 +115,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         meters,
         flush_lock: tokio::sync::Mutex::new(()),
         passes: Default::default(),
-        stream_mark: Mutex::new(None),
+        stream: Mutex::new(None),
         max_dirty_bytes,
         flush_parallelism,
         flush_delay: opts.flush_delay,

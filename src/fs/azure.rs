@@ -226,6 +226,7 @@ impl Catalog for AzureCatalog {
                 let store = Arc::new(BlobPageStore::new(self.client.clone(), blob));
                 let drive = Drive::open(store, opts).await.map_err(drive_error)?;
                 Ok(Arc::new(DriveDevice {
+                    early_save: Default::default(),
                     drive,
                     client: self.client.clone(),
                 }))
@@ -246,6 +247,25 @@ impl Catalog for AzureCatalog {
 pub struct DriveDevice {
     drive: Drive,
     client: BlobClient,
+    /// A recovery file saved early (`save_unflushed`), superseded by what
+    /// `close` does: removed once the data is durable or saved again.
+    early_save: std::sync::Mutex<Option<std::path::PathBuf>>,
+}
+
+impl DriveDevice {
+    /// Removes the early recovery file: `close` made it obsolete.
+    fn forget_early_save(&self) {
+        let early = self
+            .early_save
+            .lock()
+            .expect("early-save mutex poisoned")
+            .take();
+        if let Some(file) = early {
+            if let Err(e) = std::fs::remove_file(&file) {
+                tracing::warn!(file = %file.display(), error = %e, "cannot remove a superseded recovery file");
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -283,8 +303,12 @@ impl Device for DriveDevice {
     /// file (`crate::recovery`) and names it in the error.
     async fn close(&self) -> FsResult<()> {
         let err = match self.drive.close().await {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                self.forget_early_save();
+                return Ok(());
+            }
             Err(e @ crate::drive::Error::ReleaseFailed { .. }) => {
+                self.forget_early_save();
                 let mut fs_err = drive_error(e);
                 fs_err.data_durable = true;
                 return Err(fs_err);
@@ -295,6 +319,10 @@ impl Device for DriveDevice {
         let reason = err.to_string();
         let saved =
             crate::recovery::save_drive(&self.drive, self.client.account_name(), &reason).await;
+        if saved.is_ok() {
+            // The new file holds every page the early one did, and more.
+            self.forget_early_save();
+        }
         let target = self.drive.target();
         match saved {
             Ok(None) => {}
@@ -318,6 +346,24 @@ impl Device for DriveDevice {
             }
         }
         Err(fs_err)
+    }
+
+    async fn save_unflushed(&self, reason: &str) -> FsResult<Option<std::path::PathBuf>> {
+        let saved = crate::recovery::save_drive(&self.drive, self.client.account_name(), reason)
+            .await
+            .map_err(|e| FsError::io(format!("saving a recovery file failed: {e}")))?;
+        if let Some(file) = &saved {
+            tracing::error!(drive = %self.drive.target(), file = %file.display(), bytes = self.drive.unflushed_bytes(), "flush failed: unflushed data SAVED TO A RECOVERY FILE");
+            let previous = self
+                .early_save
+                .lock()
+                .expect("early-save mutex poisoned")
+                .replace(file.clone());
+            if let Some(old) = previous {
+                let _ = std::fs::remove_file(old);
+            }
+        }
+        Ok(saved)
     }
 
     fn stats(&self) -> serde_json::Value {
