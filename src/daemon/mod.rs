@@ -25,6 +25,7 @@ pub mod attach;
 pub mod control;
 pub mod format;
 pub mod freeze;
+pub mod mountpoint;
 pub mod readiness;
 pub mod registry;
 
@@ -408,10 +409,10 @@ where
 /// FUSE mount left there by a crashed daemon is detached first.
 fn private_fuse_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     let fuse_dir = registry::fuse_dir_of(dir);
-    if attach::is_mount_point(&fuse_dir).unwrap_or(false) {
+    if mountpoint::is_mount_point(&fuse_dir).unwrap_or(false) {
         tracing::warn!(dir = %fuse_dir.display(), "detaching a stale FUSE mount");
         // Creating the directory below says what is wrong if this failed.
-        let _ = control::lazy_unmount(&fuse_dir);
+        let _ = mountpoint::lazy_unmount(&fuse_dir);
     }
     std::fs::create_dir_all(&fuse_dir)
         .with_context(|| format!("cannot create {}", fuse_dir.display()))?;
