@@ -401,11 +401,8 @@ impl Graph {
                 child.push(name.to_string());
                 if self.is_module(&child) {
                     child
-                } else if let Some(bound) = with_bindings
-                    .then(|| self.binding_in_scope(at, name))
-                    .flatten()
-                {
-                    bound
+                } else if with_bindings {
+                    self.binding_in_scope(at, name)?
                 } else {
                     return None;
                 }
