@@ -5,7 +5,7 @@
 //! The fork happens before any tokio runtime or thread exists, which is why
 //! [`run_mount`] takes a closure that builds the [`Catalog`] inside the daemon.
 //!
-//! Shutdown order (REFERENCE.md): flush every writable device, unmount FUSE,
+//! Shutdown order (why, in docs/kernel.md): flush every writable device, unmount FUSE,
 //! wait for the session thread to end and for the last in-flight request, then
 //! close every device (flush + release the lease). A device whose flush still
 //! fails (lease lost, storage unreachable past the retry budget) has its dirty
