@@ -80,6 +80,11 @@ mod tests {
     #[test]
     fn mountinfo_escapes_match_the_kernel() {
         assert_eq!(escape_mountinfo("/mnt/a b\\c"), "/mnt/a\\040b\\134c");
-        assert!(is_mount_point(Path::new("/")).unwrap());
+        // `/proc` is a mount wherever mountinfo can be read at all; `/` is not
+        // one in a chroot whose root is a plain directory.
+        assert!(is_mount_point(Path::new("/proc")).unwrap());
+        let plain = tempfile::tempdir().unwrap();
+        let plain = plain.path().canonicalize().unwrap();
+        assert!(!is_mount_point(&plain).unwrap());
     }
 }
