@@ -1,5 +1,5 @@
-//! The repository explains itself: every file path ARCHITECTURE.md and
-//! docs/ name exists, and nothing in the repository points at documents
+//! The repository explains itself: every file path ARCHITECTURE.md,
+//! CONTRIBUTING.md and docs/ name exists, and nothing in the repository points at documents
 //! outside it.
 //!
 //! A path of the repository is written in a code span or as a link target;
@@ -80,10 +80,10 @@ fn exists(named: &str, paths: &[String]) -> bool {
 }
 
 #[test]
-fn every_path_architecture_and_docs_name_exists() {
+fn every_path_the_guides_and_docs_name_exists() {
     let root = root();
     let paths = repository_paths();
-    let mut documents = vec![root.join("ARCHITECTURE.md")];
+    let mut documents = vec![root.join("ARCHITECTURE.md"), root.join("CONTRIBUTING.md")];
     for entry in std::fs::read_dir(root.join("docs")).expect("docs/ exists") {
         let path = entry.expect("directory entry").path();
         if path.extension().is_some_and(|e| e == "md") {
