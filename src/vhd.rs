@@ -1,4 +1,5 @@
-//! Fixed VHD footer: build, parse and validate (layout in REFERENCE.md).
+//! Fixed VHD footer: build, parse and validate (layout and sources in
+//! docs/vhd.md).
 //!
 //! A drive is a page blob whose last 512 bytes are a fixed VHD footer; the bytes
 //! before it are the disk. This module owns those 512 bytes and nothing else: it

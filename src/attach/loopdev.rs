@@ -1,6 +1,6 @@
 //! Loop devices over a drive file, with direct I/O so the kernel's page cache
 //! is not stacked on top of blobdrive's and requests reach the daemon in
-//! parallel (REFERENCE.md: 2-6x faster than buffered loop I/O over FUSE).
+//! parallel (2-6x faster than buffered loop I/O over FUSE; docs/kernel.md).
 
 use std::path::{Path, PathBuf};
 

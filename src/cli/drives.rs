@@ -30,8 +30,8 @@ pub fn block_on<F: Future<Output = anyhow::Result<()>>>(body: F) -> anyhow::Resu
     rt.block_on(body)
 }
 
-/// The client of the account chosen as DESIGN.md says (flags, environment,
-/// else Azurite), signed in as `--auth` says.
+/// The client of the account chosen as the README's Configuration section
+/// says (flags, environment, else Azurite), signed in as `--auth` says.
 pub fn connect(ctx: &super::Context) -> anyhow::Result<BlobClient> {
     let account = ctx.account().map_err(|e| anyhow!(explain(&e)))?;
     BlobClient::new(account).map_err(|e| anyhow!(explain(&e)))

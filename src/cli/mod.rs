@@ -82,7 +82,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The commands of the DESIGN.md contract.
+/// The commands; the README documents each, with its flags and errors.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create a new drive: a page blob with a fixed VHD footer (never overwrites).

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
 
+use super::mountpoint::{is_mount_point, lazy_unmount};
 use super::registry::{self, AttachMode, AttachedDrive};
 use super::{umount, OnBusy, ShutdownError};
 use crate::attach::{filesystem, FsType, LoopDevice, MountedFs};
@@ -268,7 +269,7 @@ impl Attachment {
 pub fn remove_dead(entry: &AttachedDrive) -> anyhow::Result<Vec<String>> {
     let mut removed = Vec::new();
     if is_mount_point(&entry.dir).unwrap_or(false) {
-        super::control::lazy_unmount(&entry.dir)?;
+        lazy_unmount(&entry.dir)?;
         removed.push(format!("the filesystem at {}", entry.dir.display()));
     }
     let node = &entry.loop_device;
@@ -281,7 +282,7 @@ pub fn remove_dead(entry: &AttachedDrive) -> anyhow::Result<Vec<String>> {
         removed.push(node.display().to_string());
     }
     if is_mount_point(&entry.fuse_dir).unwrap_or(false) {
-        super::control::lazy_unmount(&entry.fuse_dir)?;
+        lazy_unmount(&entry.fuse_dir)?;
         removed.push("its FUSE mount".into());
     }
     let _ = std::fs::remove_dir(&entry.fuse_dir);
@@ -334,40 +335,9 @@ pub(crate) async fn wait_until_unmounted_outside(dir: PathBuf) {
     }
 }
 
-/// True when something is mounted at `dir` (canonical) in this namespace.
-pub(crate) fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let wanted = escape_mountinfo(&dir.to_string_lossy());
-    Ok(info
-        .lines()
-        .any(|line| line.split(' ').nth(4) == Some(wanted.as_str())))
-}
-
-/// A path as `/proc/self/mountinfo` prints it: space, tab, newline and
-/// backslash in octal.
-fn escape_mountinfo(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    for c in path.chars() {
-        match c {
-            ' ' => out.push_str("\\040"),
-            '\t' => out.push_str("\\011"),
-            '\n' => out.push_str("\\012"),
-            '\\' => out.push_str("\\134"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes_match_the_kernel() {
-        assert_eq!(escape_mountinfo("/mnt/a b\\c"), "/mnt/a\\040b\\134c");
-        assert!(is_mount_point(Path::new("/")).unwrap());
-    }
 
     #[test]
     fn mode_follows_snapshot_then_read_only() {

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 
-use super::{attach, control, request_unmount, run_mount, MountOptions};
+use super::mountpoint::{is_mount_point, mount_key, run_dir};
+use super::{request_unmount, run_mount, MountOptions};
 use crate::attach::{filesystem, FsType};
 use crate::blob::{Account, BlobClient, BlobPath};
 use crate::drive::DriveOptions;
@@ -63,7 +64,7 @@ pub fn format_drive(
         })
         .context("cannot start the formatting mount")?;
     let started = Instant::now();
-    while !attach::is_mount_point(&dir).unwrap_or(false) {
+    while !is_mount_point(&dir).unwrap_or(false) {
         if server.is_finished() {
             let result = server
                 .join()
@@ -91,9 +92,9 @@ pub fn format_drive(
 }
 
 fn private_dir(path: &BlobPath) -> anyhow::Result<PathBuf> {
-    let root = control::run_dir().join("format");
+    let root = run_dir().join("format");
     std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
-    let name = control::mount_key(Path::new(&format!("{path}#{}", std::process::id())));
+    let name = mount_key(Path::new(&format!("{path}#{}", std::process::id())));
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     Ok(dir)

@@ -11,13 +11,12 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use super::cache::ChunkRef;
-use super::chunk::{CHUNK_BYTES, CHUNK_PAGES};
+use super::chunk::{chunk_pages, chunks_of, CHUNK_BYTES, CHUNK_PAGES};
 use super::counters::add;
 use super::error::{Error, Result};
-use super::extents::PageRange;
-use super::fetch::MAX_GET_BYTES;
+use super::extents::{intersect, PageRange};
 use super::Inner;
-use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES, PAGE_SIZE};
+use crate::units::{ByteRange, MAX_GET_BYTES, MAX_PUT_PAGE_BYTES, PAGE_SIZE};
 
 /// How far a read may start from the end of the reads before it (either
 /// way) and still count as sequential: the kernel's read-ahead window of a
@@ -28,22 +27,6 @@ const SEQUENTIAL_SLACK_BYTES: u64 = 2 * 1024 * 1024;
 /// that turned a fio random-read job into a stream of 4 MiB Gets (cold
 /// random reads fell from 0.74 to 0.56 of the ceiling).
 const SEQUENTIAL_STREAK: u32 = 3;
-
-/// Chunk numbers touched by `[start, end)` bytes.
-pub(crate) fn chunks_of(start: u64, end: u64) -> std::ops::Range<u64> {
-    start / CHUNK_BYTES..end.div_ceil(CHUNK_BYTES)
-}
-
-/// The pages of chunk `index`, as a global page range.
-pub(crate) fn chunk_pages(index: u64) -> PageRange {
-    let first = index * CHUNK_PAGES as u64;
-    PageRange::new(first, first + CHUNK_PAGES as u64)
-}
-
-pub(crate) fn intersect(a: PageRange, b: PageRange) -> PageRange {
-    let start = a.start.max(b.start);
-    PageRange::new(start, a.end.min(b.end).max(start))
-}
 
 impl Inner {
     /// Pin `indices`, waiting (and flushing, when dirty chunks fill the
