@@ -62,10 +62,14 @@ pub enum Error {
     #[error("cannot read it: {0}")]
     Io(#[from] io::Error),
     /// A differencing disk: its data is only complete with its parent.
+    // Not `qemu-img convert`: qemu reads a differencing VHD as a standalone
+    // dynamic one, without its parent's data, so its "merged" copy would
+    // silently lack everything the parent holds.
     #[error(
         "is a differencing VHD (it holds only the changes over its parent{parent}); merge it \
-         with its parent into one image first: 'qemu-img convert -O vpc -o \
-         subformat=dynamic,force_size=on DIFF.vhd MERGED.vhd', then upload MERGED.vhd"
+         with its parent into one image first, e.g. on Hyper-V 'Convert-VHD DIFF.vhd \
+         MERGED.vhd -VHDType Dynamic', then upload MERGED.vhd (qemu-img cannot: it ignores \
+         the parent of a VHD)"
     )]
     Differencing {
         /// `: NAME` when the header names the parent, else empty.
@@ -405,4 +409,123 @@ fn be64(b: &[u8], at: usize) -> u64 {
     let mut v = [0u8; 8];
     v.copy_from_slice(&b[at..at + 8]);
     u64::from_be_bytes(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const BLOCK: u64 = 4096;
+
+    /// A dynamic VHD of `size` bytes in 4 KiB blocks (a 512-byte bitmap
+    /// each), built by hand: `blocks` maps a block index to its bitmap's
+    /// first byte and its data byte (every sector filled with it).
+    fn build(size: u64, blocks: &[(u32, u8, u8)]) -> (tempfile::NamedTempFile, u64) {
+        let mut footer = Footer::new_fixed(size);
+        footer.disk_type = DiskType::Dynamic;
+        footer.data_offset = 512;
+        let entries = size.div_ceil(BLOCK) as u32;
+        let table_at = 512 + HEADER_BYTES;
+        let table_bytes = (u64::from(entries) * 4).div_ceil(512) * 512;
+        let mut header = [0u8; HEADER_BYTES as usize];
+        header[..8].copy_from_slice(&HEADER_COOKIE);
+        header[8..16].copy_from_slice(&[0xff; 8]);
+        header[16..24].copy_from_slice(&table_at.to_be_bytes());
+        header[24..28].copy_from_slice(&0x0001_0000u32.to_be_bytes());
+        header[28..32].copy_from_slice(&entries.to_be_bytes());
+        header[32..36].copy_from_slice(&(BLOCK as u32).to_be_bytes());
+        let sum = header_checksum(&header);
+        header[36..40].copy_from_slice(&sum.to_be_bytes());
+        let mut table = vec![0xffu8; table_bytes as usize];
+        let mut body = Vec::new();
+        let first_block = table_at + table_bytes;
+        for (n, (index, bitmap0, fill)) in blocks.iter().enumerate() {
+            let at = first_block + n as u64 * (512 + BLOCK);
+            let i = *index as usize * 4;
+            table[i..i + 4].copy_from_slice(&((at / 512) as u32).to_be_bytes());
+            let mut bitmap = vec![0u8; 512];
+            bitmap[0] = *bitmap0;
+            body.extend_from_slice(&bitmap);
+            body.extend(std::iter::repeat_n(*fill, BLOCK as usize));
+        }
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        let footer = footer.to_bytes();
+        for part in [&footer[..], &header[..], &table[..], &body[..], &footer[..]] {
+            f.write_all(part).expect("write");
+        }
+        f.flush().expect("flush");
+        (f, table_at)
+    }
+
+    fn open(f: &tempfile::NamedTempFile) -> Result<DynamicVhd, Error> {
+        DynamicVhd::open(File::open(f.path()).expect("open"))
+    }
+
+    #[test]
+    fn only_written_sectors_of_allocated_blocks_are_data() {
+        // Block 1: sectors 0 and 2-3 written (bits 7, 5, 4); block 3 full.
+        let (f, _) = build(5 * BLOCK, &[(1, 0b1011_0000, 0xaa), (3, 0xff, 0xbb)]);
+        let vhd = open(&f).expect("valid");
+        assert_eq!(vhd.size_bytes(), 5 * BLOCK);
+        assert_eq!(vhd.allocated_bytes(), 2 * BLOCK);
+        let mut runs = Vec::new();
+        let mut at = 0;
+        while let Some(r) = vhd.next_data(at, 5 * BLOCK).expect("next") {
+            runs.push((r.start, r.end));
+            at = r.end;
+        }
+        assert_eq!(
+            runs,
+            vec![
+                (BLOCK, BLOCK + 512),
+                (BLOCK + 1024, BLOCK + 2048),
+                (3 * BLOCK, 4 * BLOCK)
+            ]
+        );
+        let mut buf = vec![1u8; 3 * BLOCK as usize];
+        vhd.read_at(&mut buf, BLOCK).expect("read");
+        assert!(buf[..512].iter().all(|b| *b == 0xaa));
+        assert!(buf[512..1024].iter().all(|b| *b == 0), "unwritten sector");
+        assert!(buf[1024..2048].iter().all(|b| *b == 0xaa));
+        assert!(buf[2048..2 * BLOCK as usize].iter().all(|b| *b == 0));
+        assert!(buf[2 * BLOCK as usize..].iter().all(|b| *b == 0xbb));
+        // Past the disk's end reads as zeros (the padding of --pad).
+        let mut tail = vec![1u8; 1024];
+        vhd.read_at(&mut tail, 5 * BLOCK - 512).expect("read");
+        assert!(tail.iter().all(|b| *b == 0));
+    }
+
+    #[test]
+    fn corrupt_structures_are_refused_with_what_is_wrong() {
+        let (f, table_at) = build(4 * BLOCK, &[(0, 0xff, 1), (2, 0xff, 2)]);
+        let reopen = |patch: &dyn Fn(&File)| {
+            let copy = tempfile::NamedTempFile::new().expect("temp");
+            std::fs::copy(f.path(), copy.path()).expect("copy");
+            patch(&File::options().write(true).open(copy.path()).expect("open"));
+            open(&copy).expect_err("corrupt").to_string()
+        };
+        let past_end = reopen(&|w| {
+            w.write_all_at(&0x00ff_0000u32.to_be_bytes(), table_at)
+                .unwrap()
+        });
+        assert!(past_end.contains("block 0 at offset"), "{past_end}");
+        // Block 2 pointed at block 0's place.
+        let mut first = [0u8; 4];
+        File::open(f.path())
+            .unwrap()
+            .read_exact_at(&mut first, table_at)
+            .unwrap();
+        let overlap = reopen(&|w| w.write_all_at(&first, table_at + 8).unwrap());
+        assert!(overlap.contains("overlaps block"), "{overlap}");
+        let header = reopen(&|w| w.write_all_at(b"\x07", 512 + 600).unwrap());
+        assert!(header.contains("dynamic header's checksum"), "{header}");
+        let table = reopen(&|w| w.write_all_at(&[0, 0, 0, 1], 512 + 28).unwrap());
+        assert!(table.contains("header's checksum"), "{table}");
+        let footer = reopen(&|w| w.write_all_at(b"x", 30).unwrap());
+        assert!(footer.contains("the first footer"), "{footer}");
+        let len = std::fs::metadata(f.path()).unwrap().len();
+        let last = reopen(&|w| w.set_len(len - 100).unwrap());
+        assert!(last.contains("the last footer"), "{last}");
+    }
 }
