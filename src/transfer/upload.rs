@@ -1,10 +1,11 @@
 //! `upload`: a local image into a page blob, sending only the pages that
 //! hold data, many Put Page requests at once, resumable.
 //!
-//! The pipeline: a blocking thread scans the file (holes skipped unread,
-//! zero pages dropped, see `scan.rs`) and hands runs of data pages, at most
-//! 4 MiB each, through a bounded channel to the coordinator, which keeps up
-//! to `parallel` Put Page requests in flight. Memory is bounded by the
+//! The pipeline: a blocking thread scans the image (holes of the file and
+//! unallocated blocks of a dynamic VHD skipped unread, zero pages dropped,
+//! see `scan.rs`) and hands runs of data pages, at most 4 MiB each, through
+//! a bounded channel to the coordinator, which keeps up to `parallel` Put
+//! Page requests in flight. Memory is bounded by the
 //! channel and the in-flight requests (about 2 × parallel × 4 MiB).
 //!
 //! Resume protocol. The image is cut into chunks (4 MiB, larger for images
