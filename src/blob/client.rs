@@ -676,7 +676,7 @@ impl BlobClient {
                 if matches!(self.inner.account.credential, Credential::Sas(_)) =>
             {
                 format!(
-                    "the SAS token for account '{name}' does not allow this operation ({c}): blobdrive needs read and list permissions to mount read-only, and write, create and delete too to create drives and mount them read-write"
+                    "the SAS token for account '{name}' does not allow this operation ({c}): blobdrive needs read permission for info, download and read-only mounts of a drive (list too for a container or its snapshots), and write, create and delete too to create drives and mount them read-write (with a read-only SAS, mount with --read-only)"
                 )
             }
             (None, _) => format!(

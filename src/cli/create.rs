@@ -51,7 +51,7 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
     }
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "a new drive cannot be a snapshot")?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     let size_bytes = args.size;
     let account = client.account().clone();
     let created = path.clone();

@@ -37,6 +37,13 @@ pub fn connect(ctx: &super::Context) -> anyhow::Result<BlobClient> {
     BlobClient::new(account).map_err(|e| anyhow!(explain(&e)))
 }
 
+/// The client for a command on the blob `operand` names: a blob URL with its
+/// own SAS signs in with it (see [`super::Context::account_for`]).
+pub fn connect_for(ctx: &super::Context, operand: &str) -> anyhow::Result<BlobClient> {
+    let account = ctx.account_for(operand).map_err(|e| anyhow!(explain(&e)))?;
+    BlobClient::new(account).map_err(|e| anyhow!(explain(&e)))
+}
+
 /// Parse a `C/B` (or URL) operand; `snapshot` (from `--snapshot`) selects a
 /// snapshot. A bad name, or two different snapshot times, is a usage error.
 pub fn parse_blob(operand: &str, snapshot: Option<&str>) -> anyhow::Result<BlobPath> {

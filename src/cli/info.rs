@@ -65,14 +65,16 @@ pub struct DriveInfo {
     pub last_modified: Option<String>,
     /// ETag.
     pub etag: Option<String>,
-    /// Snapshot times of the drive (of its base blob), oldest first.
-    pub snapshots: Vec<String>,
+    /// Snapshot times of the drive (of its base blob), oldest first; null
+    /// when the credential may not list them (a blob SAS, such as a
+    /// managed-disk export's).
+    pub snapshots: Option<Vec<String>>,
 }
 
 /// Run `info`.
 pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, args.snapshot.as_deref())?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     let json = args.json;
     drives::block_on(async move {
         let props = drives::properties(&client, &path).await?;
@@ -86,7 +88,18 @@ pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
         let (check, stored, snapshots) = tokio::try_join!(
             drives::check_disk(&client, &path, props.blob_type, size),
             drives::stored_bytes(&client, &path, size),
-            drives::snapshots_of(&client, &path),
+            async {
+                // Listing needs a permission a read-only blob SAS lacks:
+                // then the snapshots are unknown, not none.
+                match drives::snapshots_of(&client, &path).await {
+                    Ok(times) => Ok(Some(times)),
+                    Err(e) if e.is_auth_failure() => {
+                        tracing::debug!(error = %e, "cannot list the snapshots");
+                        Ok(None)
+                    }
+                    Err(e) => Err(e),
+                }
+            },
         )
         .map_err(blob_err)?;
         let footer = check.footer();
@@ -155,13 +168,19 @@ fn render(
     if let Some(e) = &info.etag {
         rows.push(("etag", e.clone()));
     }
-    rows.push(("snapshots", info.snapshots.len().to_string()));
+    rows.push((
+        "snapshots",
+        match &info.snapshots {
+            Some(times) => times.len().to_string(),
+            None => "unknown (the credential may not list the container)".to_string(),
+        },
+    ));
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     let mut out = String::new();
     for (k, v) in rows {
         out.push_str(&format!("{k:<width$}  {v}\n"));
     }
-    for t in &info.snapshots {
+    for t in info.snapshots.iter().flatten() {
         out.push_str(&format!("{:width$}  {t}\n", ""));
     }
     out

@@ -154,6 +154,16 @@ impl Context {
     pub fn account(&self) -> blob::Result<blob::Account> {
         blob::Account::from_env_with(self.connection_string.as_deref(), &self.account_options)
     }
+
+    /// The account for a command on one blob: a blob URL that carries its
+    /// own SAS (a managed-disk export) is its own account, signed in with
+    /// that SAS; any other operand uses [`Context::account`].
+    pub fn account_for(&self, operand: &str) -> blob::Result<blob::Account> {
+        match blob::Account::from_sas_url(operand, &self.account_options)? {
+            Some(account) => Ok(account),
+            None => self.account(),
+        }
+    }
 }
 
 /// An error that carries its own exit code (usage errors).

@@ -139,7 +139,7 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
         ));
     }
     // Checked before the fork, so a bad account fails in the user's terminal.
-    let account = ctx.account()?;
+    let account = ctx.account_for(source)?;
     let drive = EntryPath {
         container: path.container.clone(),
         blob: path.name.clone(),
