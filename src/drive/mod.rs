@@ -324,6 +324,12 @@ impl Drive {
         out
     }
 
+    /// `LeaseLost` once the service refused this drive's lease (another host
+    /// broke it): writes and flushes fail from then on.
+    pub fn lease_lost(&self) -> Option<Error> {
+        self.inner.lease.check().err()
+    }
+
     /// Bytes written but not yet durable in the blob. After a lost lease this
     /// is the data a recovery file must take.
     pub fn unflushed_bytes(&self) -> u64 {
