@@ -3,15 +3,17 @@
 //! and delete them, create files and fsync them), `kill -9` the daemon at a
 //! random moment, break the lease and attach again. Each round checks what a
 //! user relies on after a crash: the journal replays, the filesystem checker
-//! finds nothing to fix (`e2fsck -fn` for ext4, `xfs_repair -n` for xfs, on
-//! the image downloaded after a clean unmount), and every file whose fsync
+//! finds nothing to fix (`e2fsck -fn` for ext4, `xfs_repair -n` for xfs, after
+//! a clean unmount, on the drive file of a read-only namespace mount), and every file whose fsync
 //! (and its directory's) returned before the kill reads back intact.
+//!
+//! The drive lives in a dedicated Azurite, reached from a host namespace (see
+//! `netns/mod.rs`), which also cleans up after a failure.
 //!
 //! `BLOBDRIVE_CRASH_ROUNDS` sets the rounds per filesystem (default 20);
 //! `BLOBDRIVE_CRASH_SEED` replays a run's kill moments and file choices.
 
-mod common;
-mod mount_support;
+mod netns;
 mod system;
 mod workload;
 
@@ -21,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use mount_support::{send_signal, Sandbox};
+use netns::Storage;
 use workload::{sha, sha_file, Rng};
 
 fn rounds() -> u32 {
@@ -69,8 +71,8 @@ fn write_durably(path: &Path, data: &[u8]) -> std::io::Result<()> {
     fsync_dir(path.parent().expect("a file in a directory"))
 }
 
-/// The workload of one round in `root` (the mounted filesystem): untar the
-/// tree, then rename, delete and write-and-fsync files until an error (the
+/// The workload of one round in `root` (the mounted filesystem): remove the
+/// tree of the round before, untar a new one, then rename, delete and write-and-fsync files until an error (the
 /// daemon was killed) or `budget` runs out. Files whose fsyncs returned go
 /// into `durable`; they are never touched again.
 fn workload(
@@ -82,6 +84,17 @@ fn workload(
     durable: &mut BTreeMap<String, String>,
 ) -> std::io::Result<()> {
     let start = Instant::now();
+    // The trees of the rounds before (a kill may have left one half
+    // removed) go: thousands of unlinks.
+    for entry in std::fs::read_dir(root)? {
+        let path = entry?.path();
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('t'))
+        {
+            std::fs::remove_dir_all(path)?;
+        }
+    }
     let tree = root.join(format!("t{round:03}"));
     std::fs::create_dir(&tree)?;
     let tar = Command::new("tar")
@@ -139,12 +152,10 @@ fn check_durable(root: &Path, durable: &BTreeMap<String, String>) {
     }
 }
 
-/// Downloads the drive (not attached anywhere) and runs the filesystem's
-/// checker on the image without repairing anything.
-fn check_filesystem(sandbox: &Sandbox, drive: &str, fs: &str, round: u32) {
-    let image = sandbox.root.path().join("image.raw");
-    let _ = std::fs::remove_file(&image);
-    sandbox.blobdrive_ok(&["download", drive, &image.to_string_lossy(), "--raw"]);
+/// Runs the filesystem's checker, without repairing anything, on the drive
+/// file `image` (the drive as a file in a read-only namespace mount: each
+/// open reads the blob afresh).
+fn check_filesystem(image: &Path, fs: &str, round: u32) {
     let image_s = image.to_string_lossy().to_string();
     let (tool, args) = match fs {
         "ext4" => ("e2fsck", vec!["-fn", image_s.as_str()]),
@@ -160,11 +171,10 @@ fn check_filesystem(sandbox: &Sandbox, drive: &str, fs: &str, round: u32) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    std::fs::remove_file(&image).expect("remove the image");
 }
 
 fn crash_rounds(test: &str, fs: &str, size: &str) {
-    if !system::can_run(test, true) {
+    if !netns::can_run(test) {
         return;
     }
     let checker = if fs == "ext4" { "e2fsck" } else { "xfs_repair" };
@@ -172,31 +182,34 @@ fn crash_rounds(test: &str, fs: &str, size: &str) {
         blobdrive::attach::tool_exists(checker),
         "{checker} is not installed (scripts/setup.sh installs it)"
     );
-    let guard = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(common::ContainerGuard::new(&format!("crash-{fs}")));
-    let sandbox = Sandbox::new(common::connection_string());
-    let drive = format!("{}/crash.vhd", guard.name);
-    sandbox.blobdrive_ok(&["create", &drive, "--size", size, "--mkfs", fs]);
+    // A dedicated Azurite: the loop's thousands of requests neither wait
+    // behind nor slow down the other tests' shared one.
+    let mut storage = Storage::start();
+    let host = storage.host(fs);
+    let container = "crash";
+    let drive = format!("{container}/crash.vhd");
+    host.ok(&["create", &drive, "--size", size, "--mkfs", fs]);
+    // The drive as a plain file, for the checker between rounds.
+    let files = host.mount(container, "files", &["--read-only"]);
+    let image = host.view(&files).join("crash.vhd");
     let mut rng = Rng::from_env("BLOBDRIVE_CRASH_SEED");
-    let tarball = make_tree_tarball(&sandbox.dir("source"), &mut rng, 40, 50);
+    let tarball = make_tree_tarball(&host.dir("source"), &mut rng, 40, 50);
     let mut durable = BTreeMap::new();
     let rounds = rounds();
     let mut kills_mid_workload = 0;
     for round in 0..rounds {
-        let mount = sandbox.mount("m", Some(&drive), &[]);
-        let root = mount.dir.clone();
+        let t = Instant::now();
+        let lap = |what: &str| println!("round {round}: {what} at {:?}", t.elapsed());
+        let dir = host.mount(&drive, "m", &[]);
+        let pid = host.daemon_pid(&dir);
+        lap("mounted");
+        let root = host.view(&dir);
         check_durable(&root, &durable);
-        if round > 0 {
-            // The tree of the round before is garbage now.
-            let _ = std::fs::remove_dir_all(root.join(format!("t{:03}", round - 1)));
-        }
         std::fs::create_dir_all(root.join("durable")).expect("mkdir durable");
         fsync_dir(&root).expect("fsync the root");
+        lap("prepared");
 
-        let kill_after = Duration::from_millis(rng.range(200, 4000));
+        let kill_after = Duration::from_millis(rng.range(200, 3000));
         let mut worker_rng = Rng::new(rng.next());
         let (result, durable_after) = std::thread::scope(|scope| {
             let mut mine = durable.clone();
@@ -214,7 +227,8 @@ fn crash_rounds(test: &str, fs: &str, size: &str) {
                 (r, mine)
             });
             std::thread::sleep(kill_after);
-            send_signal(mount.pid, libc::SIGKILL);
+            // SAFETY: plain syscall on the daemon this round started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
             let start = Instant::now();
             while !worker.is_finished() {
                 assert!(
@@ -238,24 +252,25 @@ fn crash_rounds(test: &str, fs: &str, size: &str) {
             durable.len()
         );
         // The dead daemon's leftovers go, and its lease is broken.
-        let out = mount.try_unmount();
+        lap("killed");
+        let out = host.blobdrive(&["unmount", &dir.to_string_lossy()]);
+        lap("cleaned up");
         assert!(
             !out.status.success(),
             "unmount of a killed daemon claimed success"
         );
-        assert!(
-            !system::is_mounted(&root),
-            "{} still mounted",
-            root.display()
-        );
-        drop(mount);
-        sandbox.blobdrive_ok(&["break-lease", &drive]);
+        assert!(!host.is_mounted(&dir), "{} still mounted", dir.display());
+        host.ok(&["break-lease", &drive]);
+        lap("lease broken");
 
         // Attach again: the journal replays; fsynced files are intact.
-        let mount = sandbox.mount("m", Some(&drive), &[]);
-        check_durable(&mount.dir, &durable);
-        mount.unmount();
-        check_filesystem(&sandbox, &drive, fs, round);
+        let dir = host.mount(&drive, "m", &[]);
+        lap("attached again");
+        check_durable(&host.view(&dir), &durable);
+        host.unmount(&dir);
+        lap("unmounted");
+        check_filesystem(&image, fs, round);
+        lap("checked");
     }
     println!(
         "{rounds} rounds, {kills_mid_workload} killed mid-workload, {} durable files checked",

@@ -11,7 +11,7 @@
 //!   dirty pages in a recovery file.
 //!
 //! `BLOBDRIVE_MULTIHOST_ROUNDS` sets how many snapshots the writer takes
-//! (default 8, about a minute and a half on a busy 2-core machine);
+//! (default 20, about a minute and a half on a busy 2-core machine);
 //! `BLOBDRIVE_MULTIHOST_SEED` replays a run's random choices.
 
 mod netns;
@@ -33,7 +33,7 @@ fn rounds() -> u32 {
     std::env::var("BLOBDRIVE_MULTIHOST_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(8)
+        .unwrap_or(20)
 }
 
 /// Writes `data` to `path` (creating its directory) without syncing.
@@ -278,6 +278,8 @@ fn a_paused_host_that_lost_its_drive_writes_nothing_after_the_takeover_and_keeps
     if !netns::can_run(test) {
         return;
     }
+    let t = Instant::now();
+    let lap = |what: &str| println!("{what} at {:?}", t.elapsed());
     let mut storage = Storage::start();
     let a = storage.host("a");
     let b = storage.host("b");
@@ -302,6 +304,7 @@ fn a_paused_host_that_lost_its_drive_writes_nothing_after_the_takeover_and_keeps
     );
     let a_pid = a.daemon_pid(&a_dir);
     send_signal(a_pid, libc::SIGSTOP);
+    lap("A paused with dirty data");
 
     // B takes the drive over while A is paused, and writes durably.
     let b_dir = b.mount(drive, "b", &["--break-lease"]);
@@ -313,6 +316,7 @@ fn a_paused_host_that_lost_its_drive_writes_nothing_after_the_takeover_and_keeps
         "B does not see what A had fsynced"
     );
     write_durably(&b_view.join("b.bin"), &b_data);
+    lap("B took over and wrote");
 
     // A resumes and is asked to flush (its filesystem syncs): the blob
     // refuses its lease.
@@ -330,6 +334,7 @@ fn a_paused_host_that_lost_its_drive_writes_nothing_after_the_takeover_and_keeps
         Duration::from_secs(30),
         || !a.recovery_files().is_empty(),
     );
+    lap("A lost its lease and saved its pages");
     let files = a.recovery_files();
     assert_eq!(files.len(), 1, "one recovery file: {files:?}");
     let saved = std::fs::read(&files[0]).expect("read the recovery file");
@@ -347,6 +352,7 @@ fn a_paused_host_that_lost_its_drive_writes_nothing_after_the_takeover_and_keeps
     let b_more = rng.bytes(500_000);
     write_durably(&b_view.join("b-after.bin"), &b_more);
     b.unmount(&b_dir);
+    lap("B unmounted");
 
     // The recovery file is refused without --force: the blob changed.
     let file_s = files[0].to_string_lossy().to_string();
@@ -368,6 +374,7 @@ fn a_paused_host_that_lost_its_drive_writes_nothing_after_the_takeover_and_keeps
         "A's unmount does not name {file_s}: {said}"
     );
     assert_eq!(a.recovery_files(), files, "a second recovery file appeared");
+    lap("A unmounted");
 
     // What the blob holds: B's files intact, none of A's marker.
     let image = b.root.path().join("image.raw");

@@ -19,8 +19,8 @@ pub fn size(s: &str) -> Result<u64, String> {
 /// already more than anyone should risk.
 const MAX_FLUSH_DELAY_SECS: f64 = 3600.0;
 
-/// A duration such as `--flush-delay`: seconds (`30`, `0.5`, `30s`), `500ms`
-/// or minutes (`5m`), from 0 up to an hour.
+/// A duration such as `--flush-delay`: seconds (`30`, `0.5`, `30s`), `500ms`,
+/// minutes (`5m`) or `1h`, from 0 up to an hour.
 pub fn duration(s: &str) -> Result<std::time::Duration, String> {
     let t = s.trim();
     let (number, scale) = if let Some(n) = t.strip_suffix("ms") {
@@ -29,10 +29,12 @@ pub fn duration(s: &str) -> Result<std::time::Duration, String> {
         (n, 1.0)
     } else if let Some(n) = t.strip_suffix('m') {
         (n, 60.0)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3600.0)
     } else {
         (t, 1.0)
     };
-    let bad = || format!("invalid duration '{s}'; give seconds (30, 0.5, 30s), 500ms or 5m");
+    let bad = || format!("invalid duration '{s}'; give seconds (30, 0.5, 30s), 500ms, 5m or 1h");
     let value: f64 = number.trim().parse().map_err(|_| bad())?;
     if !value.is_finite() || value < 0.0 {
         return Err(bad());
@@ -58,6 +60,7 @@ mod tests {
         assert_eq!(duration("0.5"), Ok(Duration::from_millis(500)));
         assert!(duration("-1").is_err());
         assert!(duration("soon").is_err());
+        assert_eq!(duration("1h"), Ok(Duration::from_secs(3600)));
         assert!(duration("2h").is_err());
         assert!(duration("61m").is_err());
     }

@@ -304,6 +304,7 @@ impl Storage {
             _ns: ns,
             connection_string: self.connection_string(),
             root,
+            mounts: std::sync::Mutex::new(Vec::new()),
         }
     }
 }
@@ -321,6 +322,8 @@ pub struct Host {
     connection_string: String,
     /// The host's temp dir (run dir, recovery dir, mount points, logs).
     pub root: tempfile::TempDir,
+    /// Every mount made with [`Host::mount`]: directory and daemon pid.
+    mounts: std::sync::Mutex<Vec<(PathBuf, i32)>>,
 }
 
 impl Host {
@@ -392,14 +395,15 @@ impl Host {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
-    /// Attaches `drive` at the new directory `name` with `extra` options and
-    /// a log file; returns the mount point (as the host sees it).
-    pub fn mount(&self, drive: &str, name: &str, extra: &[&str]) -> PathBuf {
+    /// Mounts `source` (a drive `C/B`, or a container for a namespace mount)
+    /// at the new directory `name` with `extra` options and a log file;
+    /// returns the mount point (as the host sees it).
+    pub fn mount(&self, source: &str, name: &str, extra: &[&str]) -> PathBuf {
         let dir = self.dir(name);
         let dir_s = dir.to_string_lossy().to_string();
         let log = self.log_path(name);
         let log_s = log.to_string_lossy().to_string();
-        let mut args = vec!["mount", drive, dir_s.as_str(), "--log-file", &log_s, "-v"];
+        let mut args = vec!["mount", source, dir_s.as_str(), "--log-file", &log_s, "-v"];
         args.extend(extra);
         let out = self.blobdrive(&args);
         assert!(
@@ -409,7 +413,29 @@ impl Host {
             String::from_utf8_lossy(&out.stderr),
             std::fs::read_to_string(&log).unwrap_or_default()
         );
+        let pid = self.stats(&dir)["pid"]
+            .as_i64()
+            .expect("stats names the daemon's pid") as i32;
+        self.mounts.lock().unwrap().push((dir.clone(), pid));
         dir
+    }
+
+    /// `blobdrive stats DIR --json` on this host.
+    pub fn stats(&self, dir: &Path) -> serde_json::Value {
+        let out = self.ok(&["stats", &dir.to_string_lossy(), "--json"]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("stats is not JSON ({e}): {out}"))
+    }
+
+    /// The pid of the daemon of the mount at `dir` made by [`Host::mount`].
+    pub fn daemon_pid(&self, dir: &Path) -> i32 {
+        self.mounts
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(d, _)| d == dir)
+            .map(|(_, pid)| *pid)
+            .unwrap_or_else(|| panic!("{}: nothing mounted at {}", self.name, dir.display()))
     }
 
     /// The log file of the mount at directory `name`.
@@ -434,17 +460,6 @@ impl Host {
             .filter_map(|p| std::fs::read_to_string(p).ok())
             .filter_map(|t| serde_json::from_str(&t).ok())
             .collect()
-    }
-
-    /// The pid of the daemon attached at `dir` (from the registry).
-    pub fn daemon_pid(&self, dir: &Path) -> i32 {
-        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-        self.attached()
-            .iter()
-            .find(|e| e["dir"].as_str() == Some(&*dir.to_string_lossy()))
-            .and_then(|e| e["pid"].as_i64())
-            .unwrap_or_else(|| panic!("{}: no attach at {}", self.name, dir.display()))
-            as i32
     }
 
     /// True when `dir` is a mount point in the host's mount namespace.
@@ -473,25 +488,25 @@ impl Host {
     /// attach, kills daemons that remain, then removes filesystems, loop
     /// devices and FUSE mounts under the host's directories.
     fn clean_up(&self) {
-        let entries = self.attached();
-        for entry in &entries {
-            if let Some(pid) = entry["pid"].as_i64() {
+        let mounts = std::mem::take(&mut *self.mounts.lock().unwrap_or_else(|e| e.into_inner()));
+        let alive = |pid: i32| blobdrive::daemon::registry::process_alive(pid as u32);
+        for (_, pid) in &mounts {
+            if alive(*pid) {
                 // A test may have stopped it; a stopped daemon cannot unmount.
-                // SAFETY: plain syscall on a pid from this host's registry.
-                unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+                // SAFETY: plain syscall on a daemon this host started.
+                unsafe { libc::kill(*pid, libc::SIGCONT) };
             }
         }
-        for entry in &entries {
-            let dir = entry["dir"].as_str().unwrap_or_default().to_string();
-            let mut cmd = self.command(BIN, &["unmount", &dir]);
-            let _ = run_with_timeout(&mut cmd, Duration::from_secs(60));
+        for (dir, pid) in &mounts {
+            if alive(*pid) || self.is_mounted(dir) {
+                let mut cmd = self.command(BIN, &["unmount", &dir.to_string_lossy()]);
+                let _ = run_with_timeout(&mut cmd, Duration::from_secs(60));
+            }
         }
-        for entry in self.attached() {
-            if let Some(pid) = entry["pid"].as_i64() {
-                if blobdrive::daemon::registry::process_alive(pid as u32) {
-                    // SAFETY: plain syscall on a daemon of this host.
-                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                }
+        for (_, pid) in &mounts {
+            if alive(*pid) {
+                // SAFETY: plain syscall on a daemon this host started.
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
             }
         }
         // Innermost first: filesystems on loop devices, the loop devices,
