@@ -112,7 +112,12 @@ impl Rescue {
                 );
                 if let Some(old) = saved.take() {
                     // The new file holds every page the old one did.
-                    if let Err(e) = std::fs::remove_file(&old.file) {
+                    let file = old.file.clone();
+                    let removed = tokio::task::spawn_blocking(move || std::fs::remove_file(file))
+                        .await
+                        .map_err(std::io::Error::other)
+                        .and_then(|r| r);
+                    if let Err(e) = removed {
                         tracing::warn!(file = %old.file.display(), error = %e, "cannot remove the older recovery file");
                     }
                 }
