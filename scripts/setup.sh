@@ -2,7 +2,7 @@
 # Install what blobdrive needs on a Debian/Ubuntu machine, only what is missing:
 # the kernel-side tools (fuse3, util-linux, e2fsprogs, xfsprogs), npm for
 # Azurite, and for tests also fio, qemu-utils (and Debian 12's qemu-img 7.2,
-# unpacked into .tools/), the Python azure-storage-blob SDK and
+# unpacked into .tools/), iproute2, tar, the Python azure-storage-blob SDK and
 # rustfmt/clippy. Used by scripts/test.sh and scripts/demo.sh.
 #
 #   scripts/setup.sh          everything the tests need
@@ -17,7 +17,10 @@ say() { echo "setup.sh: $*" >&2; }
 
 # Tool the tests use, and the Debian package that provides it. A tool that is
 # already on the machine (from any source, e.g. npm from NodeSource) is kept.
-tools=(fusermount3:fuse3 losetup:util-linux mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs
+# The many-hosts tests need ip (network namespaces, veths, a bridge) and
+# nsenter; the crash tests tar, e2fsck and xfs_repair.
+tools=(fusermount3:fuse3 losetup:util-linux nsenter:util-linux mkfs.ext4:e2fsprogs
+  e2fsck:e2fsprogs mkfs.xfs:xfsprogs xfs_repair:xfsprogs ip:iproute2 tar:tar
   fio:fio qemu-img:qemu-utils npm:npm)
 
 have_tool() {

@@ -44,6 +44,11 @@ pub struct MountArgs {
     /// faster than 4M for a cold sequential read through ext4; see BENCHMARKS.md).
     #[arg(long, value_name = "SIZE", default_value = "32M", value_parser = values::size)]
     pub read_ahead: u64,
+    /// How long written data may stay only in memory before the background
+    /// flush sends it to the blob (fsync always sends it at once): seconds
+    /// (`1`, `0.5`, `30s`), `500ms`, `5m` or `1h`, at most an hour.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = values::duration)]
+    pub flush_delay: std::time::Duration,
     /// Keep clean pages on local disk in DIR too, so the drive is warm after a
     /// remount (turns the disk tier on).
     #[arg(long, value_name = "DIR")]
@@ -77,6 +82,7 @@ impl MountArgs {
         DriveOptions {
             cache_bytes: self.cache_size,
             read_ahead_bytes: self.read_ahead,
+            flush_delay: self.flush_delay,
             disk_cache: disk_tier.then(|| DiskCacheOptions {
                 dir: self
                     .cache_dir

@@ -7,6 +7,8 @@
 //! has the page filled first and then applies its bytes under the chunk's
 //! lock, so two read-modify-writes of one page never lose an update.
 
+use std::sync::atomic::Ordering;
+
 use bytes::Bytes;
 use futures::StreamExt;
 
@@ -240,6 +242,7 @@ impl Inner {
             }
             *last = Some((end, std::time::Instant::now()));
         }
+        self.writes_accepted.fetch_add(1, Ordering::AcqRel);
         self.kick.notify_one();
         Ok(())
     }
@@ -317,6 +320,7 @@ impl Inner {
                 self.cache.note(idx, delta);
             }
         }
+        self.writes_accepted.fetch_add(1, Ordering::AcqRel);
         // Disk copies taken before the clear (even of chunks not in memory)
         // must not be trusted: the chunks' clean pages go down again later.
         self.disk_invalidate_pages(whole);

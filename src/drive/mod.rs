@@ -140,6 +140,8 @@ pub(crate) struct Inner {
     /// the growing tail of a sequential stream for the next pass.
     last_write: Mutex<Option<(u64, std::time::Instant)>>,
     closed: AtomicBool,
+    /// Writes and discards accepted (see `Drive::writes_accepted`).
+    writes_accepted: std::sync::atomic::AtomicU64,
     /// Wakes the background flusher after a write (or to stop it).
     kick: Notify,
     /// Tells the background flusher to stop.
@@ -346,6 +348,18 @@ impl Drive {
             Some(Error::Backend(e)) => e.kind == crate::blob::ErrorKind::Transport,
             _ => false,
         }
+    }
+
+    /// `LeaseLost` once the service refused this drive's lease (another host
+    /// broke it): writes and flushes fail from then on.
+    pub fn lease_lost(&self) -> Option<Error> {
+        self.inner.lease.check().err()
+    }
+
+    /// Writes and discards accepted so far: a recovery file saved at one
+    /// count holds every unflushed page as long as the count is unchanged.
+    pub fn writes_accepted(&self) -> u64 {
+        self.inner.writes_accepted.load(Ordering::Acquire)
     }
 
     /// Bytes written but not yet durable in the blob. After a lost lease this

@@ -125,6 +125,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         read_ahead: Mutex::new(ReadAhead::default()),
         last_write: Mutex::new(None),
         closed: AtomicBool::new(false),
+        writes_accepted: Default::default(),
         kick: Notify::new(),
         stop: Notify::new(),
         stopping: AtomicBool::new(false),

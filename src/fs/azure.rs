@@ -17,6 +17,7 @@ use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 
 use super::backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
+use super::rescue::{Rescuable, Rescue, Saved};
 use crate::blob::{self, BlobClient, BlobItem, BlobPath, BlobType, ListBlobsOptions};
 use crate::drive::{BlobPageStore, Drive, DriveOptions, Mode};
 use crate::units::{ByteRange, VHD_FOOTER_BYTES};
@@ -225,11 +226,15 @@ impl Catalog for AzureCatalog {
                 };
                 let store = Arc::new(BlobPageStore::new(self.client.clone(), blob));
                 let drive = Drive::open(store, opts).await.map_err(drive_error)?;
-                Ok(Arc::new(DriveDevice {
-                    early_save: Default::default(),
+                let device = Arc::new(DriveDevice {
                     drive,
                     client: self.client.clone(),
-                }))
+                    rescue: Rescue::default(),
+                });
+                if mode == Mode::ReadWrite {
+                    Rescue::watch(&device);
+                }
+                Ok(device)
             }
             _ if writable => Err(FsError::read_only(format!(
                 "{path} is not a drive (no fixed VHD footer): it is read-only"
@@ -247,24 +252,21 @@ impl Catalog for AzureCatalog {
 pub struct DriveDevice {
     drive: Drive,
     client: BlobClient,
-    /// A recovery file saved early (`save_unflushed`), superseded by what
-    /// `close` does: removed once the data is durable or saved again.
-    early_save: std::sync::Mutex<Option<std::path::PathBuf>>,
+    /// Its unflushed pages saved to a recovery file once the lease is lost.
+    rescue: Rescue,
 }
 
-impl DriveDevice {
-    /// Removes the early recovery file: `close` made it obsolete.
-    fn forget_early_save(&self) {
-        let early = self
-            .early_save
-            .lock()
-            .expect("early-save mutex poisoned")
-            .take();
-        if let Some(file) = early {
-            if let Err(e) = std::fs::remove_file(&file) {
-                tracing::warn!(file = %file.display(), error = %e, "cannot remove a superseded recovery file");
-            }
-        }
+impl Rescuable for DriveDevice {
+    fn drive(&self) -> &Drive {
+        &self.drive
+    }
+
+    fn rescue(&self) -> &Rescue {
+        &self.rescue
+    }
+
+    fn account(&self) -> &str {
+        self.client.account_name()
     }
 }
 
@@ -304,11 +306,14 @@ impl Device for DriveDevice {
     async fn close(&self) -> FsResult<()> {
         let err = match self.drive.close().await {
             Ok(()) => {
-                self.forget_early_save();
+                self.rescue.stop_watching();
+                // A file saved when an earlier flush failed is obsolete.
+                self.rescue.forget().await;
                 return Ok(());
             }
             Err(e @ crate::drive::Error::ReleaseFailed { .. }) => {
-                self.forget_early_save();
+                self.rescue.stop_watching();
+                self.rescue.forget().await;
                 let mut fs_err = drive_error(e);
                 fs_err.data_durable = true;
                 return Err(fs_err);
@@ -317,17 +322,11 @@ impl Device for DriveDevice {
         };
         let mut fs_err = drive_error(err.clone());
         let reason = err.to_string();
-        let saved =
-            crate::recovery::save_drive(&self.drive, self.client.account_name(), &reason).await;
-        if saved.is_ok() {
-            // The new file holds every page the early one did, and more.
-            self.forget_early_save();
-        }
-        let target = self.drive.target();
+        // The file the lease watcher saved, if nothing was written since.
+        let saved = self.rescue.save(self, &reason).await;
         match saved {
             Ok(None) => {}
-            Ok(Some(file)) => {
-                tracing::error!(drive = %target, file = %file.display(), bytes = self.drive.unflushed_bytes(), "unflushed data SAVED TO A RECOVERY FILE");
+            Ok(Some(Saved { file, .. })) => {
                 fs_err.message = format!(
                     "{}; its {} unflushed bytes were saved to {}: run 'blobdrive recover {}'",
                     fs_err.message,
@@ -337,7 +336,6 @@ impl Device for DriveDevice {
                 );
             }
             Err(e) => {
-                tracing::error!(drive = %target, error = %e, "saving a recovery file failed: unflushed data is LOST");
                 fs_err.message = format!(
                     "{}; saving its {} unflushed bytes to a recovery file failed too ({e}): that data is lost",
                     fs_err.message,
@@ -349,21 +347,11 @@ impl Device for DriveDevice {
     }
 
     async fn save_unflushed(&self, reason: &str) -> FsResult<Option<std::path::PathBuf>> {
-        let saved = crate::recovery::save_drive(&self.drive, self.client.account_name(), reason)
+        self.rescue
+            .save(self, reason)
             .await
-            .map_err(|e| FsError::io(format!("saving a recovery file failed: {e}")))?;
-        if let Some(file) = &saved {
-            tracing::error!(drive = %self.drive.target(), file = %file.display(), bytes = self.drive.unflushed_bytes(), "flush failed: unflushed data SAVED TO A RECOVERY FILE");
-            let previous = self
-                .early_save
-                .lock()
-                .expect("early-save mutex poisoned")
-                .replace(file.clone());
-            if let Some(old) = previous {
-                let _ = std::fs::remove_file(old);
-            }
-        }
-        Ok(saved)
+            .map(|saved| saved.map(|s| s.file))
+            .map_err(|e| FsError::io(format!("saving a recovery file failed: {e}")))
     }
 
     fn stats(&self) -> serde_json::Value {
