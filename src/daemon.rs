@@ -40,7 +40,7 @@ use fuser::{MountOption, SessionACL};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot};
 
-pub use attach::AttachOptions;
+pub use attach::{AttachOptions, PartitionArea};
 use attach::Attachment;
 pub use control::{request_flush, request_stats, request_unmount};
 use readiness::{ParentView, Readiness};

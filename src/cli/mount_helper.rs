@@ -4,7 +4,7 @@
 //!
 //! mount(8) calls `mount.blobdrive SOURCE DIR [-sfnv] [-o OPTIONS]`. Options:
 //! - blobdrive's own: `ro`/`rw`, `snapshot=T`, `cache-size=S`, `break-lease`,
-//!   `log-file=PATH`, `credentials=PATH` (a file of `AZURE_STORAGE_*=...` lines,
+//!   `log-file=PATH`, `partition=N|auto`, `credentials=PATH` (a file of `AZURE_STORAGE_*=...` lines,
 //!   so no secret sits in fstab);
 //! - fstab and systemd ones, which concern mount(8) or systemd and are ignored
 //!   here: `defaults`, `auto`, `noauto`, `user`, `users`, `nouser`, `owner`,
@@ -112,6 +112,7 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
                 out.extend(["--disk-cache-size".into(), s.to_string()])
             }
             ("break-lease" | "break_lease", None) => out.push("--break-lease".into()),
+            ("partition", Some(n)) => out.extend(["--partition".into(), n.to_string()]),
             ("log-file" | "log_file", Some(p)) => out.extend(["--log-file".into(), p.to_string()]),
             ("credentials", Some(p)) => credentials = Some(p.to_string()),
             (
@@ -119,7 +120,7 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
                 | "cache_dir" | "disk-cache-size" | "disk_cache_size",
                 None,
             )
-            | ("credentials", None) => return Err(format!("option {name} needs a value")),
+            | ("credentials" | "partition", None) => return Err(format!("option {name} needs a value")),
             (
                 "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner" | "group"
                 | "_netdev" | "nofail",

@@ -37,6 +37,15 @@ impl FromStr for Selector {
     }
 }
 
+impl std::fmt::Display for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Selector::Auto => f.write_str("auto"),
+            Selector::Number(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// The area to attach.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Choice {
