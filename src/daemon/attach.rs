@@ -211,7 +211,9 @@ impl Attachment {
             None => format!("drive {name}"),
         };
         anyhow!(
-            "{what} holds no filesystem the kernel recognises, but it is not empty; nothing was              changed. 'blobdrive info {base}' shows what the drive holds; its bytes can be read              through a namespace mount ('blobdrive mount {} DIR')",
+            "{what} holds no filesystem the kernel recognises; nothing was changed (blobdrive \
+             suggests mkfs only for an empty drive). 'blobdrive info {base}' shows what the drive holds; its bytes can be read \
+             through a namespace mount ('blobdrive mount {} DIR')",
             self.spec.drive.container
         )
     }

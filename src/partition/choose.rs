@@ -118,7 +118,11 @@ pub fn choose(layout: &Layout, selector: Selector, names: &DriveNames) -> Result
     let with_fs: Vec<&PartitionInfo> = layout
         .parts
         .iter()
-        .filter(|p| p.filesystem.as_ref().is_some_and(|f| f.kind.is_filesystem()))
+        .filter(|p| {
+            p.filesystem
+                .as_ref()
+                .is_some_and(|f| f.kind.is_filesystem() && f.kind.is_mountable())
+        })
         .collect();
     match with_fs.as_slice() {
         [] if layout.parts.is_empty() => Err(format!(
@@ -128,7 +132,7 @@ pub fn choose(layout: &Layout, selector: Selector, names: &DriveNames) -> Result
         )),
         [] => {
             let mut line = format!(
-                "drive {drive} has no partition holding a filesystem blobdrive can mount; its \
+                "drive {drive} has no partition holding a filesystem this kernel can mount; its \
                  {kind} holds {}",
                 list(&layout.parts)
             );
@@ -145,7 +149,7 @@ pub fn choose(layout: &Layout, selector: Selector, names: &DriveNames) -> Result
             }
             Err(line)
         }
-        [only] => pick(only, names, Some("the only partition holding a filesystem".into())),
+        [only] => pick(only, names, Some("the only partition holding a filesystem this kernel mounts".into())),
         several => {
             let linux: Vec<&&PartitionInfo> = several
                 .iter()
@@ -161,7 +165,7 @@ pub fn choose(layout: &Layout, selector: Selector, names: &DriveNames) -> Result
                     one,
                     names,
                     Some(format!(
-                        "the largest Linux partition holding a filesystem, of {} with one",
+                        "the largest Linux partition of {} holding filesystems this kernel mounts",
                         several.len()
                     )),
                 ),

@@ -74,10 +74,18 @@ impl FsKind {
             FsKind::Ntfs => &["ntfs3", "ntfs"],
             FsKind::Swap | FsKind::Lvm2Pv | FsKind::Luks => return false,
         };
-        let known = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
-        // A module not loaded yet is not listed; the common ones load on mount.
-        known.split_whitespace().any(|fs| wanted.contains(&fs))
-            || matches!(self, FsKind::Ext2 | FsKind::Ext3 | FsKind::Ext4 | FsKind::Xfs | FsKind::Vfat)
+        let Ok(known) = std::fs::read_to_string("/proc/filesystems") else {
+            return true;
+        };
+        if known.split_whitespace().any(|fs| wanted.contains(&fs)) {
+            return true;
+        }
+        // A driver built as a module that is not loaded yet is not listed;
+        // mount loads it, if the kernel has modules at all.
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        std::path::Path::new("/lib/modules")
+            .join(release.trim())
+            .is_dir()
     }
 }
 
