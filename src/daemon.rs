@@ -40,8 +40,8 @@ use fuser::{MountOption, SessionACL};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot};
 
-pub use attach::{AttachOptions, PartitionArea};
 use attach::Attachment;
+pub use attach::{AttachOptions, PartitionArea};
 pub use control::{request_flush, request_stats, request_unmount};
 use readiness::{ParentView, Readiness};
 

@@ -12,7 +12,8 @@ use std::path::Path;
 use super::tool::{run_with_input, ToolError};
 
 /// The sfdisk script of the data-disk layout.
-const DATA_DISK_GPT: &str = "label: gpt\nfirst-lba: 2048\nstart=2048, type=0FC63DAF-8483-4772-8E79-3D69D8477DE4\n";
+const DATA_DISK_GPT: &str =
+    "label: gpt\nfirst-lba: 2048\nstart=2048, type=0FC63DAF-8483-4772-8E79-3D69D8477DE4\n";
 
 /// Writes a GPT with one Linux filesystem partition from 1 MiB to the end.
 pub fn write_data_disk_gpt(file: &Path) -> Result<(), ToolError> {

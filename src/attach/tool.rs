@@ -103,7 +103,9 @@ where
             .write_all(input.as_bytes())
             .map_err(|e| failed(e.to_string()))?;
     }
-    let out = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| failed(e.to_string()))?;
     if out.status.success() {
         return Ok(String::from_utf8_lossy(&out.stdout).trim().to_string());
     }

@@ -54,10 +54,9 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
     }
     for (flag, tool) in tools {
         if !crate::attach::tool_exists(&tool) {
-            return Err(CodedError::usage(format!(
-                "{flag} needs {tool}, which is not installed"
-            ))
-            .into());
+            return Err(
+                CodedError::usage(format!("{flag} needs {tool}, which is not installed")).into(),
+            );
         }
     }
     let path = drives::parse_blob(&args.blob, None)?;

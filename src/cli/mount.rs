@@ -20,9 +20,9 @@ const DEFAULT_DISK_CACHE_BYTES: u64 = 10 << 30;
 use crate::fs::azure::AzureCatalog;
 use crate::fs::one_drive::OneDriveCatalog;
 use crate::fs::{Catalog, EntryPath};
-use crate::units::{ByteRange, VHD_FOOTER_BYTES};
 use crate::partition::choose::{choose, describe_fs, DriveNames};
 use crate::partition::Selector;
+use crate::units::{ByteRange, VHD_FOOTER_BYTES};
 use crate::vhd::Footer;
 
 /// Arguments of `mount`.

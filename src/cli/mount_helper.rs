@@ -120,7 +120,9 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
                 | "cache_dir" | "disk-cache-size" | "disk_cache_size",
                 None,
             )
-            | ("credentials" | "partition", None) => return Err(format!("option {name} needs a value")),
+            | ("credentials" | "partition", None) => {
+                return Err(format!("option {name} needs a value"))
+            }
             (
                 "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner" | "group"
                 | "_netdev" | "nofail",

@@ -144,10 +144,7 @@ impl Attachment {
 
         let file = self.fuse_dir.join(&file_name);
         let read_only = !writable;
-        let area = self
-            .spec
-            .partition
-            .map(|p| (p.offset_bytes, p.size_bytes));
+        let area = self.spec.partition.map(|p| (p.offset_bytes, p.size_bytes));
         let device = blocking(move || LoopDevice::attach_area(&file, read_only, area))
             .await
             .with_context(|| format!("cannot attach a loop device to drive {name}"))?;

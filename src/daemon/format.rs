@@ -138,7 +138,10 @@ fn lay_out(file: &Path, format: &Format) -> anyhow::Result<()> {
     let started = Instant::now();
     while attach::loop_backing_file(&device.device).is_some() {
         if started.elapsed() > MOUNT_TIMEOUT {
-            bail!("loop device {} did not let go of the drive", device.device.display());
+            bail!(
+                "loop device {} did not let go of the drive",
+                device.device.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }

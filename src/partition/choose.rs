@@ -149,7 +149,11 @@ pub fn choose(layout: &Layout, selector: Selector, names: &DriveNames) -> Result
             }
             Err(line)
         }
-        [only] => pick(only, names, Some("the only partition holding a filesystem this kernel mounts".into())),
+        [only] => pick(
+            only,
+            names,
+            Some("the only partition holding a filesystem this kernel mounts".into()),
+        ),
         several => {
             let linux: Vec<&&PartitionInfo> = several
                 .iter()
@@ -229,7 +233,9 @@ fn unusable(
             "{what} is a LUKS encrypted container{uuid}; blobdrive mounts filesystems, and LUKS \
              needs device-mapper: {by_hand} and 'cryptsetup open' that loop device"
         )),
-        FsKind::Swap => Err(format!("{what} is Linux swap{uuid}: it holds no files to mount")),
+        FsKind::Swap => Err(format!(
+            "{what} is Linux swap{uuid}: it holds no files to mount"
+        )),
         _ => Ok(()),
     }
 }

@@ -91,15 +91,19 @@ pub fn read(disk: &mut dyn DiskReader) -> Result<Table, Error> {
 /// A hybrid or missing protective MBR is noted, not refused.
 fn protective_mbr_warning(disk: &mut dyn DiskReader) -> Result<Option<String>, Error> {
     let sector0 = disk.read_at(0, SECTOR_BYTES as usize)?;
-    Ok((!mbr::is_protective(&sector0))
-        .then(|| "sector 0 holds no protective MBR (tools that only know MBR may overwrite the GPT)".to_string()))
+    Ok((!mbr::is_protective(&sector0)).then(|| {
+        "sector 0 holds no protective MBR (tools that only know MBR may overwrite the GPT)"
+            .to_string()
+    }))
 }
 
 /// Reads and checks the header at `lba` and its entry array.
 fn read_copy(disk: &mut dyn DiskReader, lba: u64) -> Result<(Header, Vec<Partition>), String> {
     let disk_sectors = disk.size_bytes() / SECTOR_BYTES;
     if lba == 0 || lba >= disk_sectors {
-        return Err(format!("its header would be at sector {lba}, outside the disk"));
+        return Err(format!(
+            "its header would be at sector {lba}, outside the disk"
+        ));
     }
     let sector = disk
         .read_at(lba * SECTOR_BYTES, SECTOR_BYTES as usize)
@@ -130,12 +134,16 @@ fn parse_header(sector: &[u8], lba: u64, disk_sectors: u64) -> Result<Header, St
     let field = |at: usize, n: usize| le(sector, at, n).unwrap_or(0);
     let header_bytes = field(12, 4);
     if !(MIN_HEADER_BYTES..=SECTOR_BYTES).contains(&header_bytes) {
-        return Err(format!("its header size ({header_bytes} bytes) is impossible"));
+        return Err(format!(
+            "its header size ({header_bytes} bytes) is impossible"
+        ));
     }
     let mut copy = sector[..header_bytes as usize].to_vec();
     copy[16..20].fill(0);
     if crc32fast::hash(&copy) != field(16, 4) as u32 {
-        return Err(format!("the header checksum at sector {lba} does not match"));
+        return Err(format!(
+            "the header checksum at sector {lba} does not match"
+        ));
     }
     let h = Header {
         my_lba: field(24, 8),
@@ -149,7 +157,10 @@ fn parse_header(sector: &[u8], lba: u64, disk_sectors: u64) -> Result<Header, St
         entries_crc: field(88, 4) as u32,
     };
     if h.my_lba != lba {
-        return Err(format!("the header at sector {lba} says it is at sector {}", h.my_lba));
+        return Err(format!(
+            "the header at sector {lba} says it is at sector {}",
+            h.my_lba
+        ));
     }
     if h.first_usable > h.last_usable || h.last_usable >= disk_sectors {
         return Err(format!(
@@ -170,7 +181,11 @@ fn parse_header(sector: &[u8], lba: u64, disk_sectors: u64) -> Result<Header, St
     Ok(h)
 }
 
-fn parse_entries(array: &[u8], header: &Header, disk_sectors: u64) -> Result<Vec<Partition>, String> {
+fn parse_entries(
+    array: &[u8],
+    header: &Header,
+    disk_sectors: u64,
+) -> Result<Vec<Partition>, String> {
     let mut parts = Vec::new();
     for (index, raw) in array.chunks_exact(header.entry_bytes as usize).enumerate() {
         let kind = guid(&raw[0..16]);

@@ -21,6 +21,9 @@ pub mod mbr;
 pub mod probe;
 mod types;
 
+#[cfg(test)]
+mod tests;
+
 pub use choose::{Choice, Selector};
 pub use layout::{Layout, PartitionInfo};
 pub use probe::{Filesystem, FsKind};

@@ -177,7 +177,11 @@ fn xfs(head: &[u8]) -> Option<Filesystem> {
     if at(head, 0, 4)? != b"XFSB" {
         return None;
     }
-    found(FsKind::Xfs, text(at(head, 108, 12)?), uuid_be(at(head, 32, 16)?))
+    found(
+        FsKind::Xfs,
+        text(at(head, 108, 12)?),
+        uuid_be(at(head, 32, 16)?),
+    )
 }
 
 fn btrfs(head: &[u8]) -> Option<Filesystem> {
@@ -185,7 +189,11 @@ fn btrfs(head: &[u8]) -> Option<Filesystem> {
     if at(sb, 0x40, 8)? != b"_BHRfS_M" {
         return None;
     }
-    found(FsKind::Btrfs, text(at(sb, 0x12B, 256)?), uuid_be(at(sb, 0x20, 16)?))
+    found(
+        FsKind::Btrfs,
+        text(at(sb, 0x12B, 256)?),
+        uuid_be(at(sb, 0x20, 16)?),
+    )
 }
 
 fn swap(head: &[u8]) -> Option<Filesystem> {
@@ -193,7 +201,11 @@ fn swap(head: &[u8]) -> Option<Filesystem> {
     [4096usize, 8192, 16384, 65536].into_iter().find(|&p| {
         at(head, p - 10, 10).is_some_and(|m| m == b"SWAPSPACE2" || m == b"SWAP-SPACE")
     })?;
-    found(FsKind::Swap, text(at(head, 0x41C, 16)?), uuid_be(at(head, 0x40C, 16)?))
+    found(
+        FsKind::Swap,
+        text(at(head, 0x41C, 16)?),
+        uuid_be(at(head, 0x40C, 16)?),
+    )
 }
 
 fn lvm(head: &[u8]) -> Option<Filesystem> {
