@@ -207,7 +207,7 @@ async fn read_layout(
     let path = path.clone();
     tokio::task::spawn_blocking(move || {
         let client = BlobClient::new(account)?;
-        drives::read_layout(&client, &path, disk_bytes).map(Some)
+        super::layout::read_layout(&client, &path, disk_bytes).map(Some)
     })
     .await
     .map_err(|e| anyhow::anyhow!("reading the partition table failed: {e}"))?

@@ -228,7 +228,7 @@ fn choose_area(
     let client = BlobClient::new(account.clone())?;
     let size_bytes = super::drives::block_on_value(drive_size(&client, path))?;
     let base = path.base().to_string();
-    let layout = super::drives::read_layout(&client, path, size_bytes)?
+    let layout = super::layout::read_layout(&client, path, size_bytes)?
         .map_err(|e| anyhow!("drive {path}: {e}; nothing was attached or changed"))?;
     if let Some(table) = &layout.table {
         for w in &table.warnings {

@@ -134,7 +134,7 @@ pub fn is_boot_sector_of_filesystem(sector0: &[u8]) -> bool {
     ntfs(sector0).is_some() || vfat(sector0).is_some()
 }
 
-fn at<'a>(buf: &'a [u8], offset: usize, len: usize) -> Option<&'a [u8]> {
+fn at(buf: &[u8], offset: usize, len: usize) -> Option<&[u8]> {
     buf.get(offset..offset.checked_add(len)?)
 }
 
