@@ -27,6 +27,7 @@ mod tests;
 pub use choose::{Choice, Selector};
 pub use layout::{Layout, PartitionInfo};
 pub use probe::{Filesystem, FsKind};
+pub use types::LINUX_FILESYSTEM_GUID;
 
 /// The sector size partition tables count in. Drives are VHDs, whose sector is
 /// always 512 bytes; 4K-sector tables are not read.
