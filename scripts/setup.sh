@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install what blobdrive needs on a Debian/Ubuntu machine, only what is missing:
-# the kernel-side tools (fuse3, util-linux, e2fsprogs, xfsprogs), npm for
-# Azurite, and for tests also fio, qemu-utils, the Python azure-storage-blob SDK
-# and rustfmt/clippy. Used by scripts/test.sh and scripts/demo.sh.
+# the kernel-side tools (fuse3, util-linux, e2fsprogs, xfsprogs, and fdisk's
+# sfdisk for --partition-table), npm for Azurite, and for tests also dosfstools
+# and cryptsetup-bin (partitioned test images), fio, qemu-utils, the Python
+# azure-storage-blob SDK and rustfmt/clippy. Used by scripts/test.sh and scripts/demo.sh.
 #
 #   scripts/setup.sh          everything the tests need
 #   scripts/setup.sh --run    only what running blobdrive and the demo need
@@ -17,6 +18,7 @@ say() { echo "setup.sh: $*" >&2; }
 # Tool the tests use, and the Debian package that provides it. A tool that is
 # already on the machine (from any source, e.g. npm from NodeSource) is kept.
 tools=(fusermount3:fuse3 losetup:util-linux mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs
+  sfdisk:fdisk mkfs.vfat:dosfstools cryptsetup:cryptsetup-bin
   fio:fio qemu-img:qemu-utils npm:npm)
 
 have_tool() {
