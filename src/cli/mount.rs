@@ -399,6 +399,19 @@ mod tests {
     }
 
     #[test]
+    fn partition_comes_from_the_flag_or_from_o() {
+        let a = mount_args(&["c/d.vhd", "/mnt/d", "--partition", "2"]);
+        assert_eq!(a.partition, Some(Selector::Number(2)));
+        let (opts, ro, part) =
+            split_fs_options(&["noatime,partition=auto".into(), "ro".into()]).unwrap();
+        assert_eq!(
+            (opts, ro, part),
+            (vec!["noatime".to_string()], true, Some(Selector::Auto))
+        );
+        assert!(split_fs_options(&["partition=0".into()]).is_err());
+    }
+
+    #[test]
     fn one_operand_is_the_mount_point_of_the_account() {
         let a = mount_args(&["/mnt/ns"]);
         assert_eq!(a.source_and_dir(), (None, PathBuf::from("/mnt/ns")));

@@ -232,6 +232,16 @@ mod tests {
     }
 
     #[test]
+    fn partition_option_becomes_the_partition_flag() {
+        let r = parse(&args("c/d.vhd /mnt/d -o partition=15,ro,noatime")).unwrap();
+        assert_eq!(
+            r.blobdrive_args,
+            args("mount c/d.vhd /mnt/d --partition 15 --read-only -o noatime")
+        );
+        assert!(parse(&args("c/d.vhd /mnt/d -o partition")).is_err());
+    }
+
+    #[test]
     fn bad_helper_lines_are_refused() {
         assert!(parse(&args("c/d.vhd")).is_err());
         assert!(parse(&args("c/d.vhd /mnt -o")).is_err());

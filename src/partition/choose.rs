@@ -90,8 +90,8 @@ pub fn choose(layout: &Layout, selector: Selector, names: &DriveNames) -> Result
             unusable(fs, &format!("drive {drive}"), 0, layout.disk_bytes, names)?;
         } else if layout.empty {
             return Err(format!(
-                "drive {drive} is empty (no partition table, no filesystem, only zeros in its \
-                 first and last MiB); make a filesystem on its file in a namespace mount \
+                "drive {drive} holds no filesystem and is empty (no partition table, only zeros \
+                 in its first and last MiB); make a filesystem on its file in a namespace mount \
                  ('blobdrive mount {} DIR', then 'mkfs.ext4 DIR/{}'), or create drives with \
                  'blobdrive create C/B --size SIZE --mkfs ext4'",
                 names.container, names.blob
