@@ -23,6 +23,20 @@ struct BlobDisk<'a> {
 /// Granularity of [`BlobDisk`] reads.
 const PIECE_BYTES: u64 = 64 * 1024;
 
+impl BlobDisk<'_> {
+    /// One Get Blob of `range`, checked to be whole.
+    fn fetch(&self, range: ByteRange) -> std::io::Result<bytes::Bytes> {
+        let data = self
+            .rt
+            .block_on(self.client.get_blob_range(self.path, range))
+            .map_err(|e| std::io::Error::other(explain(&e)))?;
+        if data.len() as u64 != range.len() {
+            return Err(std::io::Error::other("short read of the drive"));
+        }
+        Ok(data)
+    }
+}
+
 impl DiskReader for BlobDisk<'_> {
     fn size_bytes(&self) -> u64 {
         self.disk_bytes
@@ -30,18 +44,19 @@ impl DiskReader for BlobDisk<'_> {
 
     fn read_at(&mut self, offset_bytes: u64, len: usize) -> std::io::Result<Vec<u8>> {
         let end = offset_bytes + len as u64;
+        if len as u64 > PIECE_BYTES {
+            // Large reads (the emptiness check of a whole MiB) go out as one
+            // request, not one per piece.
+            return self
+                .fetch(ByteRange::new(offset_bytes, end))
+                .map(|b| b.to_vec());
+        }
         let mut out = Vec::with_capacity(len);
         let mut piece = offset_bytes / PIECE_BYTES * PIECE_BYTES;
         while piece < end {
             if !self.pieces.contains_key(&piece) {
                 let range = ByteRange::new(piece, (piece + PIECE_BYTES).min(self.disk_bytes));
-                let data = self
-                    .rt
-                    .block_on(self.client.get_blob_range(self.path, range))
-                    .map_err(|e| std::io::Error::other(explain(&e)))?;
-                if data.len() as u64 != range.len() {
-                    return Err(std::io::Error::other("short read of the drive"));
-                }
+                let data = self.fetch(range)?;
                 self.pieces.insert(piece, data);
             }
             let data = &self.pieces[&piece];
