@@ -1,7 +1,8 @@
 //! blobdrive: Azure page blobs as Linux disks.
 //!
 //! Layers, each knowing only the one below: `cli` → `fs` → `drive` → `blob`,
-//! with `vhd` (the fixed VHD footer) and `units` (page arithmetic) beside them.
+//! with `vhd` (the fixed VHD footer) and `units` (page arithmetic) beside them,
+//! and `partition` (partition tables and superblocks, read before an attach).
 //! See DESIGN.md in the shared folder for the architecture.
 
 pub mod attach;
