@@ -349,15 +349,15 @@ fn gpt_drive_with_two_ext4_partitions_and_an_efi_partition() {
     }
     let site = Site::new();
     let guard = runtime().block_on(ContainerGuard::new("part-gpt"));
-    let disk = 64 * MIB;
+    let disk = 48 * MIB;
     let image = site.path("gpt.img");
     let parts = sfdisk_image(
         &image,
         disk,
         &format!(
-            "label: gpt\nstart=2048, size=16384, type={EFI}, name=EFI\n\
-             start=18432, size=40960, type={LINUX}, name=data\n\
-             start=59392, size=65536, type={LINUX}, name=logs\n"
+            "label: gpt\nstart=2048, size=8192, type={EFI}, name=EFI\n\
+             start=10240, size=30720, type={LINUX}, name=data\n\
+             start=40960, size=53248, type={LINUX}, name=logs\n"
         ),
     );
     mkfs_in(&image, part(&parts, 1), "mkfs.vfat", &["-n", "ESP"]);
@@ -390,7 +390,7 @@ fn gpt_drive_with_two_ext4_partitions_and_an_efi_partition() {
             (3, "Linux filesystem", "ext4", "logs")
         ]
     );
-    assert_eq!(table["partitions"][1]["start_bytes"], 18432 * 512);
+    assert_eq!(table["partitions"][1]["start_bytes"], 10240 * 512);
     assert_eq!(table["partitions"][1]["label"], "data");
 
     // auto: two Linux partitions with ext4, the larger one wins, and it says so.
