@@ -125,11 +125,14 @@ pub fn choose(layout: &Layout, selector: Selector, names: &DriveNames) -> Result
         })
         .collect();
     match with_fs.as_slice() {
-        [] if layout.parts.is_empty() => Err(format!(
-            "drive {drive} has a {kind} with no partitions, so there is nothing to mount; add \
+        [] if layout.parts.is_empty() => {
+            Err(format!(
+            "drive {drive} has {} {kind} with no partitions, so there is nothing to mount; add \
              one with sfdisk on its file in a namespace mount ('blobdrive mount {} DIR')",
+            if table.kind == super::TableKind::Mbr { "an" } else { "a" },
             names.container
-        )),
+        ))
+        }
         [] => {
             let mut line = format!(
                 "drive {drive} has no partition holding a filesystem this kernel can mount; its \
