@@ -312,6 +312,31 @@ fn a_whole_disk_filesystem_is_not_taken_for_a_table() {
 }
 
 #[test]
+fn auto_refuses_when_it_cannot_choose_and_lists_the_choices() {
+    let mut img = gpt_image(8192, &[(1, 2048, 4095, LINUX), (2, 4096, 6143, LINUX)]);
+    put_ext4(&mut img, 2048, "a");
+    put_ext4(&mut img, 4096, "b");
+    let layout = read(&img).unwrap();
+    let err = choose(&layout, Selector::Auto, &NAMES).unwrap_err();
+    assert!(
+        err.contains("none is clearly the one") && err.contains("ext4 'b'"),
+        "{err}"
+    );
+    assert_eq!(
+        choose(&layout, Selector::Number(2), &NAMES)
+            .unwrap()
+            .offset_bytes,
+        4096 * 512
+    );
+
+    let empty_table = mbr_image(8192, &[], &[]);
+    let layout = read(&empty_table).unwrap();
+    let err = choose(&layout, Selector::Auto, &NAMES).unwrap_err();
+    assert!(err.contains("has an MBR with no partitions"), "{err}");
+    assert!(!err.contains("mkfs"), "{err}");
+}
+
+#[test]
 fn selector_parses_numbers_and_auto_only() {
     assert_eq!("auto".parse::<Selector>(), Ok(Selector::Auto));
     assert_eq!("14".parse::<Selector>(), Ok(Selector::Number(14)));
