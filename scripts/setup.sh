@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install what blobdrive needs on a Debian/Ubuntu machine, only what is missing:
-# the kernel-side tools (fuse3, util-linux, e2fsprogs, xfsprogs), npm for
-# Azurite, and for tests also fio, qemu-utils (and Debian 12's qemu-img 7.2,
-# unpacked into .tools/), iproute2, tar, the Python azure-storage-blob SDK and
-# rustfmt/clippy. Used by scripts/test.sh and scripts/demo.sh.
+# the kernel-side tools (fuse3, util-linux, e2fsprogs, xfsprogs, and fdisk's
+# sfdisk for --partition-table), npm for Azurite, and for tests also dosfstools
+# and cryptsetup-bin (partitioned test images), fio, qemu-utils (and Debian 12's
+# qemu-img 7.2, unpacked into .tools/), iproute2, tar, the Python
+# azure-storage-blob SDK and rustfmt/clippy. Used by scripts/test.sh and scripts/demo.sh.
 #
 #   scripts/setup.sh          everything the tests need
 #   scripts/setup.sh --run    only what running blobdrive and the demo need
@@ -18,9 +19,11 @@ say() { echo "setup.sh: $*" >&2; }
 # Tool the tests use, and the Debian package that provides it. A tool that is
 # already on the machine (from any source, e.g. npm from NodeSource) is kept.
 # The many-hosts tests need ip (network namespaces, veths, a bridge) and
-# nsenter; the crash tests tar, e2fsck and xfs_repair.
+# nsenter; the crash tests tar, e2fsck and xfs_repair; partitioned images
+# sfdisk, mkfs.vfat and cryptsetup.
 tools=(fusermount3:fuse3 losetup:util-linux nsenter:util-linux mkfs.ext4:e2fsprogs
   e2fsck:e2fsprogs mkfs.xfs:xfsprogs xfs_repair:xfsprogs ip:iproute2 tar:tar
+  sfdisk:fdisk mkfs.vfat:dosfstools cryptsetup:cryptsetup-bin
   fio:fio qemu-img:qemu-utils npm:npm)
 
 have_tool() {

@@ -1,7 +1,8 @@
 //! blobdrive: Azure page blobs as Linux disks.
 //!
 //! Layers, each knowing only those below: `cli` → `daemon` → `fs` → `drive` →
-//! `blob`, with `vhd` (the fixed VHD footer), `attach` (loop devices and
+//! `blob`, with `vhd` (the VHD formats), `partition` (partition tables and
+//! superblocks, read before an attach), `attach` (loop devices and
 //! filesystems), `transfer` (upload, download), `recovery` (recovery files)
 //! and `units` (page arithmetic) beside them. ARCHITECTURE.md at the top of the
 //! repository describes them and the life of a request; docs/ holds the facts
@@ -13,6 +14,7 @@ pub mod cli;
 pub mod daemon;
 pub mod drive;
 pub mod fs;
+pub mod partition;
 pub mod recovery;
 pub mod transfer;
 pub mod units;

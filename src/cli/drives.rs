@@ -30,6 +30,16 @@ pub fn block_on<F: Future<Output = anyhow::Result<()>>>(body: F) -> anyhow::Resu
     rt.block_on(body)
 }
 
+/// Run an async body returning a value on a small runtime of its own, which
+/// is gone (with its threads) when this returns.
+pub fn block_on_value<T, F: Future<Output = anyhow::Result<T>>>(body: F) -> anyhow::Result<T> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow!("cannot start the async runtime: {e}"))?;
+    rt.block_on(body)
+}
+
 /// The client of the account chosen as the README's Configuration section
 /// says (flags, environment, else Azurite), signed in as `--auth` says.
 pub fn connect(ctx: &super::Context) -> anyhow::Result<BlobClient> {

@@ -20,6 +20,7 @@ pub mod delete;
 pub mod download;
 pub mod drives;
 pub mod info;
+pub mod layout;
 pub mod list;
 pub mod mount;
 pub mod mount_helper;

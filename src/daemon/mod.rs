@@ -41,8 +41,8 @@ use fuser::{MountOption, SessionACL};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot};
 
-pub use attach::AttachOptions;
 use attach::Attachment;
+pub use attach::{AttachOptions, PartitionArea};
 pub use control::{request_flush, request_stats, request_unmount};
 use readiness::{ParentView, Readiness};
 

@@ -53,6 +53,9 @@ pub struct AttachedDrive {
     pub loop_device: PathBuf,
     /// Filesystem type found on the drive.
     pub fs_type: String,
+    /// The partition attached (None: the whole disk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
     /// Read-write, read-only or snapshot.
     pub mode: AttachMode,
     /// The daemon's process id.
@@ -192,6 +195,7 @@ mod tests {
             dir: PathBuf::from("/mnt/data"),
             loop_device: PathBuf::from("/dev/loop7"),
             fs_type: "ext4".into(),
+            partition: Some(1),
             mode: AttachMode::ReadWrite,
             pid: std::process::id(),
             fuse_dir: fuse_dir_of(Path::new("/mnt/data")),
