@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 /// only modules on a lower floor (and its own parts); two modules on one
 /// floor know nothing of each other.
 const FLOORS: &[&[&str]] = &[
-    &["units", "attach"],
-    &["vhd", "blob"],
+    &["units"],
+    &["partition"],
+    &["attach", "vhd", "blob"],
     &["drive"],
     &["recovery", "transfer"],
     &["fs"],
