@@ -346,6 +346,10 @@ impl Device for DriveDevice {
         Err(fs_err)
     }
 
+    fn storage_unanswered(&self) -> bool {
+        self.drive.storage_unanswered()
+    }
+
     async fn save_unflushed(&self, reason: &str) -> FsResult<Option<std::path::PathBuf>> {
         self.rescue
             .save(self, reason)
