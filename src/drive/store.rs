@@ -25,6 +25,13 @@ pub trait PageStore: Send + Sync + 'static {
         None
     }
 
+    /// Whether all-zero pages the engine writes must be sent (as an
+    /// encrypting store needs: only their ciphertext reads back as zeros),
+    /// instead of being skipped or cleared. Discards still clear.
+    fn writes_zero_pages(&self) -> bool {
+        false
+    }
+
     /// The blob's ETag now (every write changes it). `None` when unknown,
     /// which keeps the disk cache off.
     async fn etag(&self) -> Result<Option<String>> {

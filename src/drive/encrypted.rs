@@ -1,0 +1,134 @@
+//! `EncryptedStore`: a [`PageStore`] that encrypts every page written to the
+//! store below it and decrypts every page read, for client-side encrypted
+//! drives (AES-256-XTS, page number as the tweak; see `crate::crypt`).
+//!
+//! Clear Pages, page ranges, leases and the ETag pass through unchanged, so
+//! the sparse map and discard work as on a plain drive: a page never written
+//! or cleared reads as zeros without a request (the engine does not ask) and
+//! without decryption (an all-zero page of ciphertext is a hole, so one read
+//! along with data by a coalesced Get stays zero). The VHD footer, the last
+//! 512 bytes of the blob, stays plaintext so the blob remains a valid VHD:
+//! only pages below the data area's end are encrypted or decrypted.
+//! Invariant: the engine must send all-zero plaintext pages it writes
+//! (`writes_zero_pages`), since only their ciphertext reads back as zeros.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+
+use super::store::PageStore;
+use crate::blob::error::Result;
+use crate::crypt::DataKey;
+use crate::units::{ByteRange, PAGE_SIZE, VHD_FOOTER_BYTES};
+
+/// Data area end not yet known (set by the first `size_bytes`).
+const UNKNOWN: u64 = u64::MAX;
+
+/// Encrypts the pages of the store below it.
+pub struct EncryptedStore<S: PageStore> {
+    inner: S,
+    key: Arc<DataKey>,
+    /// End of the data area in bytes (blob size minus the footer).
+    data_end_bytes: AtomicU64,
+}
+
+impl<S: PageStore> EncryptedStore<S> {
+    /// `inner`'s pages encrypted with `key`.
+    pub fn new(inner: S, key: Arc<DataKey>) -> Self {
+        EncryptedStore {
+            inner,
+            key,
+            data_end_bytes: AtomicU64::new(UNKNOWN),
+        }
+    }
+
+    /// The store below.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    async fn data_end(&self) -> Result<u64> {
+        match self.data_end_bytes.load(Ordering::Acquire) {
+            UNKNOWN => self.size_bytes().await.map(|b| b - VHD_FOOTER_BYTES),
+            end => Ok(end),
+        }
+    }
+}
+
+#[async_trait]
+impl<S: PageStore> PageStore for EncryptedStore<S> {
+    async fn size_bytes(&self) -> Result<u64> {
+        let b = self.inner.size_bytes().await?;
+        self.data_end_bytes.store(
+            b.saturating_sub(VHD_FOOTER_BYTES),
+            Ordering::Release,
+        );
+        Ok(b)
+    }
+
+    fn cache_identity(&self) -> Option<String> {
+        self.inner.cache_identity()
+    }
+
+    fn writes_zero_pages(&self) -> bool {
+        true
+    }
+
+    async fn etag(&self) -> Result<Option<String>> {
+        self.inner.etag().await
+    }
+
+    async fn page_ranges(&self, within: ByteRange) -> Result<Vec<ByteRange>> {
+        self.inner.page_ranges(within).await
+    }
+
+    async fn read(&self, range: ByteRange) -> Result<Bytes> {
+        let data_end = self.data_end().await?;
+        if range.start >= data_end {
+            return self.inner.read(range).await; // the footer: plaintext
+        }
+        // Whole pages of the data area, decrypted, then cut to `range`.
+        let start = range.start - range.start % PAGE_SIZE;
+        let end = range.end.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let crypt_end = end.min(data_end);
+        let raw = self.inner.read(ByteRange::new(start, end)).await?;
+        let mut buf = BytesMut::from(raw.as_ref());
+        let n = (crypt_end - start) as usize;
+        self.key.decrypt_pages(start / PAGE_SIZE, &mut buf[..n]);
+        let buf = buf.freeze();
+        Ok(buf.slice((range.start - start) as usize..(range.end - start) as usize))
+    }
+
+    async fn write_pages(
+        &self,
+        offset_bytes: u64,
+        data: Bytes,
+        lease_id: Option<&str>,
+    ) -> Result<()> {
+        let data_end = self.data_end().await?;
+        let mut buf = BytesMut::from(data.as_ref());
+        let n = (data_end.saturating_sub(offset_bytes) as usize).min(buf.len());
+        self.key.encrypt_pages(offset_bytes / PAGE_SIZE, &mut buf[..n]);
+        self.inner
+            .write_pages(offset_bytes, buf.freeze(), lease_id)
+            .await
+    }
+
+    async fn clear_pages(&self, range: ByteRange, lease_id: Option<&str>) -> Result<()> {
+        self.inner.clear_pages(range, lease_id).await
+    }
+
+    async fn acquire_lease(&self, proposed_id: &str) -> Result<()> {
+        self.inner.acquire_lease(proposed_id).await
+    }
+
+    async fn release_lease(&self, lease_id: &str) -> Result<()> {
+        self.inner.release_lease(lease_id).await
+    }
+
+    async fn break_lease(&self) -> Result<()> {
+        self.inner.break_lease().await
+    }
+}
