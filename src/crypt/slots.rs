@@ -340,6 +340,11 @@ impl KeySlots {
         )
     }
 
+    /// Whether `key` is this drive's data key (its check value matches).
+    pub fn matches(&self, key: &DataKey) -> bool {
+        check_value(key) == self.check
+    }
+
     /// Add a slot for `user`; returns its index.
     pub fn add(&mut self, data_key: &DataKey, user: &UserKey) -> anyhow::Result<u8> {
         let Some(index) = (0..MAX_SLOTS).find(|i| !self.slots.contains_key(i)) else {
