@@ -27,16 +27,16 @@ use crate::units::{ByteRange, PAGE_SIZE, VHD_FOOTER_BYTES};
 const UNKNOWN: u64 = u64::MAX;
 
 /// Encrypts the pages of the store below it.
-pub struct EncryptedStore<S: PageStore> {
-    inner: S,
+pub struct EncryptedStore<S: PageStore + ?Sized> {
+    inner: Arc<S>,
     key: Arc<DataKey>,
     /// End of the data area in bytes (blob size minus the footer).
     data_end_bytes: AtomicU64,
 }
 
-impl<S: PageStore> EncryptedStore<S> {
+impl<S: PageStore + ?Sized> EncryptedStore<S> {
     /// `inner`'s pages encrypted with `key`.
-    pub fn new(inner: S, key: Arc<DataKey>) -> Self {
+    pub fn new(inner: Arc<S>, key: Arc<DataKey>) -> Self {
         EncryptedStore {
             inner,
             key,
@@ -58,7 +58,7 @@ impl<S: PageStore> EncryptedStore<S> {
 }
 
 #[async_trait]
-impl<S: PageStore> PageStore for EncryptedStore<S> {
+impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
     async fn size_bytes(&self) -> Result<u64> {
         let b = self.inner.size_bytes().await?;
         self.data_end_bytes.store(
@@ -130,5 +130,56 @@ impl<S: PageStore> PageStore for EncryptedStore<S> {
 
     async fn break_lease(&self) -> Result<()> {
         self.inner.break_lease().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drive::{Drive, DriveOptions, MemoryStore};
+    use crate::vhd::Footer;
+
+    const DATA: u64 = 4 << 20;
+
+    async fn open() -> (Arc<MemoryStore>, Arc<DataKey>, Drive) {
+        let mem = Arc::new(MemoryStore::new(DATA + VHD_FOOTER_BYTES));
+        mem.poke(DATA, &Footer::new_fixed(DATA).to_bytes());
+        let key = Arc::new(DataKey::generate());
+        let store = Arc::new(EncryptedStore::new(mem.clone(), key.clone()));
+        let drive = Drive::open(store, DriveOptions::default()).await.unwrap();
+        (mem, key, drive)
+    }
+
+    #[tokio::test]
+    async fn written_zero_pages_are_sent_as_ciphertext_and_discards_read_as_zeros_without_a_get() {
+        let (mem, key, drive) = open().await;
+        let mut data = vec![0u8; 4096];
+        data[..7].copy_from_slice(b"MARKER!");
+        drive.write_at(0, &data).await.unwrap();
+        drive.write_at(8192, &[0u8; 1024]).await.unwrap();
+        drive.flush().await.unwrap();
+        // Every written page is stored, the zero ones included, as ciphertext.
+        assert_eq!(mem.stored_bytes(), 4096 + 1024 + VHD_FOOTER_BYTES);
+        let raw = mem.contents(ByteRange::new(0, 9216));
+        assert!(!raw.windows(7).any(|w| w == b"MARKER!"));
+        assert!(raw[8192..].iter().any(|&b| b != 0), "a zero page is encrypted, not elided");
+        let mut plain = raw.clone();
+        key.decrypt_pages(0, &mut plain);
+        assert_eq!(&plain[..4096], &data[..]);
+        assert!(plain[4096..].iter().all(|&b| b == 0));
+        // The footer stays plaintext.
+        assert_eq!(&mem.contents(ByteRange::new(DATA, DATA + 8))[..], b"conectix");
+
+        // A discard clears; the pages read back as zeros with no Get.
+        drive.discard(0, 4096).await.unwrap();
+        drive.close().await.unwrap();
+        let store = Arc::new(EncryptedStore::new(mem.clone(), key.clone()));
+        let drive = Drive::open(store, DriveOptions::default()).await.unwrap();
+        let gets = drive.counters().get;
+        assert_eq!(&drive.read_at(0, 4096).await.unwrap()[..], &[0u8; 4096][..]);
+        assert_eq!(drive.counters().get, gets, "a cleared range needs no request");
+        let back = drive.read_at(8192, 1024).await.unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+        drive.close().await.unwrap();
     }
 }

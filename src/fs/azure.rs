@@ -238,7 +238,7 @@ impl Catalog for AzureCatalog {
                 let plain = BlobPageStore::new(self.client.clone(), blob);
                 let store: Arc<dyn PageStore> =
                     match encryption(&props.metadata, self.data_key.as_ref(), path)? {
-                        Some(key) => Arc::new(EncryptedStore::new(plain, key)),
+                        Some(key) => Arc::new(EncryptedStore::new(Arc::new(plain), key)),
                         None if writable && KeySlots::is_encrypted(&props.metadata) => {
                             return Err(FsError::read_only(format!(
                                 "{path} is encrypted and no key was given: its ciphertext is read-only"
