@@ -43,8 +43,7 @@ open(sys.argv[3], "wb").write(out)
 print("marker-in-ciphertext" if b"BLOBDRIVE-KNOWN-PLAINTEXT-MARKER" in raw else "clean")
 "#;
 
-/// Encrypts a plain image the same way into argv[2] (for `upload`-side
-/// checks): every non-zero page, tweak = page number.
+/// Runs the built binary in its own run directory; unmounts what it mounted.
 struct Site {
     run_dir: tempfile::TempDir,
     root: tempfile::TempDir,
@@ -80,7 +79,10 @@ impl Site {
         let out = Command::new(BIN)
             .args(args)
             .env("BLOBDRIVE_RUN_DIR", self.run_dir.path())
-            .env("AZURE_STORAGE_CONNECTION_STRING", common::connection_string())
+            .env(
+                "AZURE_STORAGE_CONNECTION_STRING",
+                common::connection_string(),
+            )
             .env_remove("NOTIFY_SOCKET")
             .stdin(std::process::Stdio::null())
             .output()
@@ -162,7 +164,15 @@ fn encrypted_ext4_drive_is_opaque_to_the_account_and_decrypts_with_an_independen
     write_key(&wrong, 2);
     let key_s = key.to_str().unwrap();
     let out = site.ok(&[
-        "create", &drive, "--size", "64M", "--encrypt", "--key-file", key_s, "--mkfs", "ext4",
+        "create",
+        &drive,
+        "--size",
+        "64M",
+        "--encrypt",
+        "--key-file",
+        key_s,
+        "--mkfs",
+        "ext4",
     ]);
     assert!(out.contains("encrypted"), "{out}");
 
@@ -180,7 +190,13 @@ fn encrypted_ext4_drive_is_opaque_to_the_account_and_decrypts_with_an_independen
     let before = etag(&guard, "secret.vhd");
     let e = site.fails(&["mount", &drive, mnt_s]);
     assert!(e.contains("is encrypted"), "{e}");
-    let e = site.fails(&["mount", &drive, mnt_s, "--key-file", wrong.to_str().unwrap()]);
+    let e = site.fails(&[
+        "mount",
+        &drive,
+        mnt_s,
+        "--key-file",
+        wrong.to_str().unwrap(),
+    ]);
     assert!(e.contains("does not open"), "{e}");
     assert!(!is_mounted(&mnt));
     assert_eq!(etag(&guard, "secret.vhd"), before, "nothing written");
@@ -197,10 +213,19 @@ fn encrypted_ext4_drive_is_opaque_to_the_account_and_decrypts_with_an_independen
     assert_eq!(verdict, "clean", "the known plaintext is not in the blob");
     let ours = site.path("ours.img");
     site.ok(&[
-        "download", &drive, ours.to_str().unwrap(), "--raw", "--decrypt", "--key-file", key_s,
+        "download",
+        &drive,
+        ours.to_str().unwrap(),
+        "--raw",
+        "--decrypt",
+        "--key-file",
+        key_s,
     ]);
     let py = std::fs::read(&py_plain).unwrap();
-    assert!(py == std::fs::read(&ours).unwrap(), "independent decryption differs");
+    assert!(
+        py == std::fs::read(&ours).unwrap(),
+        "independent decryption differs"
+    );
     assert!(
         py.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
         "the plaintext holds the file"
@@ -214,11 +239,25 @@ fn encrypted_ext4_drive_is_opaque_to_the_account_and_decrypts_with_an_independen
     // Remount read-write with the key; a snapshot attaches read-only with it.
     let time = site.ok(&["snapshot", &drive]);
     site.ok(&["mount", &drive, mnt_s, "--key-file", key_s]);
-    assert_eq!(std::fs::read_to_string(mnt.join("notes.txt")).unwrap(), text);
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("notes.txt")).unwrap(),
+        text
+    );
     let snap = site.dir("snap");
     let snap_s = snap.to_str().unwrap();
-    site.ok(&["mount", &drive, snap_s, "--snapshot", &time, "--key-file", key_s]);
-    assert_eq!(std::fs::read_to_string(snap.join("notes.txt")).unwrap(), text);
+    site.ok(&[
+        "mount",
+        &drive,
+        snap_s,
+        "--snapshot",
+        &time,
+        "--key-file",
+        key_s,
+    ]);
+    assert_eq!(
+        std::fs::read_to_string(snap.join("notes.txt")).unwrap(),
+        text
+    );
     assert!(std::fs::write(snap.join("new"), b"x").is_err(), "read-only");
     site.unmount(&snap);
     site.unmount(&mnt);
@@ -244,24 +283,70 @@ fn key_slots_add_change_remove_and_dump_without_touching_the_data() {
     );
 
     // Bad input, each one line: missing key file, wrong length, no key.
-    let e = site.fails(&["create", &drive, "--size", "16M", "--encrypt", "--key-file", "/nonexistent/k"]);
+    let e = site.fails(&[
+        "create",
+        &drive,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        "/nonexistent/k",
+    ]);
     assert!(e.contains("cannot read key file"), "{e}");
     let short = site.path("short");
     std::fs::write(&short, b"0123456789").unwrap();
-    let e = site.fails(&["create", &drive, "--size", "16M", "--encrypt", "--key-file", short.to_str().unwrap()]);
+    let e = site.fails(&[
+        "create",
+        &drive,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        short.to_str().unwrap(),
+    ]);
     assert!(e.contains("holds 10 bytes"), "{e}");
     assert!(!e.contains("0123456789"), "no secret in messages");
     site.fails(&["create", &drive, "--size", "16M", "--encrypt"]);
     site.fails(&["info", &drive]); // nothing was created
 
-    site.ok(&["create", &drive, "--size", "16M", "--encrypt", "--key-file", k1]);
+    site.ok(&[
+        "create",
+        &drive,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        k1,
+    ]);
     let data_key = site.ok(&["key", "dump", &drive, "--key-file", k1]);
     let etag_before = etag(&guard, "k.vhd");
 
-    site.ok(&["key", "add", &drive, "--key-file", k1, "--new-passphrase-file", pass]);
-    assert_eq!(site.ok(&["key", "dump", &drive, "--passphrase-file", pass]), data_key);
-    site.ok(&["key", "change", &drive, "--passphrase-file", pass, "--new-key-file", k2]);
-    assert_eq!(site.ok(&["key", "dump", &drive, "--key-file", k2]), data_key);
+    site.ok(&[
+        "key",
+        "add",
+        &drive,
+        "--key-file",
+        k1,
+        "--new-passphrase-file",
+        pass,
+    ]);
+    assert_eq!(
+        site.ok(&["key", "dump", &drive, "--passphrase-file", pass]),
+        data_key
+    );
+    site.ok(&[
+        "key",
+        "change",
+        &drive,
+        "--passphrase-file",
+        pass,
+        "--new-key-file",
+        k2,
+    ]);
+    assert_eq!(
+        site.ok(&["key", "dump", &drive, "--key-file", k2]),
+        data_key
+    );
     let e = site.fails(&["key", "dump", &drive, "--passphrase-file", pass]);
     assert!(e.contains("no passphrase slot"), "{e}");
     site.ok(&["key", "remove", &drive, "--key-file", k1]);
@@ -269,18 +354,89 @@ fn key_slots_add_change_remove_and_dump_without_touching_the_data() {
     assert!(e.contains("does not open"), "{e}");
     let e = site.fails(&["key", "remove", &drive, "--key-file", k2]);
     assert!(e.contains("last key slot"), "{e}");
-    assert_eq!(site.ok(&["key", "dump", &drive, "--key-file", k2]), data_key);
+    assert_eq!(
+        site.ok(&["key", "dump", &drive, "--key-file", k2]),
+        data_key
+    );
     assert_ne!(etag(&guard, "k.vhd"), None);
     let _ = etag_before;
 
     // A tampered slot: one line, before anything is opened.
     let path = guard.path("k.vhd");
-    let mut md = rt.block_on(guard.client.get_properties(&path)).unwrap().metadata;
-    let slot = md.keys().find(|k| k.starts_with("blobdrivekey")).unwrap().clone();
+    let mut md = rt
+        .block_on(guard.client.get_properties(&path))
+        .unwrap()
+        .metadata;
+    let slot = md
+        .keys()
+        .find(|k| k.starts_with("blobdrivekey"))
+        .unwrap()
+        .clone();
     let v = md[&slot].replace("wrapped=", "wrapped=AAAA");
     md.insert(slot, v);
     let pairs: Vec<(String, String)> = md.into_iter().collect();
-    rt.block_on(guard.client.set_metadata(&path, &pairs, None)).unwrap();
+    rt.block_on(guard.client.set_metadata(&path, &pairs, None))
+        .unwrap();
     let e = site.fails(&["key", "dump", &drive, "--key-file", k2]);
     assert!(e.contains("malformed"), "{e}");
+}
+
+#[test]
+fn upload_encrypt_of_a_plain_image_decrypts_with_an_independent_aes_xts() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("cryptup"));
+    let site = Site::new();
+    let drive = format!("{}/up.vhd", guard.name);
+    let key = site.path("key");
+    write_key(&key, 7);
+    let key_s = key.to_str().unwrap();
+    // A 16 MiB raw image: the marker in a few places, zeros elsewhere.
+    let mut image = vec![0u8; 16 << 20];
+    for at in [0usize, 4096, 5 << 20, (16 << 20) - 4096] {
+        image[at..at + MARKER.len()].copy_from_slice(MARKER.as_bytes());
+    }
+    let img = site.path("plain.img");
+    std::fs::write(&img, &image).unwrap();
+    let img_s = img.to_str().unwrap();
+
+    let e = site.fails(&[
+        "upload",
+        img_s,
+        &drive,
+        "--resume",
+        "--encrypt",
+        "--key-file",
+        key_s,
+    ]);
+    assert!(e.contains("--resume"), "{e}");
+    site.ok(&["upload", img_s, &drive, "--encrypt", "--key-file", key_s]);
+
+    let hex = site.ok(&["key", "dump", &drive, "--key-file", key_s]);
+    let py = site.path("py.img");
+    let verdict = common::python(
+        PY_DECRYPT,
+        &[&guard.name, "up.vhd", py.to_str().unwrap(), &hex],
+    );
+    assert_eq!(verdict, "clean");
+    assert!(
+        std::fs::read(&py).unwrap() == image,
+        "Python's decryption is the image"
+    );
+    let back = site.path("back.img");
+    site.ok(&[
+        "download",
+        &drive,
+        back.to_str().unwrap(),
+        "--raw",
+        "--decrypt",
+        "--key-file",
+        key_s,
+    ]);
+    assert!(
+        std::fs::read(&back).unwrap() == image,
+        "download --decrypt is the image"
+    );
 }

@@ -131,7 +131,11 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
             "created {path}: {} fixed VHD ({}){}\n",
             format_size(size_bytes),
             exact_size(size_bytes),
-            if encryption.is_some() { ", encrypted (aes-xts-plain64)" } else { "" }
+            if encryption.is_some() {
+                ", encrypted (aes-xts-plain64)"
+            } else {
+                ""
+            }
         ));
         Ok(())
     })?;
@@ -153,7 +157,9 @@ fn format_new_drive(
 ) -> CmdResult {
     let started = Instant::now();
     let fs_type = crate::attach::FsType::from_name(fs);
-    let Err(err) = crate::daemon::format::format_drive(account, path, size_bytes, &fs_type, data_key) else {
+    let Err(err) =
+        crate::daemon::format::format_drive(account, path, size_bytes, &fs_type, data_key)
+    else {
         tracing::info!(drive = %path, ms = started.elapsed().as_millis() as u64, "formatted");
         output::print_text(&format!("formatted {path} as {fs}\n"));
         return Ok(());

@@ -194,16 +194,13 @@ async fn save_slots(
 ) -> anyhow::Result<()> {
     slots.apply_to(&mut metadata);
     let pairs: Vec<(String, String)> = metadata.into_iter().collect();
-    client
-        .set_metadata(path, &pairs, None)
-        .await
-        .map_err(|e| {
-            if e.code() == Some("LeaseIdMissing") {
-                anyhow!(drives::mounted_elsewhere(&path.to_string()))
-            } else {
-                blob_err(e)
-            }
-        })
+    client.set_metadata(path, &pairs, None).await.map_err(|e| {
+        if e.code() == Some("LeaseIdMissing") {
+            anyhow!(drives::mounted_elsewhere(&path.to_string()))
+        } else {
+            blob_err(e)
+        }
+    })
 }
 
 fn change(ctx: &Context, args: &ChangeArgs, replace: bool) -> CmdResult {
@@ -216,9 +213,9 @@ fn change(ctx: &Context, args: &ChangeArgs, replace: bool) -> CmdResult {
     };
     drives::block_on(async move {
         let (mut slots, metadata, key, opened) = open_slots(&client, &path, &args.key).await?;
-        let new = new_source
-            .read("New passphrase: ", true)?
-            .ok_or_else(|| anyhow!("give the new key: --new-key-file FILE or --new-passphrase-file FILE"))?;
+        let new = new_source.read("New passphrase: ", true)?.ok_or_else(|| {
+            anyhow!("give the new key: --new-key-file FILE or --new-passphrase-file FILE")
+        })?;
         let slot = if replace {
             slots.replace(opened, &key, &new);
             opened

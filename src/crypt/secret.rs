@@ -121,8 +121,8 @@ impl KeySource {
 
 /// Read a key file: exactly [`KEY_FILE_BYTES`] bytes.
 pub fn read_key_file(path: &Path) -> anyhow::Result<UserKey> {
-    let mut raw = std::fs::read(path)
-        .map_err(|e| anyhow!("cannot read key file {}: {e}", path.display()))?;
+    let mut raw =
+        std::fs::read(path).map_err(|e| anyhow!("cannot read key file {}: {e}", path.display()))?;
     let len = raw.len();
     let key = Secret::copy_of(&raw);
     raw.zeroize();

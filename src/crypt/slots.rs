@@ -113,9 +113,8 @@ impl Slot {
         let b64 = |k: &str| -> anyhow::Result<Vec<u8>> {
             B64.decode(get(k)?).map_err(|_| anyhow!("bad {k}"))
         };
-        let num = |k: &str| -> anyhow::Result<u32> {
-            get(k)?.parse().map_err(|_| anyhow!("bad {k}"))
-        };
+        let num =
+            |k: &str| -> anyhow::Result<u32> { get(k)?.parse().map_err(|_| anyhow!("bad {k}")) };
         let kdf = match get("kind")? {
             "keyfile" => None,
             "passphrase" => {
@@ -287,11 +286,10 @@ impl KeySlots {
             let Some(n) = name.strip_prefix(SLOT_PREFIX) else {
                 continue;
             };
-            let index: u8 = n
-                .parse()
-                .ok()
-                .filter(|i| *i < MAX_SLOTS)
-                .ok_or_else(|| anyhow!("metadata {name} is not a key slot this version knows"))?;
+            let index: u8 =
+                n.parse().ok().filter(|i| *i < MAX_SLOTS).ok_or_else(|| {
+                    anyhow!("metadata {name} is not a key slot this version knows")
+                })?;
             let slot = Slot::decode(value)
                 .map_err(|e| anyhow!("its key slot {index} is malformed ({e})"))?;
             slots.insert(index, slot);

@@ -55,8 +55,9 @@ pub fn format_drive(
         .spawn(move || {
             run_mount(&thread_dir, &opts, move || async move {
                 let client = BlobClient::new(account)?;
-                let inner: Arc<dyn Catalog> =
-                    Arc::new(AzureCatalog::new(client, DriveOptions::default()).with_data_key(data_key));
+                let inner: Arc<dyn Catalog> = Arc::new(
+                    AzureCatalog::new(client, DriveOptions::default()).with_data_key(data_key),
+                );
                 let catalog: Arc<dyn Catalog> =
                     Arc::new(OneDriveCatalog::new(inner, drive, size_bytes));
                 Ok(catalog)

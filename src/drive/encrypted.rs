@@ -61,10 +61,8 @@ impl<S: PageStore + ?Sized> EncryptedStore<S> {
 impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
     async fn size_bytes(&self) -> Result<u64> {
         let b = self.inner.size_bytes().await?;
-        self.data_end_bytes.store(
-            b.saturating_sub(VHD_FOOTER_BYTES),
-            Ordering::Release,
-        );
+        self.data_end_bytes
+            .store(b.saturating_sub(VHD_FOOTER_BYTES), Ordering::Release);
         Ok(b)
     }
 
@@ -110,7 +108,8 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         let data_end = self.data_end().await?;
         let mut buf = BytesMut::from(data.as_ref());
         let n = (data_end.saturating_sub(offset_bytes) as usize).min(buf.len());
-        self.key.encrypt_pages(offset_bytes / PAGE_SIZE, &mut buf[..n]);
+        self.key
+            .encrypt_pages(offset_bytes / PAGE_SIZE, &mut buf[..n]);
         self.inner
             .write_pages(offset_bytes, buf.freeze(), lease_id)
             .await
@@ -162,13 +161,19 @@ mod tests {
         assert_eq!(mem.stored_bytes(), 4096 + 1024 + VHD_FOOTER_BYTES);
         let raw = mem.contents(ByteRange::new(0, 9216));
         assert!(!raw.windows(7).any(|w| w == b"MARKER!"));
-        assert!(raw[8192..].iter().any(|&b| b != 0), "a zero page is encrypted, not elided");
+        assert!(
+            raw[8192..].iter().any(|&b| b != 0),
+            "a zero page is encrypted, not elided"
+        );
         let mut plain = raw.clone();
         key.decrypt_pages(0, &mut plain);
         assert_eq!(&plain[..4096], &data[..]);
         assert!(plain[4096..].iter().all(|&b| b == 0));
         // The footer stays plaintext.
-        assert_eq!(&mem.contents(ByteRange::new(DATA, DATA + 8))[..], b"conectix");
+        assert_eq!(
+            &mem.contents(ByteRange::new(DATA, DATA + 8))[..],
+            b"conectix"
+        );
 
         // A discard clears; the pages read back as zeros with no Get.
         drive.discard(0, 4096).await.unwrap();
@@ -177,7 +182,11 @@ mod tests {
         let drive = Drive::open(store, DriveOptions::default()).await.unwrap();
         let gets = drive.counters().get;
         assert_eq!(&drive.read_at(0, 4096).await.unwrap()[..], &[0u8; 4096][..]);
-        assert_eq!(drive.counters().get, gets, "a cleared range needs no request");
+        assert_eq!(
+            drive.counters().get,
+            gets,
+            "a cleared range needs no request"
+        );
         let back = drive.read_at(8192, 1024).await.unwrap();
         assert!(back.iter().all(|&b| b == 0));
         drive.close().await.unwrap();

@@ -201,7 +201,8 @@ impl<'a> RunBuilder<'a> {
                 let bytes = c.page(slot);
                 // An encrypting store must send zero pages too (only their
                 // ciphertext reads back as zeros); discards still clear.
-                let class = if self.inner.store.writes_zero_pages() || bytes.iter().any(|&b| b != 0) {
+                let class = if self.inner.store.writes_zero_pages() || bytes.iter().any(|&b| b != 0)
+                {
                     Class::Data
                 } else if has_data.get(slot) {
                     Class::ZeroHeld

@@ -186,7 +186,15 @@ pub async fn download(
     let mut results = futures::stream::iter(pieces)
         .map(|piece| {
             let decrypt = decrypt.clone();
-            fetch_and_write(client, blob, piece, file.clone(), &tmp_path, progress, decrypt)
+            fetch_and_write(
+                client,
+                blob,
+                piece,
+                file.clone(),
+                &tmp_path,
+                progress,
+                decrypt,
+            )
         })
         .buffer_unordered(parallel);
     while let Some(r) = results.next().await {
