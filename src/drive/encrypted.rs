@@ -74,6 +74,15 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         true
     }
 
+    fn as_stored(&self, offset_bytes: u64, data: Bytes) -> Bytes {
+        let data_end = self.data_end_bytes.load(Ordering::Acquire);
+        let mut buf = BytesMut::from(data.as_ref());
+        let n = (data_end.saturating_sub(offset_bytes) as usize).min(buf.len());
+        self.key
+            .encrypt_pages(offset_bytes / PAGE_SIZE, &mut buf[..n]);
+        buf.freeze()
+    }
+
     async fn etag(&self) -> Result<Option<String>> {
         self.inner.etag().await
     }
@@ -174,6 +183,16 @@ mod tests {
             &mem.contents(ByteRange::new(DATA, DATA + 8))[..],
             b"conectix"
         );
+
+        // Unflushed pages (for a recovery file) come out as ciphertext.
+        drive.write_at(0, &data).await.unwrap();
+        let unflushed = drive.unflushed_data();
+        assert_eq!(unflushed.len(), 1);
+        let (at, bytes) = &unflushed[0];
+        assert!(!bytes.windows(7).any(|w| w == b"MARKER!"));
+        let mut back = bytes.to_vec();
+        key.decrypt_pages(at / PAGE_SIZE, &mut back);
+        assert_eq!(&back[..7], b"MARKER!");
 
         // A discard clears; the pages read back as zeros with no Get.
         drive.discard(0, 4096).await.unwrap();

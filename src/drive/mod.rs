@@ -340,8 +340,15 @@ impl Drive {
 
     /// The unflushed data as `(offset_bytes, bytes)` runs of whole pages, in
     /// order, for a recovery file.
+    /// For an encrypted drive they are the ciphertext the blob would hold,
+    /// so a recovery file never keeps plaintext and applies without a key.
     pub fn unflushed_data(&self) -> Vec<(u64, Bytes)> {
-        self.inner.unflushed_data()
+        let store = &self.inner.store;
+        self.inner
+            .unflushed_data()
+            .into_iter()
+            .map(|(offset, data)| (offset, store.as_stored(offset, data)))
+            .collect()
     }
 }
 

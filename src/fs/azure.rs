@@ -236,19 +236,16 @@ impl Catalog for AzureCatalog {
                     ..self.drive_options.clone()
                 };
                 let plain = BlobPageStore::new(self.client.clone(), blob);
-                let store: Arc<dyn PageStore> = match encryption(
-                    &props.metadata,
-                    self.data_key.as_ref(),
-                    path,
-                )? {
-                    Some(key) => Arc::new(EncryptedStore::new(Arc::new(plain), key)),
-                    None if writable && KeySlots::is_encrypted(&props.metadata) => {
-                        return Err(FsError::read_only(format!(
+                let store: Arc<dyn PageStore> =
+                    match encryption(&props.metadata, self.data_key.as_ref(), path)? {
+                        Some(key) => Arc::new(EncryptedStore::new(Arc::new(plain), key)),
+                        None if writable && KeySlots::is_encrypted(&props.metadata) => {
+                            return Err(FsError::read_only(format!(
                             "{path} is encrypted and no key was given: its ciphertext is read-only"
                         )))
-                    }
-                    None => Arc::new(plain),
-                };
+                        }
+                        None => Arc::new(plain),
+                    };
                 let drive = Drive::open(store, opts).await.map_err(drive_error)?;
                 Ok(Arc::new(DriveDevice {
                     drive,
