@@ -261,6 +261,20 @@ fn encrypted_ext4_drive_is_opaque_to_the_account_and_decrypts_with_an_independen
     assert!(std::fs::write(snap.join("new"), b"x").is_err(), "read-only");
     site.unmount(&snap);
     site.unmount(&mnt);
+
+    // A namespace mount shows the drive as its ciphertext, read-only.
+    let ns = site.dir("ns");
+    site.ok(&["mount", &guard.name, ns.to_str().unwrap()]);
+    let file = ns.join("secret.vhd");
+    let shown = std::fs::read(&file).unwrap();
+    let stored = site.path("now.img");
+    site.ok(&["download", &drive, stored.to_str().unwrap(), "--raw"]);
+    assert!(
+        shown == std::fs::read(&stored).unwrap(),
+        "the file is the ciphertext"
+    );
+    assert!(std::fs::OpenOptions::new().write(true).open(&file).is_err());
+    site.unmount(&ns);
 }
 
 #[test]
