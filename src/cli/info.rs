@@ -67,6 +67,11 @@ pub struct DriveInfo {
     pub etag: Option<String>,
     /// Snapshot times of the drive (of its base blob), oldest first.
     pub snapshots: Vec<String>,
+    /// Client-side encryption: the cipher (`"aes-xts-plain64"`), or `None`
+    /// for a plain drive.
+    pub encryption: Option<String>,
+    /// Key slots in use (index and kind); empty for a plain drive.
+    pub key_slots: Vec<(u8, crate::crypt::SlotKind)>,
 }
 
 /// Run `info`.
@@ -108,7 +113,18 @@ pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
             last_modified: props.last_modified.clone(),
             etag: props.etag.clone(),
             snapshots,
+            encryption: None,
+            key_slots: Vec::new(),
         };
+        let mut info = info;
+        match crate::crypt::KeySlots::from_metadata(&props.metadata) {
+            Ok(Some(slots)) => {
+                info.encryption = Some(crate::crypt::CIPHER_NAME.to_string());
+                info.key_slots = slots.list();
+            }
+            Ok(None) => {}
+            Err(e) => info.encryption = Some(format!("encrypted, unreadable header: {e}")),
+        }
         if json {
             output::print_json(&info);
         } else {
@@ -154,6 +170,20 @@ fn render(
     }
     if let Some(e) = &info.etag {
         rows.push(("etag", e.clone()));
+    }
+    if let Some(cipher) = &info.encryption {
+        let slots: Vec<String> = info
+            .key_slots
+            .iter()
+            .map(|(i, k)| match k {
+                crate::crypt::SlotKind::KeyFile => format!("{i} key file"),
+                crate::crypt::SlotKind::Passphrase => format!("{i} passphrase"),
+            })
+            .collect();
+        rows.push((
+            "encryption",
+            format!("{cipher}; key slots: {}", slots.join(", ")),
+        ));
     }
     rows.push(("snapshots", info.snapshots.len().to_string()));
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
