@@ -20,6 +20,7 @@ pub mod delete;
 pub mod download;
 pub mod drives;
 pub mod info;
+pub mod key;
 pub mod layout;
 pub mod list;
 pub mod mount;
@@ -112,6 +113,8 @@ pub enum Command {
     Cache(cache::CacheArgs),
     /// Apply a recovery file saved when an unmount could not flush.
     Recover(recover::RecoverArgs),
+    /// Key slots of an encrypted drive: add, change, remove, dump.
+    Key(key::KeyArgs),
 }
 
 impl Command {
@@ -131,6 +134,7 @@ impl Command {
             Command::Stats(_) => "stats",
             Command::Cache(_) => "cache",
             Command::Recover(_) => "recover",
+            Command::Key(_) => "key",
         }
     }
 }
@@ -234,6 +238,7 @@ where
         Command::Stats(a) => stats::run(&ctx, a),
         Command::Cache(a) => cache::run(&ctx, a),
         Command::Recover(a) => recover::run(&ctx, a),
+        Command::Key(a) => key::run(&ctx, a),
     };
     match result {
         Ok(()) => EXIT_OK,
