@@ -136,6 +136,10 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         self.inner.release_lease(lease_id).await
     }
 
+    fn retry_budget(&self) -> std::time::Duration {
+        self.inner.retry_budget()
+    }
+
     async fn break_lease(&self) -> Result<()> {
         self.inner.break_lease().await
     }
