@@ -164,6 +164,8 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
             path.container
         ));
     }
+    // A bad DIR is said before anything is asked of storage.
+    crate::daemon::check_mountpoint(dir)?;
     // Checked before the fork, so a bad account fails in the user's terminal.
     let account = ctx.account_for(source)?;
     // Read before the fork, so what the drive holds, and which partition was

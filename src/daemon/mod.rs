@@ -132,7 +132,7 @@ where
 /// The canonical mount point, or why it cannot be used; a dead mount left by a
 /// daemon that died is named as such (stat fails with `ENOTCONN`), not as
 /// "not a directory".
-fn check_mountpoint(mountpoint: &Path) -> anyhow::Result<PathBuf> {
+pub fn check_mountpoint(mountpoint: &Path) -> anyhow::Result<PathBuf> {
     let dead = |err: &std::io::Error| err.raw_os_error() == Some(libc::ENOTCONN);
     let stale = || {
         anyhow!(

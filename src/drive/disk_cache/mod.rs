@@ -528,12 +528,24 @@ impl DiskCache {
         }
     }
 
-    /// [`DiskCache::invalidate`] every chunk of `range` that has a file.
+    /// [`DiskCache::invalidate`] every chunk of `range`: the invalidation is
+    /// recorded for each chunk whether or not it has a file yet (a copy of
+    /// it may be on its way to the writer), and the files there go. A range
+    /// too long to list raises the floor instead: every copy in flight loses.
     pub fn invalidate_range(&self, range: std::ops::Range<u64>) {
         let mut index = self.shared.index();
         index.seq += 1;
         let seq = index.seq;
-        let hit: Vec<u64> = if (range.end - range.start) as usize <= index.entries.len() {
+        let chunks = range.end.saturating_sub(range.start);
+        if chunks > (MAX_INVALIDATED / 2) as u64 {
+            index.invalidated.clear();
+            index.floor = seq;
+        } else {
+            for idx in range.clone() {
+                index.note_invalidated(idx, seq);
+            }
+        }
+        let hit: Vec<u64> = if chunks as usize <= index.entries.len() {
             range.filter(|i| index.entries.contains_key(i)).collect()
         } else {
             index
@@ -544,7 +556,6 @@ impl DiskCache {
                 .collect()
         };
         for idx in hit {
-            index.note_invalidated(idx, seq);
             index.remove(idx);
             index.stale.insert(idx);
         }

@@ -204,6 +204,35 @@ fn many_invalidations_collapse_into_a_floor_that_refuses_older_copies() {
 }
 
 #[test]
+fn a_range_invalidation_refuses_copies_in_flight_of_chunks_without_a_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = DiskCache::open(&opts(tmp.path(), 64 * MB), "r", Some("e"), Access::Writer)
+        .unwrap()
+        .unwrap();
+    // Copies of chunks 5 and 6 are taken; neither has a file yet.
+    let old = c.ticket();
+    c.invalidate_range(4..6);
+    c.store(5, old, chunk(1, 1));
+    c.store(6, old, chunk(2, 1));
+    c.sync();
+    assert_eq!(
+        c.lookup(5),
+        None,
+        "invalidated while its copy was in flight"
+    );
+    assert_eq!(c.lookup(6), Some(chunk(2, 1)), "outside the range");
+    // A range too long to list refuses every copy taken before it.
+    let old = c.ticket();
+    c.invalidate_range(0..u64::MAX / 2);
+    c.store(7, old, chunk(3, 1));
+    c.sync();
+    assert_eq!(c.lookup(7), None);
+    c.store(7, c.ticket(), chunk(3, 1));
+    c.sync();
+    assert_eq!(c.lookup(7), Some(chunk(3, 1)), "later copies are kept");
+}
+
+#[test]
 fn a_reader_waits_out_another_reader_setting_the_directory_up_but_a_writer_does_not() {
     let tmp = tempfile::tempdir().unwrap();
     let o = opts(tmp.path(), 64 * MB);
