@@ -1,5 +1,6 @@
 //! The filesystem inside a drive: detect its type, make one, mount it at the
-//! user's directory, freeze it for a consistent snapshot, unmount it.
+//! user's directory, freeze it for a consistent snapshot, grow it in place,
+//! unmount it.
 //!
 //! A read-only mount of a snapshot taken while the filesystem was live must not
 //! replay the journal (the device is read-only): ext4 gets `noload` and xfs
@@ -12,6 +13,17 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::tool::{run, ToolError};
+
+/// Grows the mounted filesystem on `device` (mounted at `dir`) to fill the
+/// device, in place: `resize2fs` for ext2/3/4, `xfs_growfs` for xfs.
+/// Returns `false` for a type it cannot grow.
+pub fn grow(fs: &FsType, device: &Path, dir: &Path) -> Result<bool, ToolError> {
+    match fs.name() {
+        "ext4" | "ext3" | "ext2" => run("resize2fs", [device.as_os_str()]).map(|_| true),
+        "xfs" => run("xfs_growfs", [dir.as_os_str()]).map(|_| true),
+        _ => Ok(false),
+    }
+}
 
 /// A filesystem type blobdrive knows how to make and mount.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -202,6 +202,19 @@ pub async fn check_disk(
     }
     Ok(match Footer::parse(&footer, blob_size_bytes) {
         Ok(f) => DiskCheck::Drive(f),
+        // A grow interrupted after the blob grew: the old footer is the
+        // last page holding data, and the drive is still the old size.
+        Err(e) if footer.iter().all(|b| *b == 0) && blob_size_bytes > 0 => {
+            let store = BlobPageStore::new(client.clone(), path.clone());
+            match crate::drive::resize::locate_footer(&store, blob_size_bytes).await {
+                Ok(found) => {
+                    tracing::warn!(drive = %path, "a resize of this drive was interrupted; 'blobdrive resize' finishes it");
+                    DiskCheck::Drive(found.footer)
+                }
+                Err(crate::drive::Error::Backend(b)) => return Err(b),
+                Err(_) => DiskCheck::NotADrive(e),
+            }
+        }
         Err(e) => DiskCheck::NotADrive(e),
     })
 }

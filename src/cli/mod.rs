@@ -25,6 +25,7 @@ pub mod mount;
 pub mod mount_helper;
 pub mod output;
 pub mod recover;
+pub mod resize;
 pub mod snapshot;
 pub mod stats;
 pub mod unmount;
@@ -111,6 +112,8 @@ pub enum Command {
     Cache(cache::CacheArgs),
     /// Apply a recovery file saved when an unmount could not flush.
     Recover(recover::RecoverArgs),
+    /// Grow a drive (in place while attached here), or shrink it offline.
+    Resize(resize::ResizeArgs),
 }
 
 impl Command {
@@ -130,6 +133,7 @@ impl Command {
             Command::Stats(_) => "stats",
             Command::Cache(_) => "cache",
             Command::Recover(_) => "recover",
+            Command::Resize(_) => "resize",
         }
     }
 }
@@ -223,6 +227,7 @@ where
         Command::Stats(a) => stats::run(&ctx, a),
         Command::Cache(a) => cache::run(&ctx, a),
         Command::Recover(a) => recover::run(&ctx, a),
+        Command::Resize(a) => resize::run(&ctx, a),
     };
     match result {
         Ok(()) => EXIT_OK,

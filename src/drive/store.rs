@@ -51,6 +51,11 @@ pub trait PageStore: Send + Sync + 'static {
     /// Clear (zero and deallocate) the 512-aligned `range`.
     async fn clear_pages(&self, range: ByteRange, lease_id: Option<&str>) -> Result<()>;
 
+    /// Change the size of the whole blob to `blob_size_bytes` (a multiple of
+    /// 512) with the lease id, when one is held: pages past a new, smaller
+    /// end are gone; pages of a larger one hold no data.
+    async fn resize(&self, blob_size_bytes: u64, lease_id: Option<&str>) -> Result<()>;
+
     /// Acquire an infinite lease with `proposed_id`. Acquiring again with the
     /// id already held succeeds (retry-safe).
     async fn acquire_lease(&self, proposed_id: &str) -> Result<()>;

@@ -254,6 +254,10 @@ impl Device for DriveDevice {
         self.drive.size_bytes()
     }
 
+    async fn grow(&self, new_size_bytes: u64) -> FsResult<()> {
+        self.drive.grow(new_size_bytes).await.map_err(drive_error)
+    }
+
     async fn read_at(&self, offset_bytes: u64, len: usize) -> FsResult<Bytes> {
         self.drive
             .read_at(offset_bytes, len)
