@@ -15,8 +15,10 @@ use crate::blob;
 
 pub mod break_lease;
 pub mod cache;
+pub mod copy;
 pub mod create;
 pub mod delete;
+pub mod diff;
 pub mod download;
 pub mod drives;
 pub mod info;
@@ -26,6 +28,7 @@ pub mod mount_helper;
 pub mod output;
 pub mod recover;
 pub mod resize;
+pub mod restore;
 pub mod snapshot;
 pub mod stats;
 pub mod unmount;
@@ -114,6 +117,12 @@ pub enum Command {
     Recover(recover::RecoverArgs),
     /// Grow a drive (in place while attached here), or shrink it offline.
     Resize(resize::ResizeArgs),
+    /// Server-side copy of a drive or snapshot into a new, independent drive.
+    Copy(copy::CopyArgs),
+    /// Put a drive back to one of its snapshots (a safety snapshot first).
+    Restore(restore::RestoreArgs),
+    /// Ranges written and cleared between two states of a drive.
+    Diff(diff::DiffArgs),
 }
 
 impl Command {
@@ -134,6 +143,9 @@ impl Command {
             Command::Cache(_) => "cache",
             Command::Recover(_) => "recover",
             Command::Resize(_) => "resize",
+            Command::Copy(_) => "copy",
+            Command::Restore(_) => "restore",
+            Command::Diff(_) => "diff",
         }
     }
 }
@@ -228,6 +240,9 @@ where
         Command::Cache(a) => cache::run(&ctx, a),
         Command::Recover(a) => recover::run(&ctx, a),
         Command::Resize(a) => resize::run(&ctx, a),
+        Command::Copy(a) => copy::run(&ctx, a),
+        Command::Restore(a) => restore::run(&ctx, a),
+        Command::Diff(a) => diff::run(&ctx, a),
     };
     match result {
         Ok(()) => EXIT_OK,
