@@ -399,6 +399,39 @@ mod tests {
     }
 
     #[test]
+    fn lifecycle_commands_parse() {
+        let lines: [&[&str]; 9] = [
+            &["resize", "c/b", "--size", "3G", "--json"],
+            &["resize", "c/b", "--size", "1G", "--allow-shrink"],
+            &["copy", "c/b", "c/clone", "--snapshot", "T", "--json"],
+            &["restore", "c/b", "--snapshot", "T", "--no-safety-snapshot"],
+            &["snapshot", "c/b", "--keep", "3", "--json"],
+            &["snapshot", "delete", "c/b", "T"],
+            &["diff", "c/b", "--from", "T1", "--to", "T2", "--json"],
+            &[
+                "download",
+                "c/b",
+                "f.vhd",
+                "--since",
+                "T1",
+                "--snapshot",
+                "T2",
+            ],
+            &[
+                "download", "c/b", "f.img", "--since", "T1", "--raw", "--json",
+            ],
+        ];
+        for line in lines {
+            let argv = std::iter::once("blobdrive").chain(line.iter().copied());
+            if let Err(e) = Cli::try_parse_from(argv) {
+                panic!("{line:?}: {e}");
+            }
+        }
+        // --keep 0 would delete the snapshot just taken.
+        assert!(Cli::try_parse_from(["blobdrive", "snapshot", "c/b", "--keep", "0"]).is_err());
+    }
+
+    #[test]
     fn connection_string_is_global() {
         let cli = Cli::try_parse_from(["blobdrive", "list", "--connection-string", "X=1"])
             .expect("parses");

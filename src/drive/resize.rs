@@ -202,3 +202,84 @@ impl Inner {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::drive::{Drive, DriveOptions, MemoryStore};
+
+    const MIB: u64 = 1 << 20;
+
+    fn drive_store(size_bytes: u64) -> Arc<MemoryStore> {
+        let s = MemoryStore::new(size_bytes + VHD_FOOTER_BYTES);
+        s.poke(size_bytes, &Footer::new_fixed(size_bytes).to_bytes());
+        Arc::new(s)
+    }
+
+    #[tokio::test]
+    async fn an_open_drive_grows_and_keeps_its_data() {
+        let store = drive_store(MIB);
+        let drive = Drive::open(store.clone(), DriveOptions::default())
+            .await
+            .unwrap();
+        drive.write_at(MIB - 512, &[5u8; 512]).await.unwrap();
+        assert!(
+            drive.write_at(MIB, &[1u8; 512]).await.is_err(),
+            "past the end"
+        );
+        drive.grow(3 * MIB).await.unwrap();
+        assert_eq!(drive.size_bytes(), 3 * MIB);
+        // The old footer page is data area now, and reads as zeros.
+        assert_eq!(&drive.read_at(MIB, 512).await.unwrap()[..], &[0u8; 512][..]);
+        drive.write_at(3 * MIB - 512, &[9u8; 512]).await.unwrap();
+        assert!(
+            drive.grow(2 * MIB).await.is_err(),
+            "never shrinks while open"
+        );
+        drive.close().await.unwrap();
+        let again = Drive::open(store.clone(), DriveOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(again.size_bytes(), 3 * MIB);
+        assert_eq!(
+            &again.read_at(MIB - 512, 512).await.unwrap()[..],
+            &[5u8; 512][..]
+        );
+        assert_eq!(
+            &again.read_at(3 * MIB - 512, 512).await.unwrap()[..],
+            &[9u8; 512][..]
+        );
+        again.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_grow_cut_after_the_blob_grew_is_the_old_drive() {
+        let store = drive_store(MIB);
+        store.poke(0, &[3u8; 512]);
+        // The first step of a grow only: the blob is larger, its last page empty.
+        store
+            .resize(4 * MIB + VHD_FOOTER_BYTES, None)
+            .await
+            .unwrap();
+        let found = locate_footer(store.as_ref(), 4 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap();
+        assert!(found.interrupted_grow);
+        assert_eq!(found.offset_bytes, MIB);
+        let drive = Drive::open(store.clone(), DriveOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(drive.size_bytes(), MIB);
+        // Growing it from there finishes the move.
+        drive.grow(4 * MIB).await.unwrap();
+        drive.close().await.unwrap();
+        let found = locate_footer(store.as_ref(), 4 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap();
+        assert!(!found.interrupted_grow);
+        assert_eq!(found.footer.current_size_bytes, 4 * MIB);
+        assert_eq!(store.contents(ByteRange::new(0, 512)), vec![3u8; 512]);
+    }
+}
