@@ -50,7 +50,7 @@ pub struct ResizeReport {
 /// The line for a drive leased by someone other than this host's daemon.
 pub fn leased_elsewhere(path: &BlobPath) -> String {
     format!(
-        "drive {path} is mounted (leased) by another host; resize it on that host while it is mounted there, \
+        "drive {path} is mounted (leased) by another host or by a namespace mount; resize it where it is attached, \
          or unmount it first (run 'blobdrive break-lease {path}' only if that host is gone)"
     )
 }
