@@ -655,3 +655,54 @@ fn incremental_download_on_azurite_matches_a_full_download() {
     );
     assert!(line.contains("not a copy made at that snapshot"), "{line}");
 }
+
+const PY_SAS: &str = r#"
+import os, sys, datetime
+from azure.storage.blob import generate_container_sas, ContainerSasPermissions
+cs = dict(kv.split("=", 1) for kv in os.environ["CS"].split(";") if kv)
+print(generate_container_sas(cs["AccountName"], sys.argv[1], account_key=cs["AccountKey"],
+    permission=ContainerSasPermissions(read=True, list=True),
+    expiry=datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)))
+"#;
+
+#[test]
+fn copy_from_a_sas_url_is_done_by_the_service_and_never_shows_the_signature() {
+    let guard = runtime().block_on(ContainerGuard::new("sascopy"));
+    let site = Site::new();
+    let rt = runtime();
+    let path = guard.path("d.vhd");
+    rt.block_on(common::make_drive(&guard.client, &path, 16 * MIB));
+    rt.block_on(
+        guard
+            .client
+            .put_pages(&path, MIB, vec![4u8; 8192].into(), None),
+    )
+    .expect("put");
+    let sas = common::python(PY_SAS, &[&guard.name]);
+    let url = format!("{}/{}/d.vhd?{sas}", common::azurite_url(), guard.name);
+    let dest = format!("{}/fromurl.vhd", guard.name);
+    let out = site.blobdrive(&["copy", &url, &dest, "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!all.contains("sig="), "the SAS signature was shown: {all}");
+    let copied = rt
+        .block_on(
+            guard
+                .client
+                .get_blob_range(&guard.path("fromurl.vhd"), ByteRange::new(MIB, MIB + 8192)),
+        )
+        .expect("read the copy");
+    assert!(copied.iter().all(|b| *b == 4));
+    // Onto an existing blob: refused by the service's If-None-Match.
+    let out = site.blobdrive(&["copy", &url, &dest]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already exists") && !err.contains("sig="),
+        "{err}"
+    );
+}
