@@ -322,7 +322,7 @@ fn an_interrupted_offline_resize_leaves_a_drive_info_accepts() {
     let guard = runtime().block_on(ContainerGuard::new("cut"));
     let site = Site::new();
     let drive = format!("{}/d.vhd", guard.name);
-    site.ok(&["create", &drive, "--size", "16M"]);
+    site.ok(&["create", &drive, "--size", "16M", "--mkfs", "ext4"]);
     let info = |site: &Site| -> serde_json::Value {
         serde_json::from_str(&site.ok(&["info", &drive, "--json"])).expect("json")
     };
@@ -333,8 +333,27 @@ fn an_interrupted_offline_resize_leaves_a_drive_info_accepts() {
     let i = info(&site);
     assert_eq!(i["is_drive"], true);
     assert_eq!(i["virtual_size_bytes"], 16 * MIB);
-    // The killed process left its lease; once broken, a resize finishes it.
+    // The killed process left its lease; once broken, the drive mounts at
+    // its old size, and a resize finishes the move.
     site.ok(&["break-lease", &drive]);
+    if system::can_run("interrupted_resize_mount", true) {
+        let dir = site.dir("m");
+        let dir_s = dir.to_string_lossy().to_string();
+        site.ok(&["mount", &drive, &dir_s, "--read-only"]);
+        let entry = std::fs::read_dir(site.run_dir.path().join("attach"))
+            .expect("registry")
+            .filter_map(Result::ok)
+            .find(|e| e.path().extension().is_some_and(|x| x == "json"))
+            .expect("registry entry");
+        let entry: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(entry.path()).unwrap()).unwrap();
+        let dev = entry["loop_device"].as_str().unwrap().to_string();
+        assert_eq!(
+            system::run("blockdev", &["--getsize64", &dev]).trim(),
+            (16 * MIB).to_string()
+        );
+        site.ok(&["unmount", &dir_s]);
+    }
     let r: serde_json::Value =
         serde_json::from_str(&site.ok(&["resize", &drive, "--size", "32M", "--json"])).unwrap();
     assert_eq!(r["finished_interrupted"], true);
@@ -344,15 +363,16 @@ fn an_interrupted_offline_resize_leaves_a_drive_info_accepts() {
     let out = site.blobdrive_env(&["resize", &drive, "--size", "48M"], &env);
     assert_eq!(out.status.code(), Some(9), "{out:?}");
     assert_eq!(info(&site)["virtual_size_bytes"], 48 * MIB);
-    // And a shrink killed between its steps: still the larger drive. (Not
-    // to 16M: the old footer page the killed grow left at 32M is data a
-    // shrink must not cut without a filesystem to measure.)
+    // A shrink killed between its steps: still the larger drive.
     site.ok(&["break-lease", &drive]);
-    let line = site.fails(&["resize", &drive, "--size", "16M", "--allow-shrink"], 1);
-    assert!(line.contains("holds data past"), "{line}");
     let out = site.blobdrive_env(&["resize", &drive, "--size", "40M", "--allow-shrink"], &env);
     assert_eq!(out.status.code(), Some(9), "{out:?}");
     assert_eq!(info(&site)["virtual_size_bytes"], 48 * MIB);
+    // The 16 MiB filesystem ends where the drive began: back to 16 MiB is
+    // allowed (the leftover footer pages past it are cut off).
+    site.ok(&["break-lease", &drive]);
+    site.ok(&["resize", &drive, "--size", "16M", "--allow-shrink"]);
+    assert_eq!(info(&site)["virtual_size_bytes"], 16 * MIB);
 }
 
 #[test]
@@ -368,6 +388,19 @@ fn bad_resizes_get_one_line_each() {
         line.contains("ext4 filesystem") && line.contains("would cut it"),
         "{line}"
     );
+    // No filesystem to measure, and data past the new end.
+    let raw = format!("{}/raw.vhd", guard.name);
+    site.ok(&["create", &raw, "--size", "32M"]);
+    runtime()
+        .block_on(guard.client.put_pages(
+            &guard.path("raw.vhd"),
+            20 * MIB,
+            vec![1u8; 512].into(),
+            None,
+        ))
+        .expect("put");
+    let line = site.fails(&["resize", &raw, "--size", "16M", "--allow-shrink"], 1);
+    assert!(line.contains("holds data past"), "{line}");
     // Leased by another host (a lease this host's registry does not know).
     let path = guard.path("d.vhd");
     runtime()

@@ -108,6 +108,16 @@ async fn drive_kind(client: &BlobClient, path: &BlobPath, size: u64) -> FsResult
         Ok(_) => EntryKind::Drive {
             size_bytes: size - VHD_FOOTER_BYTES,
         },
+        // A grow interrupted after the blob grew: still the old drive.
+        Err(_) if footer.iter().all(|b| *b == 0) => {
+            let store = crate::drive::BlobPageStore::new(client.clone(), path.clone());
+            match crate::drive::resize::locate_footer(&store, size).await {
+                Ok(found) => EntryKind::Drive {
+                    size_bytes: found.offset_bytes,
+                },
+                Err(_) => EntryKind::RawPageBlob { size_bytes: size },
+            }
+        }
         Err(_) => EntryKind::RawPageBlob { size_bytes: size },
     })
 }
