@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use clap::Args;
 
 use super::drives;
-use super::{output, CmdResult, Context};
+use super::{output, CmdResult, CodedError, Context};
 use crate::lifecycle::copy::{self, CopySource};
 use crate::units::format_size;
 
@@ -30,9 +30,25 @@ pub struct CopyArgs {
     pub json: bool,
 }
 
+/// Reads the SRC operand: an `http(s)://` URL with a SAS signature is used
+/// as given (the service reads it); anything else names a blob of this account.
+pub fn copy_source(operand: &str, snapshot: Option<&str>) -> anyhow::Result<CopySource> {
+    let is_url = operand.starts_with("https://") || operand.starts_with("http://");
+    if is_url && operand.contains("sig=") {
+        if snapshot.is_some() {
+            return Err(CodedError::usage(
+                "--snapshot goes with a C/B source; put snapshot= in the URL instead",
+            )
+            .into());
+        }
+        return Ok(CopySource::Url(operand.to_string()));
+    }
+    Ok(CopySource::Blob(drives::parse_blob(operand, snapshot)?))
+}
+
 /// Run `copy`.
 pub fn run(ctx: &Context, args: &CopyArgs) -> CmdResult {
-    let source = CopySource::parse(&args.source, args.snapshot.as_deref())?;
+    let source = copy_source(&args.source, args.snapshot.as_deref())?;
     let dest = drives::parse_blob(&args.dest, None)?;
     drives::require_base(&dest, "a copy makes a new drive, not a snapshot")?;
     let client = drives::connect(ctx)?;

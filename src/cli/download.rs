@@ -52,7 +52,7 @@ pub fn run(ctx: &Context, args: &DownloadArgs) -> CmdResult {
     if let Some(t) = &args.snapshot {
         blob = blob.with_snapshot(Some(t));
     }
-    let account = ctx.account()?;
+    let account = ctx.account_for(&args.blob)?;
     let opts = DownloadOptions {
         raw: args.raw,
         overwrite: args.overwrite,
@@ -99,7 +99,7 @@ fn run_since(ctx: &Context, args: &DownloadArgs, since: &str) -> CmdResult {
         &path,
         "give the drive, and the later snapshot with --snapshot",
     )?;
-    let client = super::drives::connect(ctx)?;
+    let client = super::drives::connect_for(ctx, &args.blob)?;
     let to = args.snapshot.clone();
     super::drives::block_on(async move {
         super::diff::check_states(&client, &path, since, to.as_deref()).await?;

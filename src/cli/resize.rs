@@ -7,7 +7,7 @@
 use clap::Args;
 
 use super::drives;
-use super::{output, values, CmdResult, Context};
+use super::{output, values, CmdResult, CodedError, Context};
 use crate::daemon::registry;
 use crate::lifecycle::resize::{self, ResizeReport};
 use crate::units::format_size;
@@ -44,6 +44,10 @@ pub fn run(ctx: &Context, args: &ResizeArgs) -> CmdResult {
             drives::block_on(async {
                 out = Some(resize::resize_offline(&client, &path, size, allow).await?);
                 Ok(())
+            })
+            .map_err(|e| match e.downcast::<resize::ShrinkNotAllowed>() {
+                Ok(refusal) => CodedError::usage(refusal.0).into(),
+                Err(other) => other,
             })?;
             out.expect("block_on ran the resize")
         }

@@ -49,7 +49,7 @@ pub fn run(ctx: &Context, args: &SnapshotArgs) -> CmdResult {
     if let Some(SnapshotAction::Delete { blob, time }) = &args.action {
         let path = drives::parse_blob(blob, None)?;
         drives::require_base(&path, "give the drive and the snapshot time apart")?;
-        let client = drives::connect(ctx)?;
+        let client = drives::connect_for(ctx, blob)?;
         return drives::block_on(async move {
             delete_snapshot(&client, &path, time).await?;
             output::print_text(&format!("deleted snapshot {time} of {path}\n"));
@@ -59,7 +59,7 @@ pub fn run(ctx: &Context, args: &SnapshotArgs) -> CmdResult {
     let blob = args.blob.as_deref().unwrap_or_default();
     let path = drives::parse_blob(blob, None)?;
     drives::require_base(&path, "snapshot the drive itself")?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, blob)?;
     drives::block_on(async move {
         let props = drives::properties(&client, &path).await?;
         let check = drives::check_disk(&client, &path, props.blob_type, props.content_length)

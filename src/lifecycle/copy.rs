@@ -21,8 +21,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail};
 use serde::Serialize;
 
+use super::checks::{self, blob_err};
 use crate::blob::{BlobClient, BlobPath, CopyState, CopyStatus};
-use crate::cli::drives::{self, blob_err};
 
 /// How often a pending copy is polled.
 const POLL: Duration = Duration::from_millis(500);
@@ -37,22 +37,6 @@ pub enum CopySource {
 }
 
 impl CopySource {
-    /// Reads an operand: an `http(s)://` URL with a query string (a SAS) is
-    /// used as given; anything else names a blob of this account.
-    pub fn parse(operand: &str, snapshot: Option<&str>) -> anyhow::Result<CopySource> {
-        let is_url = operand.starts_with("https://") || operand.starts_with("http://");
-        if is_url && operand.contains("sig=") {
-            if snapshot.is_some() {
-                return Err(crate::cli::CodedError::usage(
-                    "--snapshot goes with a C/B source; put snapshot= in the URL instead",
-                )
-                .into());
-            }
-            return Ok(CopySource::Url(operand.to_string()));
-        }
-        Ok(CopySource::Blob(drives::parse_blob(operand, snapshot)?))
-    }
-
     /// The source as it may be shown: a URL without its query (the SAS).
     pub fn display(&self) -> String {
         match self {
@@ -83,8 +67,8 @@ pub struct CopyReport {
 
 /// Checks that `path` (a blob or snapshot of this account) is a drive.
 async fn require_drive(client: &BlobClient, path: &BlobPath) -> anyhow::Result<u64> {
-    let props = drives::properties(client, path).await?;
-    let check = drives::check_disk(client, path, props.blob_type, props.content_length)
+    let props = checks::properties(client, path).await?;
+    let check = checks::check_disk(client, path, props.blob_type, props.content_length)
         .await
         .map_err(blob_err)?;
     if let Some(p) = check.problem(path) {
@@ -199,7 +183,7 @@ pub async fn copy(
         let removed = client.delete_blob(dest, false, None).await;
         let tail = match removed {
             Ok(()) => format!("{dest} was deleted again"),
-            Err(e) => format!("{dest} could not be deleted ({}); delete it with 'blobdrive delete {dest} --force'", drives::explain(&e)),
+            Err(e) => format!("{dest} could not be deleted ({}); delete it with 'blobdrive delete {dest} --force'", checks::explain(&e)),
         };
         bail!(
             "copy of {} into {dest} failed: {why}; {tail}",
@@ -275,8 +259,8 @@ pub async fn restore(
     time: &str,
     safety_snapshot: bool,
 ) -> anyhow::Result<RestoreReport> {
-    let props = drives::properties(client, path).await?;
-    if drives::is_leased(props.lease_state) {
+    let props = checks::properties(client, path).await?;
+    if checks::is_leased(props.lease_state) {
         bail!(
             "drive {path} is mounted (leased); unmount it before restoring it (a restore replaces all its contents), \
              or run 'blobdrive break-lease {path}' if that host is gone"
@@ -360,7 +344,7 @@ pub async fn prune_snapshots(
     path: &BlobPath,
     keep: usize,
 ) -> anyhow::Result<Vec<String>> {
-    let times = drives::snapshots_of(client, path).await.map_err(blob_err)?;
+    let times = checks::snapshots_of(client, path).await.map_err(blob_err)?;
     let doomed: Vec<String> = times[..times.len().saturating_sub(keep)].to_vec();
     for t in &doomed {
         client
@@ -378,7 +362,7 @@ pub async fn delete_snapshot(
     path: &BlobPath,
     time: &str,
 ) -> anyhow::Result<()> {
-    let times = drives::snapshots_of(client, path).await.map_err(blob_err)?;
+    let times = checks::snapshots_of(client, path).await.map_err(blob_err)?;
     if !times.iter().any(|t| t == time) {
         bail!("{time} is not a snapshot of {path}; 'blobdrive info {path}' lists its snapshots");
     }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _};
 use serde::Serialize;
 
+use super::checks::{blob_err, is_leased};
 use super::layout::{self, Layout};
 use crate::attach::{filesystem, FsType, LoopDevice};
 use crate::blob::{BlobClient, BlobPath, BlobType};
@@ -47,6 +48,12 @@ pub struct ResizeReport {
     pub todo: Option<String>,
 }
 
+/// The refusal of a shrink asked for without `--allow-shrink`: a usage
+/// error (the command line must change), which the CLI reports as one.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ShrinkNotAllowed(pub String);
+
 /// The line for a drive leased by someone other than this host's daemon.
 pub fn leased_elsewhere(path: &BlobPath) -> String {
     format!(
@@ -63,14 +70,11 @@ pub async fn resize_offline(
     new_size_bytes: u64,
     allow_shrink: bool,
 ) -> anyhow::Result<ResizeReport> {
-    let props = client
-        .get_properties(path)
-        .await
-        .map_err(crate::cli::drives::blob_err)?;
+    let props = client.get_properties(path).await.map_err(blob_err)?;
     if props.blob_type != Some(BlobType::PageBlob) {
         bail!("{path} is not a page blob, so not a drive");
     }
-    if crate::cli::drives::is_leased(props.lease_state) {
+    if is_leased(props.lease_state) {
         bail!("{}", leased_elsewhere(path));
     }
     let lease_id = uuid::Uuid::new_v4().to_string();
@@ -81,7 +85,7 @@ pub async fn resize_offline(
             if e.is_lease_conflict() {
                 anyhow!(leased_elsewhere(path))
             } else {
-                crate::cli::drives::blob_err(e)
+                blob_err(e)
             }
         })?;
     let result = resize_leased(client, path, new_size_bytes, allow_shrink, &lease_id).await;
@@ -99,10 +103,7 @@ async fn resize_leased(
     lease_id: &str,
 ) -> anyhow::Result<ResizeReport> {
     let store = BlobPageStore::new(client.clone(), path.clone());
-    let blob_bytes = store
-        .size_bytes()
-        .await
-        .map_err(crate::cli::drives::blob_err)?;
+    let blob_bytes = store.size_bytes().await.map_err(blob_err)?;
     let located = locate_footer(&store, blob_bytes)
         .await
         .map_err(|e| anyhow!("{path} is not a drive: {e}"))?;
@@ -111,11 +112,11 @@ async fn resize_leased(
     let head = client
         .get_blob_range(path, ByteRange::new(0, head_len))
         .await
-        .map_err(crate::cli::drives::blob_err)?;
+        .map_err(blob_err)?;
     let found = layout::detect(&head);
     if new_size_bytes < old {
         if !allow_shrink {
-            return Err(crate::cli::CodedError::usage(format!(
+            return Err(ShrinkNotAllowed(format!(
                 "{path} is {} and {} is smaller: shrinking cuts data off the end; add --allow-shrink to shrink it",
                 format_size(old),
                 format_size(new_size_bytes)
@@ -128,7 +129,7 @@ async fn resize_leased(
     if !unchanged {
         move_footer(&store, &located.footer, old, new_size_bytes, Some(lease_id))
             .await
-            .map_err(crate::cli::drives::blob_err)?;
+            .map_err(blob_err)?;
     }
     tracing::info!(drive = %path, old, new_size_bytes, "resized offline");
     let (filesystem, todo) = match found {
@@ -182,7 +183,7 @@ async fn check_shrink(
             let beyond = store
                 .page_ranges(ByteRange::new(new_size_bytes, old))
                 .await
-                .map_err(crate::cli::drives::blob_err)?;
+                .map_err(blob_err)?;
             if beyond.is_empty() {
                 Ok(())
             } else {
