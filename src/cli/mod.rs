@@ -22,6 +22,7 @@ pub mod diff;
 pub mod download;
 pub mod drives;
 pub mod info;
+pub mod key;
 pub mod layout;
 pub mod list;
 pub mod mount;
@@ -124,6 +125,8 @@ pub enum Command {
     Restore(restore::RestoreArgs),
     /// Ranges written and cleared between two states of a drive.
     Diff(diff::DiffArgs),
+    /// Key slots of an encrypted drive: add, change, remove, dump.
+    Key(key::KeyArgs),
 }
 
 impl Command {
@@ -147,6 +150,7 @@ impl Command {
             Command::Copy(_) => "copy",
             Command::Restore(_) => "restore",
             Command::Diff(_) => "diff",
+            Command::Key(_) => "key",
         }
     }
 }
@@ -254,6 +258,7 @@ where
         Command::Copy(a) => copy::run(&ctx, a),
         Command::Restore(a) => restore::run(&ctx, a),
         Command::Diff(a) => diff::run(&ctx, a),
+        Command::Key(a) => key::run(&ctx, a),
     };
     match result {
         Ok(()) => EXIT_OK,

@@ -50,7 +50,7 @@ pub async fn locate_footer(store: &dyn PageStore, blob_bytes: u64) -> Result<Loc
         });
     }
     let tail = store
-        .read(ByteRange::new(blob_bytes - VHD_FOOTER_BYTES, blob_bytes))
+        .read_stored(ByteRange::new(blob_bytes - VHD_FOOTER_BYTES, blob_bytes))
         .await?;
     let at_end = footer_at(&tail, blob_bytes);
     let err = match at_end {
@@ -77,8 +77,10 @@ pub async fn locate_footer(store: &dyn PageStore, blob_bytes: u64) -> Result<Loc
     if end < 2 * VHD_FOOTER_BYTES || end >= blob_bytes {
         return Err(not_a_drive());
     }
+    // As stored: on an encrypted drive this page lies in the (encrypted)
+    // data area of the grown blob, but a footer is plaintext.
     let raw = store
-        .read(ByteRange::new(end - VHD_FOOTER_BYTES, end))
+        .read_stored(ByteRange::new(end - VHD_FOOTER_BYTES, end))
         .await?;
     match footer_at(&raw, end) {
         Ok(footer) => Ok(LocatedFooter {

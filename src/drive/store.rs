@@ -27,6 +27,20 @@ pub trait PageStore: Send + Sync + 'static {
         None
     }
 
+    /// Whether all-zero pages the engine writes must be sent (as an
+    /// encrypting store needs: only their ciphertext reads back as zeros),
+    /// instead of being skipped or cleared. Discards still clear.
+    fn writes_zero_pages(&self) -> bool {
+        false
+    }
+
+    /// `data` (whole pages at `offset_bytes`) as this store would put it in
+    /// the blob: what a recovery file keeps, so it never holds more than the
+    /// blob would (an encrypting store gives ciphertext).
+    fn as_stored(&self, _offset_bytes: u64, data: Bytes) -> Bytes {
+        data
+    }
+
     /// The blob's ETag now (every write changes it). `None` when unknown,
     /// which keeps the disk cache off.
     async fn etag(&self) -> Result<Option<String>> {
@@ -40,6 +54,13 @@ pub trait PageStore: Send + Sync + 'static {
 
     /// Read `range` (any alignment). Returns exactly `range.len()` bytes.
     async fn read(&self, range: ByteRange) -> Result<Bytes>;
+
+    /// Read `range` as stored, with no transformation a wrapping store
+    /// applies to the data area: how a VHD footer (always plaintext) is read
+    /// where it may lie inside the data area, as after an interrupted grow.
+    async fn read_stored(&self, range: ByteRange) -> Result<Bytes> {
+        self.read(range).await
+    }
 
     /// Write `data` at `offset_bytes` (both 512-aligned, at most 4 MiB)
     /// with the lease id, when one is held.
