@@ -1,7 +1,7 @@
 //! blobdrive: Azure page blobs as Linux disks.
 //!
-//! Layers, each knowing only those below: `cli` → `daemon` → `fs` → `drive` →
-//! `blob`, with `vhd` (the VHD formats), `partition` (partition tables and
+//! Layers, each knowing only those below: `cli` → `lifecycle` (resize, copy,
+//! restore, diff) → `daemon` → `fs` → `drive` → `blob`, with `vhd` (the VHD formats), `partition` (partition tables and
 //! superblocks, read before an attach), `attach` (loop devices and
 //! filesystems), `transfer` (upload, download), `recovery` (recovery files)
 //! and `units` (page arithmetic) beside them. ARCHITECTURE.md at the top of the
@@ -15,6 +15,7 @@ pub mod crypt;
 pub mod daemon;
 pub mod drive;
 pub mod fs;
+pub mod lifecycle;
 pub mod partition;
 pub mod recovery;
 pub mod transfer;

@@ -19,7 +19,7 @@ pub const VHD_FOOTER_BYTES: u64 = 512;
 pub const MAX_PAGE_BLOB_BYTES: u64 = 8 * 1024 * 1024 * 1024 * 1024;
 
 /// A half-open byte range `[start, end)` of a blob.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct ByteRange {
     /// First byte.
     pub start: u64,

@@ -27,6 +27,7 @@ const FLOORS: &[&[&str]] = &[
     &["recovery", "transfer"],
     &["fs"],
     &["daemon"],
+    &["lifecycle"],
     &["cli"],
 ];
 

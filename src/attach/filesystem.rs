@@ -1,5 +1,6 @@
 //! The filesystem inside a drive: detect its type, make one, mount it at the
-//! user's directory, freeze it for a consistent snapshot, unmount it.
+//! user's directory, freeze it for a consistent snapshot, grow it in place,
+//! unmount it.
 //!
 //! A read-only mount of a snapshot taken while the filesystem was live must not
 //! replay the journal (the device is read-only): ext4 gets `noload` and xfs
@@ -12,6 +13,44 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::tool::{run, ToolError};
+
+/// Grows the mounted filesystem on `device` (mounted at `dir`) to fill the
+/// device, in place: `resize2fs` for ext2/3/4, `xfs_growfs` for xfs.
+/// Returns `false` for a type it cannot grow.
+pub fn grow(fs: &FsType, device: &Path, dir: &Path) -> Result<bool, ToolError> {
+    match fs.name() {
+        "ext4" | "ext3" | "ext2" => match run("resize2fs", [device.as_os_str()]) {
+            Ok(_) => Ok(true),
+            // The kernel's online ext4 resize needs CAP_SYS_RESOURCE, which
+            // some containers drop even for root.
+            Err(mut e) if !has_cap_sys_resource() => {
+                e.detail = format!(
+                    "{}: growing a mounted ext4 filesystem needs CAP_SYS_RESOURCE, which this process lacks (a container?); \
+                     run 'resize2fs {}' where it is held",
+                    e.detail,
+                    device.display()
+                );
+                Err(e)
+            }
+            Err(e) => Err(e),
+        },
+        "xfs" => run("xfs_growfs", [dir.as_os_str()]).map(|_| true),
+        _ => Ok(false),
+    }
+}
+
+/// Whether this process holds CAP_SYS_RESOURCE (bit 24 of `CapEff` in
+/// `/proc/self/status`).
+pub fn has_cap_sys_resource() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return true;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_none_or(|caps| caps & (1 << 24) != 0)
+}
 
 /// A filesystem type blobdrive knows how to make and mount.
 #[derive(Debug, Clone, PartialEq, Eq)]

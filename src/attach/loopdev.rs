@@ -60,6 +60,25 @@ impl LoopDevice {
         })
     }
 
+    /// Makes the device take its file's new size (`losetup -c`,
+    /// LOOP_SET_CAPACITY) after the file grew, without a detach; returns the
+    /// device's size now, in bytes.
+    pub fn refresh_capacity(&self) -> Result<u64, ToolError> {
+        run(
+            "losetup",
+            [std::ffi::OsStr::new("-c"), self.device.as_os_str()],
+        )?;
+        let out = run(
+            "blockdev",
+            [std::ffi::OsStr::new("--getsize64"), self.device.as_os_str()],
+        )?;
+        out.trim().parse().map_err(|_| ToolError {
+            tool: "blockdev".into(),
+            detail: format!("printed {out:?}, not a size"),
+            code: None,
+        })
+    }
+
     /// The loop devices currently backed by `file`.
     pub fn find_by_file(file: &Path) -> Result<Vec<LoopDevice>, ToolError> {
         let out = run(

@@ -66,6 +66,8 @@ where
     // ("dmesg(1) may have more information") or a usage text.
     let detail = stderr
         .lines()
+        // Skip a version banner such as "resize2fs 1.47.0 (5-Feb-2023)".
+        .filter(|l| !(l.starts_with(&format!("{program} ")) && l.trim_end().ends_with(')')))
         .find(|l| !l.trim().is_empty())
         .map(|l| l.trim().to_string())
         .unwrap_or_else(|| format!("exited with {}", out.status));

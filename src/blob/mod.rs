@@ -20,7 +20,7 @@ pub mod types;
 mod xml;
 
 pub use account::{Account, AccountOptions, AuthMode, CaFile, ClientOptions, Credential};
-pub use blobs::CREATE_ID_METADATA;
+pub use blobs::{CopyState, CopyStatus, PageRangeDiff, CREATE_ID_METADATA};
 pub use client::{BlobClient, API_VERSION};
 pub use error::{Error, ErrorKind, Result};
 pub use fence::WriteFence;

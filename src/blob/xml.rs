@@ -263,6 +263,41 @@ pub(crate) fn parse_page_list(body: &[u8]) -> Result<(Vec<ByteRange>, Option<Str
     Ok((ranges, next_marker(&root)))
 }
 
+/// A page-range diff (`prevsnapshot`): the ranges written and the ranges
+/// cleared (half-open, in the order the service gave them), and the marker
+/// of the next page.
+pub(crate) type PageDiffPage = (Vec<ByteRange>, Vec<ByteRange>, Option<String>);
+
+/// Parses the answer of Get Page Ranges with `prevsnapshot`: `PageRange` and
+/// `ClearRange` elements, interleaved.
+pub(crate) fn parse_page_diff(body: &[u8]) -> Result<PageDiffPage, String> {
+    let root = parse_tree(body)?;
+    let (mut written, mut cleared) = (Vec::new(), Vec::new());
+    for r in &root.children {
+        let out = match r.name.as_str() {
+            "PageRange" => &mut written,
+            "ClearRange" => &mut cleared,
+            _ => continue,
+        };
+        let num = |n: &str| -> Result<u64, String> {
+            r.text_of(n)
+                .ok_or_else(|| format!("a {} has no {n}", r.name))?
+                .trim()
+                .parse()
+                .map_err(|_| format!("a {} has a bad {n}", r.name))
+        };
+        let (start, end) = (num("Start")?, num("End")?);
+        if end < start {
+            return Err(format!(
+                "a {} ends ({end}) before it starts ({start})",
+                r.name
+            ));
+        }
+        out.push(ByteRange::new(start, end + 1));
+    }
+    Ok((written, cleared, next_marker(&root)))
+}
+
 /// The code and message of an error body, if it is one.
 pub(crate) fn parse_error(body: &[u8]) -> Option<(Option<String>, String)> {
     let root = parse_tree(body).ok()?;
@@ -330,6 +365,17 @@ mod tests {
             parse_page_list(b"<PageList><PageRange><Start>9</Start></PageRange></PageList>")
                 .is_err()
         );
+    }
+
+    #[test]
+    fn page_diff_separates_written_and_cleared_ranges() {
+        let xml = b"<PageList><PageRange><Start>0</Start><End>511</End></PageRange>\
+<ClearRange><Start>512</Start><End>1023</End></ClearRange>\
+<PageRange><Start>4096</Start><End>8191</End></PageRange></PageList>";
+        let (w, c, m) = parse_page_diff(xml).unwrap();
+        assert_eq!(w, vec![ByteRange::new(0, 512), ByteRange::new(4096, 8192)]);
+        assert_eq!(c, vec![ByteRange::new(512, 1024)]);
+        assert_eq!(m, None);
     }
 
     #[test]

@@ -15,8 +15,10 @@ use crate::blob;
 
 pub mod break_lease;
 pub mod cache;
+pub mod copy;
 pub mod create;
 pub mod delete;
+pub mod diff;
 pub mod download;
 pub mod drives;
 pub mod info;
@@ -27,6 +29,8 @@ pub mod mount;
 pub mod mount_helper;
 pub mod output;
 pub mod recover;
+pub mod resize;
+pub mod restore;
 pub mod snapshot;
 pub mod stats;
 pub mod unmount;
@@ -113,6 +117,14 @@ pub enum Command {
     Cache(cache::CacheArgs),
     /// Apply a recovery file saved when an unmount could not flush.
     Recover(recover::RecoverArgs),
+    /// Grow a drive (in place while attached here), or shrink it offline.
+    Resize(resize::ResizeArgs),
+    /// Server-side copy of a drive or snapshot into a new, independent drive.
+    Copy(copy::CopyArgs),
+    /// Put a drive back to one of its snapshots (a safety snapshot first).
+    Restore(restore::RestoreArgs),
+    /// Ranges written and cleared between two states of a drive.
+    Diff(diff::DiffArgs),
     /// Key slots of an encrypted drive: add, change, remove, dump.
     Key(key::KeyArgs),
 }
@@ -134,6 +146,10 @@ impl Command {
             Command::Stats(_) => "stats",
             Command::Cache(_) => "cache",
             Command::Recover(_) => "recover",
+            Command::Resize(_) => "resize",
+            Command::Copy(_) => "copy",
+            Command::Restore(_) => "restore",
+            Command::Diff(_) => "diff",
             Command::Key(_) => "key",
         }
     }
@@ -238,6 +254,10 @@ where
         Command::Stats(a) => stats::run(&ctx, a),
         Command::Cache(a) => cache::run(&ctx, a),
         Command::Recover(a) => recover::run(&ctx, a),
+        Command::Resize(a) => resize::run(&ctx, a),
+        Command::Copy(a) => copy::run(&ctx, a),
+        Command::Restore(a) => restore::run(&ctx, a),
+        Command::Diff(a) => diff::run(&ctx, a),
         Command::Key(a) => key::run(&ctx, a),
     };
     match result {
@@ -392,6 +412,39 @@ mod tests {
                 panic!("{line:?}: {e}");
             }
         }
+    }
+
+    #[test]
+    fn lifecycle_commands_parse() {
+        let lines: [&[&str]; 9] = [
+            &["resize", "c/b", "--size", "3G", "--json"],
+            &["resize", "c/b", "--size", "1G", "--allow-shrink"],
+            &["copy", "c/b", "c/clone", "--snapshot", "T", "--json"],
+            &["restore", "c/b", "--snapshot", "T", "--no-safety-snapshot"],
+            &["snapshot", "c/b", "--keep", "3", "--json"],
+            &["snapshot", "delete", "c/b", "T"],
+            &["diff", "c/b", "--from", "T1", "--to", "T2", "--json"],
+            &[
+                "download",
+                "c/b",
+                "f.vhd",
+                "--since",
+                "T1",
+                "--snapshot",
+                "T2",
+            ],
+            &[
+                "download", "c/b", "f.img", "--since", "T1", "--raw", "--json",
+            ],
+        ];
+        for line in lines {
+            let argv = std::iter::once("blobdrive").chain(line.iter().copied());
+            if let Err(e) = Cli::try_parse_from(argv) {
+                panic!("{line:?}: {e}");
+            }
+        }
+        // --keep 0 would delete the snapshot just taken.
+        assert!(Cli::try_parse_from(["blobdrive", "snapshot", "c/b", "--keep", "0"]).is_err());
     }
 
     #[test]

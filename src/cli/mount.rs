@@ -22,8 +22,7 @@ use crate::fs::one_drive::OneDriveCatalog;
 use crate::fs::{Catalog, EntryPath};
 use crate::partition::choose::{choose, describe_fs, DriveNames};
 use crate::partition::Selector;
-use crate::units::{ByteRange, VHD_FOOTER_BYTES};
-use crate::vhd::Footer;
+use crate::units::VHD_FOOTER_BYTES;
 
 /// Arguments of `mount`.
 #[derive(Debug, Args)]
@@ -320,16 +319,17 @@ async fn drive_size(client: &BlobClient, path: &BlobPath) -> anyhow::Result<u64>
     if props.blob_type != Some(BlobType::PageBlob) || size < 2 * VHD_FOOTER_BYTES {
         bail!("{path} is not a drive: not a page blob holding a fixed VHD");
     }
-    let tail = client
-        .get_blob_range(path, ByteRange::new(size - VHD_FOOTER_BYTES, size))
+    // At the end, or (a grow interrupted after the blob grew) at the end of
+    // the last page holding data: the drive then opens at its old size.
+    let store = crate::drive::BlobPageStore::new(client.clone(), path.clone());
+    let found = crate::drive::resize::locate_footer(&store, size)
         .await
-        .with_context(|| format!("cannot read the VHD footer of {path}"))?;
-    let footer: &[u8; 512] = tail
-        .as_ref()
-        .try_into()
-        .map_err(|_| anyhow!("{path}: short read of the VHD footer"))?;
-    Footer::parse(footer, size).map_err(|e| anyhow!("{path} is not a drive: {e}"))?;
-    Ok(size - VHD_FOOTER_BYTES)
+        .map_err(|e| match e {
+            crate::drive::Error::Backend(b) => anyhow!("cannot read the VHD footer of {path}: {b}"),
+            crate::drive::Error::NotADrive { reason } => anyhow!("{path} is not a drive: {reason}"),
+            other => anyhow!("cannot open {path}: {other}"),
+        })?;
+    Ok(found.offset_bytes)
 }
 
 fn not_found_or(err: blob::Error, path: &BlobPath) -> anyhow::Error {

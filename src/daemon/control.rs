@@ -4,8 +4,9 @@
 //! One Unix stream socket per mount, `$BLOBDRIVE_RUN_DIR/<hash>.sock` (default
 //! run dir `/run/blobdrive`, mode 0700), where `<hash>` is the first 16 hex digits
 //! of the SHA-256 of the canonical mountpoint path. Protocol: the client sends
-//! one line, `stats` or `unmount`; the daemon answers one line: the stats JSON, or
-//! `ok` / `error <reason>` once the unmount has finished (flush, close, unmount).
+//! one line, `stats`, `flush`, `grow <bytes>` or `unmount`; the daemon answers one
+//! line: the stats JSON, or `ok` / `error <reason>` once the flush, the grow of
+//! the drive under the daemon's lease, or the unmount has finished.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -99,6 +100,8 @@ pub enum Command {
     Stats,
     /// Make every write accepted so far durable (`blobdrive snapshot`).
     Flush,
+    /// Grow the drive opened read-write to this many bytes (`blobdrive resize`).
+    Grow(u64),
     /// Flush, close and unmount.
     Unmount,
 }
@@ -110,7 +113,10 @@ impl Command {
             "stats" => Some(Command::Stats),
             "flush" => Some(Command::Flush),
             "unmount" => Some(Command::Unmount),
-            _ => None,
+            other => other
+                .strip_prefix("grow ")
+                .and_then(|n| n.trim().parse().ok())
+                .map(Command::Grow),
         }
     }
 }
@@ -177,6 +183,21 @@ pub fn request_flush(mountpoint: &Path) -> anyhow::Result<()> {
         None if line == "ok" => Ok(()),
         None => bail!("unexpected answer from the daemon: {line}"),
         Some(reason) => bail!("cannot flush {}: {reason}", mountpoint.display()),
+    }
+}
+
+/// Asks the daemon of `mountpoint` to grow its read-write drive to
+/// `new_size_bytes` under its lease (blob, footer, the FUSE file's size);
+/// returns its reason when it could not.
+pub fn request_grow(mountpoint: &Path, new_size_bytes: u64) -> anyhow::Result<()> {
+    let line = request(mountpoint, &format!("grow {new_size_bytes}"), None)?;
+    match line.strip_prefix("error ") {
+        None if line == "ok" => Ok(()),
+        None => bail!("unexpected answer from the daemon: {line}"),
+        Some(reason) => bail!(
+            "cannot grow the drive of {}: {reason}",
+            mountpoint.display()
+        ),
     }
 }
 
@@ -306,6 +327,10 @@ pub(crate) async fn serve(
                         format!("error {}", reasons.join("; ").replace('\n', " "))
                     }
                 }
+                Some(Command::Grow(bytes)) => match core.grow_drive(bytes).await {
+                    Ok(()) => "ok".to_string(),
+                    Err(err) => format!("error {}", err.to_string().replace('\n', " ")),
+                },
                 None => format!("error unknown command {:?}", line.trim()),
             };
             let _ = write.write_all(format!("{answer}\n").as_bytes()).await;

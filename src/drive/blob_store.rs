@@ -181,6 +181,13 @@ impl PageStore for BlobPageStore {
             .await
     }
 
+    async fn resize(&self, blob_size_bytes: u64, lease_id: Option<&str>) -> Result<()> {
+        self.writable("resize")?;
+        self.client
+            .resize(&self.path, blob_size_bytes, lease_id)
+            .await
+    }
+
     async fn acquire_lease(&self, proposed_id: &str) -> Result<()> {
         self.writable("acquire lease")?;
         self.client

@@ -108,6 +108,21 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         Ok(buf.slice((range.start - start) as usize..(range.end - start) as usize))
     }
 
+    async fn read_stored(&self, range: ByteRange) -> Result<Bytes> {
+        self.inner.read_stored(range).await
+    }
+
+    async fn resize(&self, blob_size_bytes: u64, lease_id: Option<&str>) -> Result<()> {
+        self.inner.resize(blob_size_bytes, lease_id).await?;
+        // Pages up to the new footer are data now, encrypted like the rest
+        // (the footer a grow writes next lies at or past this end: plaintext).
+        self.data_end_bytes.store(
+            blob_size_bytes.saturating_sub(VHD_FOOTER_BYTES),
+            Ordering::Release,
+        );
+        Ok(())
+    }
+
     async fn write_pages(
         &self,
         offset_bytes: u64,

@@ -107,7 +107,7 @@ impl Inner {
             return None;
         }
         let from = edge.max(st.fetched_until);
-        let until = (edge + ra).min(self.size_bytes);
+        let until = (edge + ra).min(self.size_bytes());
         (from < until).then_some((from, until))
     }
 
@@ -131,7 +131,9 @@ impl Inner {
         len: usize,
     ) -> Result<(Bytes, Option<(u64, u64)>)> {
         self.check_open()?;
-        let end = self.size_bytes.min(offset_bytes.saturating_add(len as u64));
+        let end = self
+            .size_bytes()
+            .min(offset_bytes.saturating_add(len as u64));
         if offset_bytes >= end {
             return Ok((Bytes::new(), None));
         }
@@ -186,11 +188,11 @@ impl Inner {
 
     fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<u64> {
         match offset_bytes.checked_add(len_bytes) {
-            Some(end) if end <= self.size_bytes => Ok(end),
+            Some(end) if end <= self.size_bytes() => Ok(end),
             _ => Err(Error::OutOfRange {
                 offset_bytes,
                 len_bytes,
-                size_bytes: self.size_bytes,
+                size_bytes: self.size_bytes(),
             }),
         }
     }

@@ -405,6 +405,26 @@ impl PageStore for MemoryStore {
         Ok(())
     }
 
+    async fn resize(&self, blob_size_bytes: u64, lease_id: Option<&str>) -> Result<()> {
+        const OP: &str = "resize";
+        self.delay().await;
+        let mut st = self.state();
+        self.check_write(OP, &mut st, lease_id)?;
+        if blob_size_bytes % PAGE_SIZE != 0 {
+            return Err(self.err(
+                OP,
+                400,
+                "InvalidHeaderValue",
+                "size must be a multiple of 512",
+            ));
+        }
+        let end_page = blob_size_bytes / PAGE_SIZE;
+        st.pages.retain(|p, _| *p < end_page);
+        st.size_bytes = blob_size_bytes;
+        st.version += 1;
+        Ok(())
+    }
+
     async fn acquire_lease(&self, proposed_id: &str) -> Result<()> {
         const OP: &str = "acquire lease";
         self.meters.leases.fetch_add(1, Ordering::Relaxed);

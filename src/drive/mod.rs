@@ -22,10 +22,11 @@ mod io;
 mod lease;
 pub mod memory;
 mod open;
+pub mod resize;
 pub mod store;
 mod tier;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -118,8 +119,9 @@ pub(crate) struct Inner {
     store: Arc<dyn PageStore>,
     mode: Mode,
     target: String,
-    /// Size of the data area (blob size minus the footer).
-    size_bytes: u64,
+    /// Size of the data area (blob size minus the footer); grows only
+    /// through `resize::grow`, never shrinks while open.
+    size_bytes: AtomicU64,
     lease: Lease,
     cache: Cache,
     /// The disk tier, when on.
@@ -152,6 +154,11 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// Size of the data area now.
+    pub(crate) fn size_bytes(&self) -> u64 {
+        self.size_bytes.load(Ordering::Acquire)
+    }
+
     fn extents(&self) -> std::sync::MutexGuard<'_, Extents> {
         self.extents.lock().expect("extents mutex poisoned")
     }
@@ -207,7 +214,15 @@ impl Drive {
 
     /// Size of the data area in bytes (blob size minus the 512-byte footer).
     pub fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes
+        self.inner.size_bytes()
+    }
+
+    /// Grow the data area to `new_size_bytes` while open, under the lease:
+    /// the blob grows, the footer moves (an interruption leaves a valid
+    /// drive of either size), and the new area reads as zeros. Refuses a
+    /// smaller size and a drive not opened read-write.
+    pub async fn grow(&self, new_size_bytes: u64) -> Result<()> {
+        self.inner.grow(new_size_bytes).await
     }
 
     /// How the drive was opened.

@@ -12,48 +12,32 @@ use tokio::sync::Notify;
 use super::cache::Cache;
 use super::chunk::CHUNK_BYTES;
 use super::counters::{add, Meters};
-use super::error::{Error, Result};
+use super::error::Result;
 use super::extents::{Extents, PageRange};
 use super::lease::Lease;
 use super::store::PageStore;
 use super::{DriveOptions, Inner, Mode, ReadAhead};
-use crate::units::{
-    ByteRange, MAX_PAGE_BLOB_BYTES, MAX_PUT_PAGE_BYTES, PAGE_SIZE, VHD_FOOTER_BYTES,
-};
+use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES, PAGE_SIZE, VHD_FOOTER_BYTES};
 
 /// Smallest cache, in chunks: enough for a few operations to pin at once.
 const MIN_CACHE_CHUNKS: u64 = 8;
-
-/// Validate the footer read from the end of the blob: a fixed VHD whose
-/// size matches the blob's.
-fn check_footer(footer: &[u8; 512], blob_bytes: u64) -> Result<()> {
-    crate::vhd::Footer::parse(footer, blob_bytes)
-        .map(|_| ())
-        .map_err(|e| Error::NotADrive {
-            reason: e.to_string(),
-        })
-}
 
 pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) -> Result<Inner> {
     let meters = Meters::default();
     let target = opts.target.clone();
     let blob_bytes = store.size_bytes().await?;
-    if blob_bytes % PAGE_SIZE != 0
-        || blob_bytes <= VHD_FOOTER_BYTES
-        || blob_bytes > MAX_PAGE_BLOB_BYTES
-    {
-        return Err(Error::NotADrive {
-            reason: format!("blob size {blob_bytes} is not a page blob holding a VHD"),
-        });
-    }
-    let size_bytes = blob_bytes - VHD_FOOTER_BYTES;
     add(&meters.get, 1);
-    let raw = store.read(ByteRange::new(size_bytes, blob_bytes)).await?;
-    add(&meters.bytes_down, raw.len() as u64);
-    let footer: &[u8; 512] = raw.as_ref().try_into().map_err(|_| Error::NotADrive {
-        reason: "short read of the VHD footer".into(),
-    })?;
-    check_footer(footer, blob_bytes)?;
+    let located = super::resize::locate_footer(store.as_ref(), blob_bytes).await?;
+    add(&meters.bytes_down, VHD_FOOTER_BYTES);
+    if located.interrupted_grow {
+        tracing::warn!(
+            target = %target,
+            size_bytes = located.offset_bytes,
+            blob_bytes,
+            "a resize of this drive was interrupted; it opens at its old size ('blobdrive resize' finishes it)"
+        );
+    }
+    let size_bytes = located.offset_bytes;
 
     let lease = match opts.mode {
         Mode::ReadWrite => {
@@ -107,7 +91,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         store,
         mode: opts.mode,
         target,
-        size_bytes,
+        size_bytes: std::sync::atomic::AtomicU64::new(size_bytes),
         lease,
         cache: Cache::new(max_chunks as usize),
         disk,

@@ -55,6 +55,13 @@ pub trait PageStore: Send + Sync + 'static {
     /// Read `range` (any alignment). Returns exactly `range.len()` bytes.
     async fn read(&self, range: ByteRange) -> Result<Bytes>;
 
+    /// Read `range` as stored, with no transformation a wrapping store
+    /// applies to the data area: how a VHD footer (always plaintext) is read
+    /// where it may lie inside the data area, as after an interrupted grow.
+    async fn read_stored(&self, range: ByteRange) -> Result<Bytes> {
+        self.read(range).await
+    }
+
     /// Write `data` at `offset_bytes` (both 512-aligned, at most 4 MiB)
     /// with the lease id, when one is held.
     async fn write_pages(
@@ -66,6 +73,11 @@ pub trait PageStore: Send + Sync + 'static {
 
     /// Clear (zero and deallocate) the 512-aligned `range`.
     async fn clear_pages(&self, range: ByteRange, lease_id: Option<&str>) -> Result<()>;
+
+    /// Change the size of the whole blob to `blob_size_bytes` (a multiple of
+    /// 512) with the lease id, when one is held: pages past a new, smaller
+    /// end are gone; pages of a larger one hold no data.
+    async fn resize(&self, blob_size_bytes: u64, lease_id: Option<&str>) -> Result<()>;
 
     /// Acquire an infinite lease with `proposed_id`. Acquiring again with the
     /// id already held succeeds (retry-safe).

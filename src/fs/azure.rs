@@ -121,6 +121,16 @@ async fn drive_kind(client: &BlobClient, path: &BlobPath, size: u64) -> FsResult
         Ok(_) => EntryKind::Drive {
             size_bytes: size - VHD_FOOTER_BYTES,
         },
+        // A grow interrupted after the blob grew: still the old drive.
+        Err(_) if footer.iter().all(|b| *b == 0) => {
+            let store = crate::drive::BlobPageStore::new(client.clone(), path.clone());
+            match crate::drive::resize::locate_footer(&store, size).await {
+                Ok(found) => EntryKind::Drive {
+                    size_bytes: found.offset_bytes,
+                },
+                Err(_) => EntryKind::RawPageBlob { size_bytes: size },
+            }
+        }
         Err(_) => EntryKind::RawPageBlob { size_bytes: size },
     })
 }
@@ -296,6 +306,10 @@ impl Rescuable for DriveDevice {
 impl Device for DriveDevice {
     fn size_bytes(&self) -> u64 {
         self.drive.size_bytes()
+    }
+
+    async fn grow(&self, new_size_bytes: u64) -> FsResult<()> {
+        self.drive.grow(new_size_bytes).await.map_err(drive_error)
     }
 
     async fn read_at(&self, offset_bytes: u64, len: usize) -> FsResult<Bytes> {

@@ -74,8 +74,17 @@ pub type FsResult<T> = Result<T, FsError>;
 /// Implementations are shared between file handles and used concurrently.
 #[async_trait]
 pub trait Device: Send + Sync {
-    /// Size of the disk in bytes; constant while the device is open.
+    /// Size of the disk in bytes; changes only through [`Device::grow`].
     fn size_bytes(&self) -> u64;
+    /// Grows the disk to `new_size_bytes` while open (online resize); only
+    /// drives opened read-write can.
+    async fn grow(&self, new_size_bytes: u64) -> FsResult<()> {
+        let _ = new_size_bytes;
+        Err(FsError::new(
+            libc::EOPNOTSUPP,
+            "only a drive opened read-write can grow",
+        ))
+    }
     /// Reads up to `len` bytes at `offset_bytes`, clipped at the end of the disk.
     async fn read_at(&self, offset_bytes: u64, len: usize) -> FsResult<Bytes>;
     /// Writes `data` at `offset_bytes`; the caller keeps the range inside the disk.

@@ -165,7 +165,13 @@ impl FsCore {
                     || path.snapshot.is_some()
                     || matches!(kind, EntryKind::BlockBlob { .. });
                 let perm = if read_only { 0o444 } else { 0o644 };
-                (FileType::RegularFile, kind.file_size().unwrap_or(0), perm)
+                // An open drive may have grown since it was listed.
+                let size = self
+                    .handles
+                    .live_size(node.ino)
+                    .or(kind.file_size())
+                    .unwrap_or(0);
+                (FileType::RegularFile, size, perm)
             }
         };
         FileAttr {
@@ -463,6 +469,12 @@ impl FsCore {
     /// `Handles::stats`).
     pub fn stats(&self) -> serde_json::Value {
         serde_json::Value::Object(self.handles.stats())
+    }
+
+    /// Grows the drive opened read-write to `new_size_bytes` (an online
+    /// resize); `getattr` shows the new size from then on.
+    pub async fn grow_drive(&self, new_size_bytes: u64) -> FsResult<()> {
+        self.handles.grow(new_size_bytes).await
     }
 
     /// Flushes every writable device; returns the failures.

@@ -191,6 +191,33 @@ impl Handles {
         errors
     }
 
+    /// The size of file `ino`'s open device now (it changes when a drive
+    /// grows), or `None` when the file is not open.
+    pub fn live_size(&self, ino: u64) -> Option<u64> {
+        let file = self.files().get(&ino).cloned()?;
+        file.current().map(|open| open.device.size_bytes())
+    }
+
+    /// Grows every device opened read-write to `new_size_bytes`; fails when
+    /// none is (only a writable open holds the lease a resize needs).
+    pub async fn grow(&self, new_size_bytes: u64) -> FsResult<()> {
+        let mut grown = 0;
+        for file in self.open_files() {
+            if let Some(open) = file.current().filter(|open| open.writable) {
+                open.device.grow(new_size_bytes).await?;
+                tracing::info!(path = %file.path, new_size_bytes, "device grown");
+                grown += 1;
+            }
+        }
+        if grown == 0 {
+            return Err(FsError::new(
+                libc::EROFS,
+                "no drive of this mount is open read-write",
+            ));
+        }
+        Ok(())
+    }
+
     /// True when a writable open device's last flush found storage silent.
     pub fn storage_unanswered(&self) -> bool {
         self.open_files().iter().any(|file| {

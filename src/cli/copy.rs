@@ -1,0 +1,97 @@
+//! `blobdrive copy SRC DST [--snapshot T] [--json]`: a server-side copy
+//! (Copy Blob) into a new, independent drive. SRC is a drive of the
+//! account (`--snapshot T` picks one of its snapshots) or a URL with a SAS
+//! (another account). Never replaces DST; Ctrl-C aborts the copy and
+//! deletes the half-made DST. The work is in `crate::lifecycle::copy`.
+
+use std::io::IsTerminal;
+
+use clap::Args;
+
+use super::drives;
+use super::{output, CmdResult, CodedError, Context};
+use crate::lifecycle::copy::{self, CopySource};
+use crate::units::format_size;
+
+/// Arguments of `copy`.
+#[derive(Debug, Args)]
+pub struct CopyArgs {
+    /// The source: a drive C/B of this account, or a blob URL with a SAS.
+    #[arg(value_name = "SRC")]
+    pub source: String,
+    /// The new drive, CONTAINER/PATH (must not exist).
+    #[arg(value_name = "DST")]
+    pub dest: String,
+    /// Copy this snapshot of SRC.
+    #[arg(long, value_name = "TIME")]
+    pub snapshot: Option<String>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Reads the SRC operand: an `http(s)://` URL with a SAS signature is used
+/// as given (the service reads it); anything else names a blob of this account.
+pub fn copy_source(operand: &str, snapshot: Option<&str>) -> anyhow::Result<CopySource> {
+    let is_url = operand.starts_with("https://") || operand.starts_with("http://");
+    if is_url && operand.contains("sig=") {
+        if snapshot.is_some() {
+            return Err(CodedError::usage(
+                "--snapshot goes with a C/B source; put snapshot= in the URL instead",
+            )
+            .into());
+        }
+        return Ok(CopySource::Url(operand.to_string()));
+    }
+    Ok(CopySource::Blob(drives::parse_blob(operand, snapshot)?))
+}
+
+/// Run `copy`.
+pub fn run(ctx: &Context, args: &CopyArgs) -> CmdResult {
+    let source = copy_source(&args.source, args.snapshot.as_deref())?;
+    let dest = drives::parse_blob(&args.dest, None)?;
+    drives::require_base(&dest, "a copy makes a new drive, not a snapshot")?;
+    let client = drives::connect(ctx)?;
+    let show = std::io::stderr().is_terminal() && !args.json;
+    let json = args.json;
+    drives::block_on(async move {
+        match client.create_container(&dest.container).await {
+            Ok(_) => {}
+            // A SAS scoped to one container may not create containers; the
+            // copy itself then says whether the container exists.
+            Err(e) if e.is_auth_failure() => {}
+            Err(e) => return Err(drives::blob_err(e)),
+        }
+        let mut progress = |done: u64, total: u64| {
+            if show {
+                eprint!(
+                    "\rcopying: {} of {}   ",
+                    format_size(done),
+                    format_size(total)
+                );
+            }
+            tracing::debug!(done, total, "copy progress");
+        };
+        let cancel = async {
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let report = copy::copy(&client, &source, &dest, &mut progress, cancel).await;
+        if show {
+            eprintln!();
+        }
+        let report = report?;
+        if json {
+            output::print_json(&report);
+        } else {
+            output::print_text(&format!(
+                "copied {} to {} ({})\n",
+                report.source,
+                report.destination,
+                format_size(report.blob_size_bytes)
+            ));
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,287 @@
+//! A drive's size: growing an open drive in place, the footer moves of a
+//! resize, and finding the footer of a drive whose resize was interrupted.
+//!
+//! The fixed VHD footer must be the blob's last 512 bytes, and the blob's
+//! size and its last page cannot change in one request. So a grow goes:
+//! resize the blob, write the new footer at the new end, then clear the old
+//! footer page; a shrink writes the new footer inside the data area first,
+//! then cuts the blob. Invariant: an interruption between any two steps
+//! leaves a valid drive of the old or the new size. The one state whose last
+//! page is not a footer (just after the blob grew) is recognised by
+//! [`locate_footer`]: the old footer is then the last page that holds data.
+
+use std::sync::atomic::Ordering;
+
+use super::error::{Error, Result};
+use super::extents::PageRange;
+use super::store::PageStore;
+use super::{Inner, Mode};
+use crate::units::{ByteRange, MAX_PAGE_BLOB_BYTES, PAGE_SIZE, VHD_FOOTER_BYTES};
+use crate::vhd::{chs_geometry, Footer};
+
+/// Where a drive's footer was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocatedFooter {
+    /// The footer.
+    pub footer: Footer,
+    /// Its offset: the size of the data area.
+    pub offset_bytes: u64,
+    /// True when it is not at the end of the blob: a grow was interrupted
+    /// after the blob grew; the drive is the old size until a resize ends it.
+    pub interrupted_grow: bool,
+}
+
+fn footer_at(raw: &[u8], blob_bytes: u64) -> std::result::Result<Footer, crate::vhd::Error> {
+    let mut page = [0u8; 512];
+    page.copy_from_slice(&raw[..512]);
+    Footer::parse(&page, blob_bytes)
+}
+
+/// Reads the footer of the drive in `store` (a blob of `blob_bytes`): at the
+/// end, or, when the last page is all zeros, at the end of the last page
+/// range that holds data (a grow interrupted before its new footer).
+pub async fn locate_footer(store: &dyn PageStore, blob_bytes: u64) -> Result<LocatedFooter> {
+    if blob_bytes % PAGE_SIZE != 0
+        || blob_bytes <= VHD_FOOTER_BYTES
+        || blob_bytes > MAX_PAGE_BLOB_BYTES
+    {
+        return Err(Error::NotADrive {
+            reason: format!("blob size {blob_bytes} is not a page blob holding a VHD"),
+        });
+    }
+    let tail = store
+        .read_stored(ByteRange::new(blob_bytes - VHD_FOOTER_BYTES, blob_bytes))
+        .await?;
+    let at_end = footer_at(&tail, blob_bytes);
+    let err = match at_end {
+        Ok(footer) => {
+            return Ok(LocatedFooter {
+                footer,
+                offset_bytes: blob_bytes - VHD_FOOTER_BYTES,
+                interrupted_grow: false,
+            })
+        }
+        Err(e) => e,
+    };
+    let not_a_drive = || Error::NotADrive {
+        reason: err.to_string(),
+    };
+    if tail.iter().any(|b| *b != 0) {
+        return Err(not_a_drive());
+    }
+    let ranges = store.page_ranges(ByteRange::new(0, blob_bytes)).await?;
+    let Some(last) = ranges.last() else {
+        return Err(not_a_drive());
+    };
+    let end = last.end - last.end % PAGE_SIZE;
+    if end < 2 * VHD_FOOTER_BYTES || end >= blob_bytes {
+        return Err(not_a_drive());
+    }
+    // As stored: on an encrypted drive this page lies in the (encrypted)
+    // data area of the grown blob, but a footer is plaintext.
+    let raw = store
+        .read_stored(ByteRange::new(end - VHD_FOOTER_BYTES, end))
+        .await?;
+    match footer_at(&raw, end) {
+        Ok(footer) => Ok(LocatedFooter {
+            footer,
+            offset_bytes: end - VHD_FOOTER_BYTES,
+            interrupted_grow: true,
+        }),
+        Err(_) => Err(not_a_drive()),
+    }
+}
+
+/// `footer` for a disk of `size_bytes`: the same identity (unique id,
+/// creator, original size), the new current size and geometry.
+pub fn resized_footer(footer: &Footer, size_bytes: u64) -> Footer {
+    let mut out = footer.clone();
+    out.current_size_bytes = size_bytes;
+    out.geometry = chs_geometry(size_bytes);
+    out
+}
+
+/// Test hook: a process that sets this variable to a step name
+/// (`after-resize`, `after-footer`) exits right after that step of a
+/// resize, as a kill would stop it. For the interruption tests only.
+pub const STOP_AFTER_ENV: &str = "BLOBDRIVE_TEST_RESIZE_STOP_AFTER";
+
+fn stop_point(step: &str) {
+    if std::env::var(STOP_AFTER_ENV).is_ok_and(|s| s == step) {
+        tracing::warn!(step, "stopping the resize here ({STOP_AFTER_ENV})");
+        std::process::exit(9);
+    }
+}
+
+/// Moves the drive in `store` from a data area of `old_size_bytes` (footer
+/// `footer` at that offset) to `new_size_bytes`, in the order that keeps a
+/// valid drive after any interruption (see the module doc). The caller
+/// holds the lease `lease_id` (or knows the blob is not leased) and has
+/// checked that nothing needed lies past a smaller new end. The blob may
+/// already be larger than `old_size_bytes + 512` (an interrupted grow).
+pub async fn move_footer(
+    store: &dyn PageStore,
+    footer: &Footer,
+    old_size_bytes: u64,
+    new_size_bytes: u64,
+    lease_id: Option<&str>,
+) -> crate::blob::Result<()> {
+    let new_footer =
+        bytes::Bytes::copy_from_slice(&resized_footer(footer, new_size_bytes).to_bytes());
+    let new_blob_bytes = new_size_bytes + VHD_FOOTER_BYTES;
+    if new_size_bytes >= old_size_bytes {
+        store.resize(new_blob_bytes, lease_id).await?;
+        stop_point("after-resize");
+        store
+            .write_pages(new_size_bytes, new_footer, lease_id)
+            .await?;
+        stop_point("after-footer");
+        if new_size_bytes > old_size_bytes {
+            let old = ByteRange::new(old_size_bytes, old_size_bytes + VHD_FOOTER_BYTES);
+            store.clear_pages(old, lease_id).await?;
+        }
+    } else {
+        store
+            .write_pages(new_size_bytes, new_footer, lease_id)
+            .await?;
+        stop_point("after-footer");
+        store.resize(new_blob_bytes, lease_id).await?;
+    }
+    Ok(())
+}
+
+impl Inner {
+    /// Grows the data area to `new_size_bytes` under the drive's lease:
+    /// blob and footer as [`move_footer`] does, then the size the drive
+    /// serves. Writes go on meanwhile (below the old end). One grow at a time
+    /// (it holds the flush lock, which also keeps flushes out of the old
+    /// footer page while it changes).
+    pub(crate) async fn grow(&self, new_size_bytes: u64) -> Result<()> {
+        self.check_writable()?;
+        if self.mode != Mode::ReadWrite {
+            return Err(Error::ReadOnly);
+        }
+        let _one = self.flush_lock.lock().await;
+        let old_size_bytes = self.size_bytes.load(Ordering::Acquire);
+        if new_size_bytes < old_size_bytes {
+            return Err(Error::OutOfRange {
+                offset_bytes: new_size_bytes,
+                len_bytes: 0,
+                size_bytes: old_size_bytes,
+            });
+        }
+        if new_size_bytes == old_size_bytes {
+            return Ok(());
+        }
+        let blob_bytes = self.store.size_bytes().await?;
+        let located = locate_footer(self.store.as_ref(), blob_bytes).await?;
+        if located.offset_bytes != old_size_bytes {
+            return Err(Error::NotADrive {
+                reason: format!(
+                    "the footer is at {} but the drive is {old_size_bytes} bytes: someone else resized it",
+                    located.offset_bytes
+                ),
+            });
+        }
+        let lease_id = self.lease.id();
+        move_footer(
+            self.store.as_ref(),
+            &located.footer,
+            old_size_bytes,
+            new_size_bytes,
+            lease_id,
+        )
+        .await
+        .map_err(|e| self.write_error(e))?;
+        // The old footer page is cleared and the new area holds no data: the
+        // sparse map needs no new entry, only the guard against stale ones.
+        self.extents().remove(PageRange::covering(ByteRange::new(
+            old_size_bytes,
+            old_size_bytes + VHD_FOOTER_BYTES,
+        )));
+        self.size_bytes.store(new_size_bytes, Ordering::Release);
+        tracing::info!(target = %self.target, old_size_bytes, new_size_bytes, "drive grown");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::drive::{Drive, DriveOptions, MemoryStore};
+
+    const MIB: u64 = 1 << 20;
+
+    fn drive_store(size_bytes: u64) -> Arc<MemoryStore> {
+        let s = MemoryStore::new(size_bytes + VHD_FOOTER_BYTES);
+        s.poke(size_bytes, &Footer::new_fixed(size_bytes).to_bytes());
+        Arc::new(s)
+    }
+
+    #[tokio::test]
+    async fn an_open_drive_grows_and_keeps_its_data() {
+        let store = drive_store(MIB);
+        let drive = Drive::open(store.clone(), DriveOptions::default())
+            .await
+            .unwrap();
+        drive.write_at(MIB - 512, &[5u8; 512]).await.unwrap();
+        assert!(
+            drive.write_at(MIB, &[1u8; 512]).await.is_err(),
+            "past the end"
+        );
+        drive.grow(3 * MIB).await.unwrap();
+        assert_eq!(drive.size_bytes(), 3 * MIB);
+        // The old footer page is data area now, and reads as zeros.
+        assert_eq!(&drive.read_at(MIB, 512).await.unwrap()[..], &[0u8; 512][..]);
+        drive.write_at(3 * MIB - 512, &[9u8; 512]).await.unwrap();
+        assert!(
+            drive.grow(2 * MIB).await.is_err(),
+            "never shrinks while open"
+        );
+        drive.close().await.unwrap();
+        let again = Drive::open(store.clone(), DriveOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(again.size_bytes(), 3 * MIB);
+        assert_eq!(
+            &again.read_at(MIB - 512, 512).await.unwrap()[..],
+            &[5u8; 512][..]
+        );
+        assert_eq!(
+            &again.read_at(3 * MIB - 512, 512).await.unwrap()[..],
+            &[9u8; 512][..]
+        );
+        again.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_grow_cut_after_the_blob_grew_is_the_old_drive() {
+        let store = drive_store(MIB);
+        store.poke(0, &[3u8; 512]);
+        // The first step of a grow only: the blob is larger, its last page empty.
+        store
+            .resize(4 * MIB + VHD_FOOTER_BYTES, None)
+            .await
+            .unwrap();
+        let found = locate_footer(store.as_ref(), 4 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap();
+        assert!(found.interrupted_grow);
+        assert_eq!(found.offset_bytes, MIB);
+        let drive = Drive::open(store.clone(), DriveOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(drive.size_bytes(), MIB);
+        // Growing it from there finishes the move.
+        drive.grow(4 * MIB).await.unwrap();
+        drive.close().await.unwrap();
+        let found = locate_footer(store.as_ref(), 4 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap();
+        assert!(!found.interrupted_grow);
+        assert_eq!(found.footer.current_size_bytes, 4 * MIB);
+        assert_eq!(store.contents(ByteRange::new(0, 512)), vec![3u8; 512]);
+    }
+}

@@ -1,0 +1,351 @@
+//! The difference between two states of a drive (a snapshot and a later
+//! snapshot or the live blob), and bringing a local copy of the earlier
+//! state up to date with it (`download --since`).
+//!
+//! The service's diff (Get Page Ranges with `prevsnapshot`) lists the pages
+//! written since the earlier snapshot and the ones cleared; an emulator may
+//! ignore `prevsnapshot` and list every page holding data, and no cleared
+//! ones. So the result is derived to be right either way: written = the
+//! service's written ranges that hold data in the later state, plus any
+//! range that holds data now and did not then; cleared = what held data in
+//! the earlier state and holds none in the later one. Where the service
+//! answers the diff properly only changed pages are fetched; elsewhere more
+//! is fetched, never less. All ranges are half-open byte ranges of the data
+//! area (the VHD footer is not part of it).
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::blob::{BlobClient, BlobPath, Result as BlobResult};
+use crate::drive::{BlobPageStore, PageStore};
+use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES, VHD_FOOTER_BYTES};
+
+/// Two states of one page blob, as the diff needs them. A state is a
+/// snapshot time, or `None` for the live blob.
+#[async_trait]
+pub trait StateStore: Send + Sync {
+    /// Size of the blob in that state, footer included.
+    async fn blob_size(&self, state: Option<&str>) -> BlobResult<u64>;
+    /// The ranges holding data within `within` in that state, sorted.
+    async fn page_ranges(
+        &self,
+        state: Option<&str>,
+        within: ByteRange,
+    ) -> BlobResult<Vec<ByteRange>>;
+    /// The ranges the service says were written in `state` since the
+    /// snapshot `prev` (Get Page Ranges with `prevsnapshot`).
+    async fn written_since(&self, state: Option<&str>, prev: &str) -> BlobResult<Vec<ByteRange>>;
+    /// Reads `range` of that state.
+    async fn read(&self, state: Option<&str>, range: ByteRange) -> BlobResult<Bytes>;
+}
+
+/// A drive of an account as a [`StateStore`].
+pub struct BlobStates {
+    client: BlobClient,
+    path: BlobPath,
+}
+
+impl BlobStates {
+    /// The states of the drive `path` (its base blob and snapshots).
+    pub fn new(client: BlobClient, path: &BlobPath) -> Self {
+        BlobStates {
+            client,
+            path: path.base(),
+        }
+    }
+
+    fn at(&self, state: Option<&str>) -> BlobPath {
+        self.path.clone().with_snapshot(state)
+    }
+}
+
+#[async_trait]
+impl StateStore for BlobStates {
+    async fn blob_size(&self, state: Option<&str>) -> BlobResult<u64> {
+        Ok(self
+            .client
+            .get_properties(&self.at(state))
+            .await?
+            .content_length)
+    }
+
+    async fn page_ranges(
+        &self,
+        state: Option<&str>,
+        within: ByteRange,
+    ) -> BlobResult<Vec<ByteRange>> {
+        BlobPageStore::new(self.client.clone(), self.at(state))
+            .page_ranges(within)
+            .await
+    }
+
+    async fn written_since(&self, state: Option<&str>, prev: &str) -> BlobResult<Vec<ByteRange>> {
+        Ok(self
+            .client
+            .get_page_ranges_diff(&self.at(state), prev)
+            .await?
+            .written)
+    }
+
+    async fn read(&self, state: Option<&str>, range: ByteRange) -> BlobResult<Bytes> {
+        self.client.get_blob_range(&self.at(state), range).await
+    }
+}
+
+/// Sorted, merged, without empty ranges.
+pub fn normalize(mut v: Vec<ByteRange>) -> Vec<ByteRange> {
+    v.retain(|r| !r.is_empty());
+    v.sort_by_key(|r| r.start);
+    let mut out: Vec<ByteRange> = Vec::with_capacity(v.len());
+    for r in v {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+/// The parts of `a` inside `b` (both normalized).
+pub fn intersect(a: &[ByteRange], b: &[ByteRange]) -> Vec<ByteRange> {
+    let mut out = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let start = a[i].start.max(b[j].start);
+        let end = a[i].end.min(b[j].end);
+        if start < end {
+            out.push(ByteRange::new(start, end));
+        }
+        if a[i].end < b[j].end {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
+/// The parts of `a` outside `b` (both normalized).
+pub fn subtract(a: &[ByteRange], b: &[ByteRange]) -> Vec<ByteRange> {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for r in a {
+        let mut at = r.start;
+        while j < b.len() && b[j].end <= at {
+            j += 1;
+        }
+        let mut k = j;
+        while k < b.len() && b[k].start < r.end {
+            if b[k].start > at {
+                out.push(ByteRange::new(at, b[k].start));
+            }
+            at = at.max(b[k].end);
+            k += 1;
+        }
+        if at < r.end {
+            out.push(ByteRange::new(at, r.end));
+        }
+    }
+    out
+}
+
+fn total(v: &[ByteRange]) -> u64 {
+    v.iter().map(ByteRange::len).sum()
+}
+
+/// What changed between two states of a drive.
+#[derive(Debug, Clone, Serialize)]
+pub struct Diff {
+    /// The earlier state (a snapshot time).
+    pub from: String,
+    /// The later state: a snapshot time, or `None` for the live drive.
+    pub to: Option<String>,
+    /// Disk size (data area) at `from`, in bytes.
+    pub from_size_bytes: u64,
+    /// Disk size at `to`, in bytes.
+    pub to_size_bytes: u64,
+    /// Ranges written (to be fetched), `[start, end)`.
+    pub written: Vec<ByteRange>,
+    /// Ranges cleared (to read as zeros), `[start, end)`.
+    pub cleared: Vec<ByteRange>,
+    /// Bytes in `written`.
+    pub written_bytes: u64,
+    /// Bytes in `cleared`.
+    pub cleared_bytes: u64,
+}
+
+/// The diff of `store` from snapshot `from` to `to` (`None`: the live blob).
+pub async fn diff(store: &dyn StateStore, from: &str, to: Option<&str>) -> BlobResult<Diff> {
+    let data = |blob: u64| blob.saturating_sub(VHD_FOOTER_BYTES);
+    let s1 = data(store.blob_size(Some(from)).await?);
+    let s2 = data(store.blob_size(to).await?);
+    let ranges = |state, size| async move {
+        if size == 0 {
+            Ok(Vec::new())
+        } else {
+            store
+                .page_ranges(state, ByteRange::new(0, size))
+                .await
+                .map(normalize)
+        }
+    };
+    let r1 = ranges(Some(from), s1).await?;
+    let r2 = ranges(to, s2).await?;
+    let service = normalize(store.written_since(to, from).await?);
+    let mut written = intersect(&service, &r2);
+    written.extend(subtract(&r2, &r1));
+    let written = normalize(written);
+    let cleared = intersect(&subtract(&r1, &r2), &[ByteRange::new(0, s2)]);
+    Ok(Diff {
+        from: from.to_string(),
+        to: to.map(str::to_string),
+        from_size_bytes: s1,
+        to_size_bytes: s2,
+        written_bytes: total(&written),
+        cleared_bytes: total(&cleared),
+        written,
+        cleared,
+    })
+}
+
+/// What an incremental download did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct UpdateReport {
+    /// Size of the file now.
+    pub file_bytes: u64,
+    /// Bytes fetched from the service.
+    pub fetched_bytes: u64,
+    /// Bytes made holes (cleared since).
+    pub punched_bytes: u64,
+    /// Get Blob requests made for data.
+    pub requests: u64,
+}
+
+/// The size a download of a state of `data_bytes` has: with the footer,
+/// or without it (`raw`).
+pub fn file_size_of(data_bytes: u64, raw: bool) -> u64 {
+    if raw {
+        data_bytes
+    } else {
+        data_bytes + VHD_FOOTER_BYTES
+    }
+}
+
+fn punch(file: &std::fs::File, r: ByteRange) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(off), Ok(len)) = (i64::try_from(r.start), i64::try_from(r.len())) else {
+        return Err(std::io::Error::other("range too large"));
+    };
+    // SAFETY: a plain syscall on a descriptor this function borrows.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off,
+            len,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        // A filesystem without holes: zeros read the same.
+        return file.write_all_at(&vec![0u8; r.len() as usize], r.start);
+    }
+    Err(err)
+}
+
+/// Brings `file`, a download of the state `diff.from` (with the footer, or
+/// `raw` without), up to the state `diff.to`: fetches the written ranges,
+/// punches holes for the cleared ones, sizes it, writes the new footer, and
+/// syncs. Refuses a file whose size is not that of a download of `diff.from`.
+pub async fn update_file(
+    store: &dyn StateStore,
+    diff: &Diff,
+    file_path: &Path,
+    raw: bool,
+) -> anyhow::Result<UpdateReport> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file_path)
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", file_path.display()))?;
+    let have = file.metadata()?.len();
+    let want = file_size_of(diff.from_size_bytes, raw);
+    if have != want {
+        anyhow::bail!(
+            "{} is {have} bytes, but a {}download of snapshot {} is {want} bytes: it is not a copy made at that snapshot{}",
+            file_path.display(),
+            if raw { "--raw " } else { "" },
+            diff.from,
+            if raw { " (or it was made without --raw)" } else { " (or it was made with --raw)" }
+        );
+    }
+    let mut report = UpdateReport::default();
+    let (s1, s2) = (diff.from_size_bytes, diff.to_size_bytes);
+    if !raw && s2 > s1 {
+        // The old footer page is part of the new data area: zero unless written.
+        punch(&file, ByteRange::new(s1, s1 + VHD_FOOTER_BYTES))?;
+    }
+    let new_len = file_size_of(s2, raw);
+    file.set_len(new_len)?;
+    for r in &diff.written {
+        let mut at = r.start;
+        while at < r.end {
+            let end = r.end.min(at + MAX_PUT_PAGE_BYTES);
+            let piece = ByteRange::new(at, end);
+            let data = store.read(diff.to.as_deref(), piece).await?;
+            report.requests += 1;
+            report.fetched_bytes += data.len() as u64;
+            file.write_all_at(&data, at)?;
+            at = end;
+        }
+    }
+    for r in &diff.cleared {
+        punch(&file, *r)?;
+        report.punched_bytes += r.len();
+    }
+    if !raw {
+        let blob = s2 + VHD_FOOTER_BYTES;
+        let footer = store
+            .read(diff.to.as_deref(), ByteRange::new(s2, blob))
+            .await?;
+        file.write_all_at(&footer, s2)?;
+    }
+    file.sync_all()?;
+    report.file_bytes = file.metadata()?.len();
+    if report.file_bytes != new_len {
+        anyhow::bail!(
+            "{} is {} bytes after the update, not {new_len}",
+            file_path.display(),
+            report.file_bytes
+        );
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(a: u64, b: u64) -> ByteRange {
+        ByteRange::new(a, b)
+    }
+
+    #[test]
+    fn range_algebra() {
+        let a = normalize(vec![r(10, 20), r(0, 5), r(4, 8)]);
+        assert_eq!(a, vec![r(0, 8), r(10, 20)]);
+        assert_eq!(intersect(&a, &[r(6, 12)]), vec![r(6, 8), r(10, 12)]);
+        assert_eq!(
+            subtract(&a, &[r(2, 3), r(7, 15)]),
+            vec![r(0, 2), r(3, 7), r(15, 20)]
+        );
+        assert_eq!(subtract(&a, &[]), a);
+    }
+}
