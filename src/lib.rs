@@ -10,6 +10,7 @@ pub mod cli;
 pub mod daemon;
 pub mod drive;
 pub mod fs;
+pub mod metrics;
 pub mod recovery;
 pub mod transfer;
 pub mod units;

@@ -337,6 +337,7 @@ impl BlobClient {
             }
             debug!(op = req.op, target = %target, attempt, delay_ms = delay.as_millis() as u64, error = %err, "retrying");
             self.inner.retries.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::count_retry(&target, &err);
             tokio::time::sleep(delay).await;
         }
     }

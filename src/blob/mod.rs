@@ -13,6 +13,7 @@ mod containers;
 pub mod error;
 mod lease;
 pub mod path;
+pub mod probe;
 pub mod retry;
 pub mod token;
 pub mod types;

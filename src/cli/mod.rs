@@ -15,12 +15,16 @@ use crate::blob;
 
 pub mod break_lease;
 pub mod cache;
+pub mod completions;
 pub mod create;
 pub mod delete;
+pub mod doctor;
 pub mod download;
 pub mod drives;
 pub mod info;
 pub mod list;
+pub mod man;
+pub mod manpages;
 pub mod mount;
 pub mod mount_helper;
 pub mod output;
@@ -111,6 +115,12 @@ pub enum Command {
     Cache(cache::CacheArgs),
     /// Apply a recovery file saved when an unmount could not flush.
     Recover(recover::RecoverArgs),
+    /// Check whether a mount can work on this host, and what to fix.
+    Doctor(doctor::DoctorArgs),
+    /// Print a shell completion script (bash, zsh, fish).
+    Completions(completions::CompletionsArgs),
+    /// Write the manual pages into a directory.
+    Man(man::ManArgs),
 }
 
 impl Command {
@@ -130,6 +140,9 @@ impl Command {
             Command::Stats(_) => "stats",
             Command::Cache(_) => "cache",
             Command::Recover(_) => "recover",
+            Command::Doctor(_) => "doctor",
+            Command::Completions(_) => "completions",
+            Command::Man(_) => "man",
         }
     }
 }
@@ -223,6 +236,9 @@ where
         Command::Stats(a) => stats::run(&ctx, a),
         Command::Cache(a) => cache::run(&ctx, a),
         Command::Recover(a) => recover::run(&ctx, a),
+        Command::Doctor(a) => doctor::run(&ctx, a),
+        Command::Completions(a) => completions::run(&ctx, a),
+        Command::Man(a) => man::run(&ctx, a),
     };
     match result {
         Ok(()) => EXIT_OK,

@@ -293,6 +293,7 @@ impl Device for DriveDevice {
         match saved {
             Ok(None) => {}
             Ok(Some(file)) => {
+                crate::metrics::count_recovery_file(target);
                 tracing::error!(drive = %target, file = %file.display(), bytes = self.drive.unflushed_bytes(), "unflushed data SAVED TO A RECOVERY FILE");
                 fs_err.message = format!(
                     "{}; its {} unflushed bytes were saved to {}: run 'blobdrive recover {}'",
