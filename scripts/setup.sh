@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install what blobdrive needs on a Debian/Ubuntu machine, only what is missing:
 # the kernel-side tools (fuse3, util-linux, e2fsprogs, xfsprogs), npm for
-# Azurite, and for tests also fio, qemu-utils, the Python azure-storage-blob SDK
-# and rustfmt/clippy. Used by scripts/test.sh and scripts/demo.sh.
+# Azurite, and for tests also fio, qemu-utils, man-db, zsh, promtool, the Python
+# azure-storage-blob SDK and rustfmt/clippy. Used by scripts/test.sh and scripts/demo.sh.
 #
 #   scripts/setup.sh          everything the tests need
 #   scripts/setup.sh --run    only what running blobdrive and the demo need
@@ -17,7 +17,7 @@ say() { echo "setup.sh: $*" >&2; }
 # Tool the tests use, and the Debian package that provides it. A tool that is
 # already on the machine (from any source, e.g. npm from NodeSource) is kept.
 tools=(fusermount3:fuse3 losetup:util-linux mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs
-  fio:fio qemu-img:qemu-utils npm:npm)
+  fio:fio qemu-img:qemu-utils npm:npm man:man-db zsh:zsh)
 
 have_tool() {
   PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null
@@ -58,6 +58,24 @@ install_python_sdk() {
     python3 -m pip install --quiet --break-system-packages azure-storage-blob
 }
 
+# promtool (tests check the metrics text with it) comes from Debian's
+# prometheus package, which would also install and start a whole Prometheus
+# server: take only the promtool binary out of the package instead.
+install_promtool() {
+  have_tool promtool && return 0
+  command -v apt-get >/dev/null || { say "install promtool (Prometheus) yourself"; exit 1; }
+  say "installing promtool from the prometheus package"
+  local tmp
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1) || {
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    (cd "$tmp" && apt-get download prometheus >/dev/null)
+  }
+  dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -O ./usr/bin/promtool >"$tmp/promtool"
+  as_root install -m 0755 "$tmp/promtool" /usr/local/bin/promtool
+  rm -rf "$tmp"
+}
+
 install_rust_components() {
   if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
     command -v rustup >/dev/null || { say "cargo fmt and cargo clippy are required"; exit 1; }
@@ -73,6 +91,7 @@ if [ "${1:-}" = "--run" ]; then
   exit 0
 fi
 install_system_packages
+install_promtool
 install_python_sdk
 install_rust_components
 

@@ -258,7 +258,9 @@ fn clap_page(cmd: clap::Command, extra: &[Section]) -> String {
     let mut roff = Roff::new();
     render_sections(&mut roff, extra);
     out.extend_from_slice(roff.render().as_bytes());
-    let _ = man.render_version_section(&mut out);
+    if cmd.get_version().is_some() {
+        let _ = man.render_version_section(&mut out);
+    }
     String::from_utf8_lossy(&out).into_owned()
 }
 
