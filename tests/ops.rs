@@ -591,3 +591,33 @@ fn metrics_listener_refuses_other_addresses_unless_asked() {
         text(&out.stderr)
     );
 }
+
+/// Under systemd (`JOURNAL_STREAM` naming stderr) logs go to the journal;
+/// without a journal socket they must still reach stderr, never vanish.
+#[test]
+fn logs_stay_on_stderr_when_the_journal_socket_is_missing() {
+    use std::os::unix::fs::MetadataExt as _;
+    if Path::new("/run/systemd/journal/socket").exists() {
+        println!("SKIPPED: a journal listens here; this test is for hosts without one");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stderr");
+    let file = std::fs::File::create(&log).unwrap();
+    let meta = file.metadata().unwrap();
+    let status = Command::new(BIN)
+        .args(["-vv", "man", &dir.path().join("pages").to_string_lossy()])
+        .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .env("INVOCATION_ID", "0123456789abcdef0123456789abcdef")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(file)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("starting") && logged.contains("command=\"man\""),
+        "{logged}"
+    );
+}

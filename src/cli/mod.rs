@@ -22,6 +22,7 @@ pub mod doctor;
 pub mod download;
 pub mod drives;
 pub mod info;
+pub mod journal;
 pub mod list;
 pub mod man;
 pub mod manpages;
@@ -211,7 +212,7 @@ where
         Ok(cli) => cli,
         Err(err) => return report_clap_error(&err),
     };
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, journal::drive_of(&cli.command).as_deref());
     let ctx = Context {
         connection_string: cli.connection_string.clone(),
         account_options: blob::AccountOptions {
@@ -321,9 +322,12 @@ fn print_error_line(message: &str) {
     let _ = writeln!(std::io::stderr(), "blobdrive: {one_line}");
 }
 
-/// Logs go to stderr: warnings by default, more with each `-v`; `RUST_LOG`
-/// overrides. Calling it twice (tests) keeps the first setup.
-fn init_logging(verbose: u8) {
+/// Logs go to stderr (or to the journal under systemd, see [`journal`]):
+/// warnings by default, more with each `-v`; `RUST_LOG` overrides. Calling
+/// it twice (tests) keeps the first setup.
+fn init_logging(verbose: u8, drive: Option<&str>) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::EnvFilter;
     // rustls-platform-verifier logs a refused certificate as an ERROR of its
     // own (the command's error line already says it, and what to do); fuser
@@ -336,6 +340,13 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    if let Some(journal) = journal::layer(drive) {
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(journal)
+            .try_init();
+        return;
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
