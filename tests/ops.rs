@@ -621,3 +621,82 @@ fn logs_stay_on_stderr_when_the_journal_socket_is_missing() {
         "{logged}"
     );
 }
+
+/// 503 ServerBusy answers (from the fault proxy in front of Azurite) are
+/// counted as throttled retries of the drive they were aimed at.
+#[test]
+fn throttled_requests_are_counted_by_reason() {
+    use common::fault_proxy::{Fault, FaultProxy};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let g = rt.block_on(ContainerGuard::new("throttle"));
+    let path = g.path("t.vhd");
+    rt.block_on(g.client.create_page_blob(&path, 1 << 20))
+        .unwrap();
+    let proxy = rt.block_on(FaultProxy::start(
+        &common::account().endpoint,
+        Fault::ServerBusy,
+        2,
+    ));
+    let mut account = common::account();
+    account.endpoint = proxy.endpoint.clone();
+    let client = blobdrive::blob::BlobClient::new(account).unwrap();
+    rt.block_on(client.get_properties(&path))
+        .expect("succeeds after two 503s");
+    let snapshot = blobdrive::metrics::registry().snapshot();
+    let drive = &snapshot[&path.to_string()];
+    let count = |reason: &str| {
+        drive
+            .retries
+            .iter()
+            .find(|(r, _)| r.label() == reason)
+            .map(|(_, n)| *n)
+            .unwrap()
+    };
+    assert_eq!(count("throttled"), 2, "{drive:?}");
+    assert_eq!(count("server_error") + count("transport"), 0, "{drive:?}");
+    let text = blobdrive::metrics::text::render(&serde_json::Map::new(), &snapshot);
+    let series =
+        format!("blobdrive_request_retries_total{{drive=\"{path}\",reason=\"throttled\"}} 2");
+    assert!(text.contains(&series), "{text}");
+}
+
+/// A service whose clock is an hour behind ours: doctor fails on the clock
+/// and says what to do. (A stand-in endpoint answering 403 with that `Date`,
+/// since Azurite's clock is this host's.)
+#[test]
+fn doctor_fails_on_a_skewed_clock() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stale = httpdate::fmt_http_date(std::time::SystemTime::now() - Duration::from_secs(3600));
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(16) {
+            let Ok(mut s) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let body = "<?xml version=\"1.0\"?><Error><Code>AuthenticationFailed</Code></Error>";
+            let _ = write!(
+                s,
+                "HTTP/1.1 403 Forbidden\r\nDate: {stale}\r\nx-ms-error-code: AuthenticationFailed\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let key =
+        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+    let cs = format!("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={key};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;");
+    let out = blobdrive(&["--connection-string", &cs, "doctor", "skew/d.vhd"]);
+    assert_eq!(out.status.code(), Some(1));
+    let shown = text(&out.stdout);
+    let line = shown
+        .lines()
+        .find(|l| l.starts_with("FAIL clock"))
+        .unwrap_or_else(|| panic!("no clock failure:\n{shown}"));
+    assert!(
+        line.contains("ahead of the service") && line.contains("synchronise the clock"),
+        "{line}"
+    );
+}
