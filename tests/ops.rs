@@ -700,3 +700,58 @@ fn doctor_fails_on_a_skewed_clock() {
         "{line}"
     );
 }
+
+/// Without a usable /dev/fuse (a plain file bound over it, in a private mount
+/// namespace so nothing else on the host sees it) doctor fails on it.
+#[test]
+fn doctor_fails_without_dev_fuse() {
+    if !system::can_run("doctor_fails_without_dev_fuse", false)
+        || !blobdrive::attach::tool_exists("unshare")
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("not-fuse");
+    std::fs::write(&fake, b"").unwrap();
+    let script = r#"mount --bind "$1" /dev/fuse && exec "$2" doctor"#;
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(&fake)
+        .arg(BIN)
+        .env(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            common::connection_string(),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let shown = text(&out.stdout);
+    let line = shown
+        .lines()
+        .find(|l| l.starts_with("FAIL fuse device"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(
+        line.contains("not a character device") && line.contains("modprobe fuse"),
+        "{line}"
+    );
+    // Only in that namespace: here /dev/fuse is untouched.
+    use std::os::unix::fs::FileTypeExt as _;
+    assert!(std::fs::metadata("/dev/fuse")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+}

@@ -142,11 +142,18 @@ fn find_tool(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Open the character device at `path` for reading and writing (what
+/// mounting does with it); anything else there is an error.
 fn open_rw(path: &str) -> std::io::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
+    use std::os::unix::fs::FileTypeExt as _;
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(path)
+        .open(path)?;
+    if !file.metadata()?.file_type().is_char_device() {
+        return Err(std::io::Error::other("not a character device"));
+    }
+    Ok(file)
 }
 
 /// This host: FUSE, loop devices, privileges, tools, directories.
