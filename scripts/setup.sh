@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install what blobdrive needs on a Debian/Ubuntu machine, only what is missing:
-# the kernel-side tools (fuse3, util-linux, e2fsprogs, xfsprogs), npm for
-# Azurite, and for tests also fio, qemu-utils, man-db, zsh, promtool, the Python
+# the kernel-side tools (fuse3, util-linux, e2fsprogs, xfsprogs, and fdisk's
+# sfdisk for --partition-table), npm for Azurite, and for tests also dosfstools
+# and cryptsetup-bin (partitioned test images), fio, qemu-utils (and Debian 12's
+# qemu-img 7.2, unpacked into .tools/), iproute2, tar, man-db, zsh, promtool, the Python
 # azure-storage-blob SDK and rustfmt/clippy. Used by scripts/test.sh and scripts/demo.sh.
 #
 #   scripts/setup.sh          everything the tests need
@@ -16,7 +18,12 @@ say() { echo "setup.sh: $*" >&2; }
 
 # Tool the tests use, and the Debian package that provides it. A tool that is
 # already on the machine (from any source, e.g. npm from NodeSource) is kept.
-tools=(fusermount3:fuse3 losetup:util-linux mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs
+# The many-hosts tests need ip (network namespaces, veths, a bridge) and
+# nsenter; the crash tests tar, e2fsck and xfs_repair; partitioned images
+# sfdisk, mkfs.vfat and cryptsetup.
+tools=(fusermount3:fuse3 losetup:util-linux nsenter:util-linux mkfs.ext4:e2fsprogs
+  e2fsck:e2fsprogs mkfs.xfs:xfsprogs xfs_repair:xfsprogs ip:iproute2 tar:tar
+  sfdisk:fdisk mkfs.vfat:dosfstools cryptsetup:cryptsetup-bin
   fio:fio qemu-img:qemu-utils npm:npm man:man-db zsh:zsh)
 
 have_tool() {
@@ -84,6 +91,56 @@ install_rust_components() {
   fi
 }
 
+# Debian 12's own qemu-img (7.2), unpacked next to the repository (not
+# installed), so the VHD tests check our footers with the qemu most machines
+# run as well as the newest: qemu before 10 sizes a VHD by its CHS geometry
+# unless its creator is one it knows. On a machine whose apt has no 7.2, or
+# when the download fails, .tools/qemu-7.2.unavailable says why and the tests
+# print SKIPPED for it.
+fetch_old_qemu() {
+  local root dir version work
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  dir="$root/.tools/qemu-7.2"
+  rm -f "$root/.tools/qemu-7.2.unavailable"
+  if "$dir/usr/bin/qemu-img" --version >/dev/null 2>&1; then
+    return 0
+  fi
+  mkdir -p "$root/.tools"
+  unavailable() {
+    say "qemu-img 7.2 not fetched: $*"
+    echo "$*" >"$root/.tools/qemu-7.2.unavailable"
+  }
+  if ! command -v apt-get >/dev/null; then
+    unavailable "not a Debian/Ubuntu system (no apt-get)"
+    return 0
+  fi
+  version=$(apt-cache madison qemu-utils 2>/dev/null | awk -F'|' '$2 ~ /^ *1:7\.2[+.]/ { gsub(/ /, "", $2); print $2; exit }')
+  if [ -z "$version" ]; then
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq || true
+    version=$(apt-cache madison qemu-utils 2>/dev/null | awk -F'|' '$2 ~ /^ *1:7\.2[+.]/ { gsub(/ /, "", $2); print $2; exit }')
+  fi
+  if [ -z "$version" ]; then
+    unavailable "apt offers no qemu-utils 7.2 (Debian 12's) on this machine"
+    return 0
+  fi
+  work=$(mktemp -d)
+  chmod 755 "$work" # apt's download user must be able to write there
+  if ! (cd "$work" && apt-get download -qq "qemu-utils=$version" >/dev/null 2>&1); then
+    rm -rf "$work"
+    unavailable "apt-get download qemu-utils=$version failed"
+    return 0
+  fi
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  dpkg -x "$work"/qemu-utils_*.deb "$dir"
+  rm -rf "$work"
+  if ! "$dir/usr/bin/qemu-img" --version >/dev/null 2>&1; then
+    unavailable "qemu-img $version does not run here: $(ldd "$dir/usr/bin/qemu-img" 2>&1 | grep 'not found' | tr '\n' ' ')"
+    return 0
+  fi
+  say "qemu-img $version unpacked into .tools/qemu-7.2"
+}
+
 [ "${BLOBDRIVE_SKIP_INSTALL:-0}" = 1 ] && exit 0
 if [ "${1:-}" = "--run" ]; then
   tools=(fusermount3:fuse3 losetup:util-linux blkid:util-linux mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs npm:npm)
@@ -94,4 +151,5 @@ install_system_packages
 install_promtool
 install_python_sdk
 install_rust_components
+fetch_old_qemu
 

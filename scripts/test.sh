@@ -29,6 +29,10 @@ scripts/setup.sh
 
 # --- Azurite ----------------------------------------------------------------
 
+# The many-hosts tests (tests/multihost.rs) start their own Azurite inside a
+# network namespace from .azurite/, even when a running one is reused here.
+scripts/azurite.sh install
+
 started_azurite=0
 azurite_pid=
 stop_azurite() {

@@ -1,8 +1,13 @@
 //! blobdrive: Azure page blobs as Linux disks.
 //!
-//! Layers, each knowing only the one below: `cli` → `fs` → `drive` → `blob`,
-//! with `vhd` (the fixed VHD footer) and `units` (page arithmetic) beside them.
-//! See DESIGN.md in the shared folder for the architecture.
+//! Layers, each knowing only those below: `cli` → `daemon` → `fs` → `drive` →
+//! `blob`, with `vhd` (the VHD formats), `partition` (partition tables and
+//! superblocks, read before an attach), `attach` (loop devices and
+//! filesystems), `transfer` (upload, download), `recovery` (recovery files),
+//! `metrics` (latency histograms and event counts for Prometheus, fed by every
+//! layer) and `units` (page arithmetic) beside them. ARCHITECTURE.md at the top of the
+//! repository describes them and the life of a request; docs/ holds the facts
+//! the code relies on, with their sources.
 
 pub mod attach;
 pub mod blob;
@@ -11,6 +16,7 @@ pub mod daemon;
 pub mod drive;
 pub mod fs;
 pub mod metrics;
+pub mod partition;
 pub mod recovery;
 pub mod transfer;
 pub mod units;

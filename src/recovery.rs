@@ -117,8 +117,14 @@ pub async fn save_drive(
     }
     let runs = drive.unflushed_data();
     let data_bytes = runs.iter().map(|(_, d)| d.len() as u64).sum();
-    // Asked briefly: when storage is unreachable the file matters more.
-    let blob_etag = match tokio::time::timeout(ETAG_WAIT, drive.blob_etag()).await {
+    // Asked briefly: when storage is unreachable the file matters more (and
+    // not at all when the last flush already found it silent).
+    let wait = if drive.storage_unanswered() {
+        std::time::Duration::ZERO
+    } else {
+        ETAG_WAIT
+    };
+    let blob_etag = match tokio::time::timeout(wait, drive.blob_etag()).await {
         Ok(Ok(etag)) => etag,
         Ok(Err(e)) => {
             tracing::warn!(target = drive.target(), error = %e, "cannot read the blob's ETag for the recovery file");

@@ -9,6 +9,10 @@
 pub const PAGE_SIZE: u64 = 512;
 /// Largest body a single Put Page (update) may carry.
 pub const MAX_PUT_PAGE_BYTES: u64 = 4 * 1024 * 1024;
+/// Largest single Get Blob the drive issues. Our choice, not a service limit:
+/// a fetch and a read-ahead step are cut to it, so one request's body stays
+/// bounded in memory, and it matches a Put Page.
+pub const MAX_GET_BYTES: u64 = 4 * 1024 * 1024;
 /// Size of the fixed VHD footer at the end of a drive's blob.
 pub const VHD_FOOTER_BYTES: u64 = 512;
 /// Largest page blob the service accepts (8 TiB).

@@ -219,3 +219,12 @@ fn verbose_logs_go_to_stderr_only() {
         .unwrap_or_default()
         .starts_with("blobdrive: "));
 }
+
+#[test]
+fn a_bad_flush_delay_is_a_usage_error_before_anything_is_mounted() {
+    for bad in ["soon", "-1", "2h", "61m"] {
+        let flag = format!("--flush-delay={bad}");
+        let err = assert_one_line_failure(&["mount", "c/d.vhd", "/nonexistent", &flag], 2);
+        assert!(err.contains("--flush-delay"), "{err}");
+    }
+}

@@ -800,7 +800,8 @@ async fn refusals_are_one_line_with_a_nonzero_exit() {
     let props = c.client.get_properties(&c.path("odd.vhd")).await.unwrap();
     assert_eq!(props.content_length, 11 * MIB + 512);
 
-    // A dynamic VHD.
+    // A dynamic VHD whose size qemu rounded up to its CHS geometry (not
+    // whole MiB; dynamic VHDs themselves upload, see tests/images.rs).
     let dynamic = tmp.path().join("dyn.vhd");
     sh(
         "qemu-img",
@@ -820,7 +821,7 @@ async fn refusals_are_one_line_with_a_nonzero_exit() {
         dynamic.to_str().unwrap(),
         &format!("{}/dyn.vhd", c.name),
     ]);
-    assert_refused(&out, "only fixed VHDs");
+    assert_refused(&out, "is not a whole number of MiB");
 
     // Resume of a complete blob; download over an existing file.
     let out = run(&["upload", img.to_str().unwrap(), &target, "--resume"]);

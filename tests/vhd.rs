@@ -3,7 +3,11 @@
 //! Footers qemu writes must parse with the right size, and footers we write must
 //! be read by qemu as fixed VHDs of the same virtual size. Tests print
 //! `SKIPPED: <why>` when qemu-img is missing, unless `BLOBDRIVE_REQUIRE_FUSE=1`
-//! (CI), where the machine is expected to have everything.
+//! (CI), where the machine is expected to have everything. Our footers are
+//! checked with every qemu-img in use (`common::qemu`): the machine's and
+//! Debian 12's 7.2.
+
+mod common;
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -71,9 +75,9 @@ fn qemu_convert(dir: &Path, raw: &Path, subformat: &str) -> PathBuf {
     out
 }
 
-/// qemu's virtual size and format for an image read as vpc.
-fn qemu_info(path: &Path) -> (u64, String) {
-    let json = run(Command::new("qemu-img")
+/// qemu's virtual size and format for an image read as vpc by `qemu_img`.
+fn qemu_info(qemu_img: &Path, path: &Path) -> (u64, String) {
+    let json = run(Command::new(qemu_img)
         .args(["info", "-f", "vpc", "--output=json"])
         .arg(path));
     let v: serde_json::Value = serde_json::from_str(&json).expect("qemu-img prints JSON");
@@ -115,7 +119,8 @@ fn qemu_dynamic_vhd_is_refused_as_not_fixed() {
 
 #[test]
 fn our_footer_is_a_fixed_vhd_of_the_same_size_to_qemu() {
-    if !have_qemu_img() {
+    let qemus = common::qemu::qemu_imgs("our_footer_is_a_fixed_vhd_of_the_same_size_to_qemu");
+    if qemus.is_empty() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
@@ -134,8 +139,15 @@ fn our_footer_is_a_fixed_vhd_of_the_same_size_to_qemu() {
         f.write_all(&Footer::new_fixed(size).to_bytes())
             .expect("write footer");
         drop(f);
-        let (virtual_size, format) = qemu_info(&path);
-        assert_eq!(format, "vpc");
-        assert_eq!(virtual_size, size, "qemu's virtual size for {size} bytes");
+        for qemu in &qemus {
+            let (virtual_size, format) = qemu_info(qemu, &path);
+            assert_eq!(format, "vpc");
+            assert_eq!(
+                virtual_size,
+                size,
+                "{}'s virtual size for {size} bytes",
+                qemu.display()
+            );
+        }
     }
 }

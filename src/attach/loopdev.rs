@@ -1,6 +1,12 @@
 //! Loop devices over a drive file, with direct I/O so the kernel's page cache
 //! is not stacked on top of blobdrive's and requests reach the daemon in
-//! parallel (REFERENCE.md: 2-6x faster than buffered loop I/O over FUSE).
+//! parallel (2-6x faster than buffered loop I/O over FUSE; docs/kernel.md).
+//!
+//! A partition is attached as its own loop device with an offset and a size
+//! limit over the whole drive file (`losetup -o --sizelimit`): this works where
+//! the kernel makes no partition device nodes (`losetup -P` creates none in
+//! containers and on machines without udev), and the filesystem can never
+//! reach a byte outside its partition.
 
 use std::path::{Path, PathBuf};
 
@@ -17,15 +23,30 @@ pub struct LoopDevice {
 impl LoopDevice {
     /// Attach `file` to the first free loop device, with direct I/O, read-only when asked.
     pub fn attach(file: &Path, read_only: bool) -> Result<LoopDevice, ToolError> {
-        let mut args: Vec<&std::ffi::OsStr> = vec![
-            "--find".as_ref(),
-            "--show".as_ref(),
-            "--direct-io=on".as_ref(),
-        ];
+        Self::attach_area(file, read_only, None)
+    }
+
+    /// Attach the area `(offset_bytes, size_bytes)` of `file` (a partition),
+    /// or all of it for `None`, to the first free loop device, with direct I/O.
+    pub fn attach_area(
+        file: &Path,
+        read_only: bool,
+        area: Option<(u64, u64)>,
+    ) -> Result<LoopDevice, ToolError> {
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["--find".into(), "--show".into(), "--direct-io=on".into()];
         if read_only {
-            args.push("--read-only".as_ref());
+            args.push("--read-only".into());
         }
-        args.push(file.as_os_str());
+        if let Some((offset_bytes, size_bytes)) = area {
+            args.extend([
+                "--offset".into(),
+                offset_bytes.to_string().into(),
+                "--sizelimit".into(),
+                size_bytes.to_string().into(),
+            ]);
+        }
+        args.push(file.into());
         let device = run("losetup", args)?;
         if device.is_empty() {
             return Err(ToolError {

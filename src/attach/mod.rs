@@ -8,6 +8,7 @@
 
 pub mod filesystem;
 pub mod loopdev;
+pub mod table;
 mod tool;
 
 pub use filesystem::{FsType, MountedFs};

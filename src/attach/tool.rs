@@ -76,6 +76,51 @@ where
     })
 }
 
+/// Run `program args...` with `input` on its stdin; its trimmed stdout on success.
+pub(crate) fn run_with_input<I, S>(program: &str, args: I, input: &str) -> Result<String, ToolError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+    tracing::debug!(program, ?args, "running with input");
+    let failed = |detail: String| ToolError {
+        tool: program.to_string(),
+        detail,
+        code: None,
+    };
+    let mut child = Command::new(resolve(program))
+        .args(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| failed(e.to_string()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(input.as_bytes())
+            .map_err(|e| failed(e.to_string()))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| failed(e.to_string()))?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    Err(ToolError {
+        tool: program.to_string(),
+        detail: stderr
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .map(|l| l.trim().to_string())
+            .unwrap_or_else(|| format!("exited with {}", out.status)),
+        code: out.status.code(),
+    })
+}
+
 /// True when `program` is installed (in `$PATH` or a system directory).
 pub fn tool_exists(program: &str) -> bool {
     resolve(program).is_absolute()

@@ -477,6 +477,60 @@ impl Account {
         })
     }
 
+    /// The account a blob URL carrying its own SAS names (`https://HOST/C/B?sv=..&sig=..`,
+    /// what `az disk grant-access` hands out for a managed disk), signed in
+    /// with that SAS; `None` when `s` is not such a URL (no `sig=`).
+    /// `--ca-file` and `--allow-http` from `opts` apply. The `snapshot`
+    /// parameter is not part of the SAS: it stays with the blob path.
+    pub fn from_sas_url(s: &str, opts: &AccountOptions) -> Result<Option<Account>> {
+        if !(s.starts_with("https://") || s.starts_with("http://")) {
+            return Ok(None);
+        }
+        let Ok(url) = Url::parse(s) else {
+            return Ok(None);
+        };
+        let Some(query) = url.query() else {
+            return Ok(None);
+        };
+        let sas: Vec<&str> = query
+            .split('&')
+            .filter(|kv| !kv.is_empty() && !kv.starts_with("snapshot="))
+            .collect();
+        if !sas.iter().any(|kv| kv.starts_with("sig=")) {
+            return Ok(None);
+        }
+        let mut endpoint = url.clone();
+        endpoint.set_query(None);
+        endpoint.set_fragment(None);
+        let host = url.host_str().unwrap_or_default();
+        let path_style = host == "localhost"
+            || host.parse::<std::net::IpAddr>().is_ok()
+            || host.starts_with('[');
+        let account_segment = if path_style {
+            url.path_segments()
+                .and_then(|mut p| p.find(|s| !s.is_empty()))
+                .map(|a| format!("/{a}"))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        endpoint.set_path(&account_segment);
+        let name = account_from_endpoint(&endpoint)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| config_error(host, "cannot tell the account name from this URL"))?;
+        let mut account = Account {
+            name,
+            endpoint,
+            credential: Credential::Sas(sas.join("&")),
+            options: ClientOptions::default(),
+        };
+        account.options.allow_http = opts.allow_http;
+        if let Some(path) = &opts.ca_file {
+            account.options.ca_file = Some(CaFile::load(path)?);
+        }
+        Ok(Some(account))
+    }
+
     /// True for local development storage: an endpoint on loopback, or the
     /// development account's name (Azurite in a container).
     pub fn is_development(&self) -> bool {
@@ -623,6 +677,47 @@ mod tests {
     use super::*;
 
     const KEY: &str = "a2V5LWZvci10ZXN0cy1vbmx5LTEyMzQ1Njc4OTA=";
+
+    #[test]
+    fn blob_url_with_a_sas_is_its_own_account() {
+        let opts = AccountOptions::default();
+        let a = Account::from_sas_url(
+            "https://md-abc123.z7.blob.storage.azure.net/xyz/abcd?sv=2018-03-28&sr=b&si=x&sig=S%2Bg%3D",
+            &opts,
+        )
+        .unwrap()
+        .expect("a SAS URL");
+        assert_eq!(a.name, "md-abc123");
+        assert_eq!(
+            a.endpoint.as_str(),
+            "https://md-abc123.z7.blob.storage.azure.net/"
+        );
+        assert!(
+            matches!(&a.credential, Credential::Sas(t) if t == "sv=2018-03-28&sr=b&si=x&sig=S%2Bg%3D")
+        );
+        let local = Account::from_sas_url(
+            "http://127.0.0.1:10000/devstoreaccount1/c1/d.vhd?snapshot=T&sp=r&sig=abc",
+            &opts,
+        )
+        .unwrap()
+        .expect("a SAS URL");
+        assert_eq!(local.name, "devstoreaccount1");
+        assert_eq!(
+            local.endpoint.as_str(),
+            "http://127.0.0.1:10000/devstoreaccount1"
+        );
+        assert!(matches!(&local.credential, Credential::Sas(t) if t == "sp=r&sig=abc"));
+        for not_sas in [
+            "c1/d.vhd",
+            "https://a.blob.core.windows.net/c/d",
+            "https://a.blob.core.windows.net/c/d?snapshot=T",
+        ] {
+            assert!(
+                Account::from_sas_url(not_sas, &opts).unwrap().is_none(),
+                "{not_sas}"
+            );
+        }
+    }
 
     #[test]
     fn development_storage_is_azurite() {

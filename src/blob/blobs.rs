@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::client::{BlobClient, Request, Resource, Response};
 use super::error::{Error, ErrorKind, Result};
+use super::fence::WriteFence;
 use super::path::BlobPath;
 use super::types::{
     BlobProperties, BlobType, LeaseDuration, LeaseState, LeaseStatus, PageRangeList,
@@ -201,6 +202,20 @@ impl BlobClient {
         data: Bytes,
         lease_id: Option<&str>,
     ) -> Result<()> {
+        self.put_pages_fenced(path, offset_bytes, data, lease_id, None)
+            .await
+    }
+
+    /// [`Self::put_pages`], fenced by `fence` when given: a late copy of
+    /// this write can never land over a newer one (see `fence.rs`).
+    pub async fn put_pages_fenced(
+        &self,
+        path: &BlobPath,
+        offset_bytes: u64,
+        data: Bytes,
+        lease_id: Option<&str>,
+        fence: Option<&WriteFence>,
+    ) -> Result<()> {
         const OP: &str = "put page";
         no_snapshot(OP, path)?;
         let len = data.len() as u64;
@@ -218,6 +233,7 @@ impl BlobClient {
             .header("x-ms-page-write", "update")
             .header("x-ms-range", range_header(range))
             .lease(lease_id)
+            .fenced(fence)
             .body(data);
         self.execute(req).await.0.map(|_| ())
     }
@@ -229,6 +245,17 @@ impl BlobClient {
         range: ByteRange,
         lease_id: Option<&str>,
     ) -> Result<()> {
+        self.clear_pages_fenced(path, range, lease_id, None).await
+    }
+
+    /// [`Self::clear_pages`], fenced by `fence` when given.
+    pub async fn clear_pages_fenced(
+        &self,
+        path: &BlobPath,
+        range: ByteRange,
+        lease_id: Option<&str>,
+        fence: Option<&WriteFence>,
+    ) -> Result<()> {
         const OP: &str = "clear pages";
         no_snapshot(OP, path)?;
         check_aligned(OP, path, range)?;
@@ -236,7 +263,8 @@ impl BlobClient {
             .query("comp", "page")
             .header("x-ms-page-write", "clear")
             .header("x-ms-range", range_header(range))
-            .lease(lease_id);
+            .lease(lease_id)
+            .fenced(fence);
         self.execute(req).await.0.map(|_| ())
     }
 
@@ -334,6 +362,29 @@ impl BlobClient {
             .header("x-ms-blob-content-length", size_bytes.to_string())
             .lease(lease_id);
         self.execute(req).await.0.map(|_| ())
+    }
+
+    /// Raise the page blob's sequence number to at least `at_least`
+    /// (`x-ms-sequence-number-action: max`, so a retry changes nothing) and
+    /// return the number the blob holds now.
+    pub async fn raise_sequence_number(
+        &self,
+        path: &BlobPath,
+        at_least: u64,
+        lease_id: Option<&str>,
+    ) -> Result<u64> {
+        const OP: &str = "raise sequence number";
+        no_snapshot(OP, path)?;
+        let req = Request::new(OP, Method::PUT, Resource::Blob(path))
+            .query("comp", "properties")
+            .header("x-ms-sequence-number-action", "max")
+            .header("x-ms-blob-sequence-number", at_least.to_string())
+            .lease(lease_id);
+        let resp = self.execute(req).await.0?;
+        Ok(resp
+            .header("x-ms-blob-sequence-number")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(at_least))
     }
 
     /// Replace the blob's metadata with `metadata` (names are C#

@@ -22,6 +22,7 @@ use tracing::debug;
 use super::account::{Account, Credential};
 use super::auth::{self, Signable};
 use super::error::{Error, ErrorKind, Result};
+use super::fence::{FenceStep, InFlight, WriteFence};
 use super::path::{encode_component, BlobPath};
 use super::retry::RetryPolicy;
 use super::token::{Secret, TokenCache};
@@ -53,6 +54,8 @@ pub(crate) struct Request<'a> {
     pub body: Bytes,
     /// When set, a response body of any other length is a (retried) failure.
     pub expect_body_len: Option<u64>,
+    /// A page write fenced with the blob's sequence number (`fence.rs`).
+    pub fence: Option<&'a WriteFence>,
 }
 
 impl<'a> Request<'a> {
@@ -65,7 +68,22 @@ impl<'a> Request<'a> {
             headers: Vec::new(),
             body: Bytes::new(),
             expect_body_len: None,
+            fence: None,
         }
+    }
+
+    /// Fence this write: it carries `x-ms-if-sequence-number-le`, and an
+    /// unknown outcome raises the blob's number before the next write.
+    pub(crate) fn fenced(mut self, fence: Option<&'a WriteFence>) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    fn lease_id(&self) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == "x-ms-lease-id")
+            .map(|(_, v)| v.as_str())
     }
 
     pub(crate) fn query(mut self, name: &'static str, value: impl Into<String>) -> Self {
@@ -241,7 +259,7 @@ impl BlobClient {
     }
 
     /// The URL path as sent (encoded) and the full URL with the query.
-    fn url(&self, req: &Request<'_>) -> (String, String) {
+    fn url(&self, req: &Request<'_>, server_timeout: u64) -> (String, String) {
         let ep = &self.inner.account.endpoint;
         let base_path = ep.path().trim_end_matches('/');
         let path = match &req.resource {
@@ -256,7 +274,7 @@ impl BlobClient {
             path
         );
         let mut sep = '?';
-        for (k, v) in self.full_query(req) {
+        for (k, v) in self.full_query(req, server_timeout) {
             url.push(sep);
             url.push_str(k);
             url.push('=');
@@ -272,8 +290,9 @@ impl BlobClient {
         (path, url)
     }
 
-    fn full_query(&self, req: &Request<'_>) -> Vec<(&'static str, String)> {
+    fn full_query(&self, req: &Request<'_>, server_timeout: u64) -> Vec<(&'static str, String)> {
         let mut q = req.query.clone();
+        q.push(("timeout", server_timeout.to_string()));
         if let Resource::Blob(BlobPath {
             snapshot: Some(s), ..
         }) = &req.resource
@@ -286,11 +305,17 @@ impl BlobClient {
     /// Send `req`, retrying transient failures. Returns the outcome and the
     /// number of attempts made (callers use it to recognise the answer to a
     /// retried request whose first attempt may have succeeded).
+    ///
+    /// Every attempt carries a server-side `timeout` below its client-side
+    /// limit, so the service abandons work the client no longer waits for.
+    /// A fenced write (`Request::fenced`) also carries the blob's sequence
+    /// number as a condition; see `fence.rs` for the protocol.
     pub(crate) async fn execute(&self, req: Request<'_>) -> (Result<Response>, u32) {
         let started = Instant::now();
         let target = self.target(&req.resource);
         let mut attempt = 0u32;
         let mut token_renewed = false;
+        let mut fence_refusals = 0u32;
         loop {
             attempt += 1;
             let remaining = self.policy.max_total.saturating_sub(started.elapsed());
@@ -302,27 +327,60 @@ impl BlobClient {
                 Ok(b) => b,
                 Err(e) => return (Err(e), attempt),
             };
-            let outcome = self.attempt(&req, &target, timeout, bearer.as_ref()).await;
+            let sent_seq = match req.fence {
+                Some(fence) => match self.fence_ready(fence, &req).await {
+                    Ok(seq) => Some(seq),
+                    Err(e) => return (Err(e), attempt),
+                },
+                None => None,
+            };
+            let in_flight = req
+                .fence
+                .zip(sent_seq)
+                .map(|(fence, seq)| InFlight::arm(fence, seq));
+            let outcome = self
+                .attempt(&req, &target, timeout, bearer.as_ref(), sent_seq)
+                .await;
+            if let Some(guard) = in_flight {
+                // Left armed (outcome unknown) only when the request may
+                // have reached the service without an answer coming back.
+                if !outcome.as_ref().is_err_and(|f| f.may_have_landed) {
+                    guard.disarm();
+                }
+            }
             // A token the service calls expired or invalid (clock skew, a
             // revoked token): drop it and try once more with a fresh one.
-            if let (Err((e, _)), Some(used), Some(cache)) = (&outcome, &bearer, &self.inner.tokens)
-            {
-                if !token_renewed && e.is_stale_token() {
-                    debug!(op = req.op, target = %target, code = ?e.code(), "access token refused; fetching a new one");
+            if let (Err(f), Some(used), Some(cache)) = (&outcome, &bearer, &self.inner.tokens) {
+                if !token_renewed && f.error.is_stale_token() {
+                    debug!(operation = req.op, target = %target, code = ?f.error.code(), "access token refused; fetching a new one");
                     cache.invalidate(used);
                     token_renewed = true;
                     attempt -= 1;
                     continue;
                 }
             }
+            // Refused by the fence: it did not land. After a raise of ours
+            // it goes again at once with the new number.
+            if let (Err(f), Some(fence), Some(seq)) = (&outcome, req.fence, sent_seq) {
+                if f.error.code() == Some("SequenceNumberConditionNotMet") && fence_refusals < 3 {
+                    fence_refusals += 1;
+                    let raised = fence.refused(seq);
+                    debug!(operation = req.op, target = %target, seq, raised, "write refused by the sequence-number fence; sending again");
+                    attempt -= 1;
+                    continue;
+                }
+            }
             let retryable = match &outcome {
                 Ok(_) => false,
-                Err((e, short_body)) => *short_body || e.is_transient(),
+                Err(f) => f.short_body || f.error.is_transient(),
             };
             if !retryable {
-                return (outcome.map_err(|(e, _)| e), attempt);
+                return (outcome.map_err(|f| f.error), attempt);
             }
-            let (mut err, _) = outcome.err().expect("a retryable outcome is an error");
+            let mut err = outcome
+                .err()
+                .expect("a retryable outcome is an error")
+                .error;
             let delay = self.policy.delay(attempt);
             let out_of_time = started.elapsed() + delay > self.policy.max_total;
             if attempt >= self.policy.max_attempts || out_of_time {
@@ -335,25 +393,62 @@ impl BlobClient {
                 }
                 return (Err(err), attempt);
             }
-            debug!(op = req.op, target = %target, attempt, delay_ms = delay.as_millis() as u64, error = %err, "retrying");
+            debug!(operation = req.op, target = %target, attempt, delay_ms = delay.as_millis() as u64, error = %err, "retrying");
             self.inner.retries.fetch_add(1, Ordering::Relaxed);
-            crate::metrics::count_retry(&target, &err);
+            crate::metrics::count_retry(&target, err.status, err.code.as_deref());
             tokio::time::sleep(delay).await;
         }
     }
 
-    /// One attempt. The error's flag says "short body" (retryable although
-    /// its kind is `Protocol`).
+    /// The sequence number a fenced write carries now: learns it first when
+    /// unknown, and raises the blob's number first when a write's outcome
+    /// is unknown.
+    async fn fence_ready(&self, fence: &WriteFence, req: &Request<'_>) -> Result<u64> {
+        let Resource::Blob(path) = &req.resource else {
+            return Err(self.invalid(
+                req.op,
+                &self.target(&req.resource),
+                "only blob writes can be fenced".into(),
+            ));
+        };
+        loop {
+            match fence.step() {
+                FenceStep::Send(seq) => return Ok(seq),
+                FenceStep::Learn => {
+                    let props = Box::pin(self.get_properties(path)).await?;
+                    fence.observed(props.sequence_number.unwrap_or(0));
+                }
+                FenceStep::Raise(_) => {
+                    let _one_at_a_time = fence.raising().await;
+                    // Another writer may have raised it while we waited.
+                    if let FenceStep::Raise(floor) = fence.step() {
+                        let seq = Box::pin(self.raise_sequence_number(path, floor, req.lease_id()))
+                            .await?;
+                        debug!(target = %path, seq, "sequence number raised: writes of unknown outcome are fenced");
+                        fence.observed(seq.max(floor));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One attempt, with `timeout` on the client side and a shorter one
+    /// for the service; a fenced write carries `seq` as its condition.
     async fn attempt(
         &self,
         req: &Request<'_>,
         target: &str,
         timeout: Duration,
         bearer: Option<&Secret>,
-    ) -> std::result::Result<Response, (Error, bool)> {
+        seq: Option<u64>,
+    ) -> std::result::Result<Response, Failed> {
         let account = &self.inner.account;
-        let (path, url) = self.url(req);
+        let server_timeout = server_timeout_secs(timeout);
+        let (path, url) = self.url(req, server_timeout);
         let mut headers = req.headers.clone();
+        if let Some(seq) = seq {
+            headers.push(("x-ms-if-sequence-number-le".into(), seq.to_string()));
+        }
         headers.push(("x-ms-version".into(), API_VERSION.into()));
         headers.push((
             "x-ms-date".into(),
@@ -361,7 +456,7 @@ impl BlobClient {
         ));
         if let Credential::SharedKey { key } = &account.credential {
             let query: Vec<(String, String)> = self
-                .full_query(req)
+                .full_query(req, server_timeout)
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect();
@@ -382,35 +477,26 @@ impl BlobClient {
         let mut map = HeaderMap::with_capacity(headers.len());
         for (k, v) in &headers {
             let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
-                (
-                    self.invalid(req.op, target, format!("bad header name {k:?}")),
-                    false,
-                )
+                Failed::unsent(self.invalid(req.op, target, format!("bad header name {k:?}")))
             })?;
             let value = HeaderValue::from_str(v).map_err(|_| {
-                (
-                    self.invalid(
-                        req.op,
-                        target,
-                        format!("header {k} has a value HTTP cannot carry"),
-                    ),
-                    false,
-                )
+                Failed::unsent(self.invalid(
+                    req.op,
+                    target,
+                    format!("header {k} has a value HTTP cannot carry"),
+                ))
             })?;
             map.insert(name, value);
         }
         if let Some(token) = bearer {
             let mut value =
                 HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
-                    (
-                        Error::other(
-                            ErrorKind::Credential,
-                            req.op,
-                            target,
-                            "the access token has characters HTTP cannot carry",
-                        ),
-                        false,
-                    )
+                    Failed::unsent(Error::other(
+                        ErrorKind::Credential,
+                        req.op,
+                        target,
+                        "the access token has characters HTTP cannot carry",
+                    ))
                 })?;
             value.set_sensitive(true);
             map.insert(reqwest::header::AUTHORIZATION, value);
@@ -436,9 +522,16 @@ impl BlobClient {
         let resp = match sent {
             Ok(r) => r,
             Err(e) => {
-                let err = self.transport(req.op, target, e);
-                debug!(method = %req.method, op = req.op, target, error = %err.message, "request failed");
-                return Err((err, false));
+                // A request that never connected cannot land; any other
+                // failure may have reached the service.
+                let may_have_landed = !e.is_connect();
+                let error = self.transport(req.op, target, e);
+                debug!(method = %req.method, operation = req.op, target, error = %error.message, "request failed");
+                return Err(Failed {
+                    error,
+                    short_body: false,
+                    may_have_landed,
+                });
             }
         };
         let status = resp.status().as_u16();
@@ -447,15 +540,20 @@ impl BlobClient {
             Ok(b) => b,
             Err(e) => {
                 let err = self.transport(req.op, target, e);
-                debug!(method = %req.method, op = req.op, target, status, error = %err.message, "body read failed");
-                return Err((err, false));
+                debug!(method = %req.method, operation = req.op, target, status, error = %err.message, "body read failed");
+                // The status came: the service decided the request.
+                return Err(Failed::answered(err));
             }
         };
+        // The service's id of the request (`x-ms-request-id`), which Azure
+        // support asks for; absent from answers that did not come from it.
+        let request_id = headers.get("x-ms-request-id").and_then(|v| v.to_str().ok());
         debug!(
             method = %req.method,
-            op = req.op,
+            operation = req.op,
             target,
             status,
+            request_id,
             bytes_out = req.body.len(),
             bytes_in = body.len(),
             ms = started.elapsed().as_millis() as u64,
@@ -470,15 +568,23 @@ impl BlobClient {
                         target,
                         format!("short body: got {} of {want} bytes", body.len()),
                     );
-                    return Err((e, true));
+                    return Err(Failed {
+                        error: e,
+                        short_body: true,
+                        may_have_landed: false,
+                    });
                 }
             }
             return Ok(Response { headers, body });
         }
-        Err((
-            self.service_error(req.op, target, status, &headers, &body),
-            false,
-        ))
+        // 503 and 429 are refusals before any work; other 5xx and 408
+        // (an operation that timed out in the service) may have been done.
+        let may_have_landed = (status >= 500 && status != 503) || status == 408;
+        Err(Failed {
+            error: self.service_error(req.op, target, status, &headers, &body),
+            short_body: false,
+            may_have_landed,
+        })
     }
 
     fn invalid(&self, op: &'static str, target: &str, msg: String) -> Error {
@@ -575,7 +681,7 @@ impl BlobClient {
                 if matches!(self.inner.account.credential, Credential::Sas(_)) =>
             {
                 format!(
-                    "the SAS token for account '{name}' does not allow this operation ({c}): blobdrive needs read and list permissions to mount read-only, and write, create and delete too to create drives and mount them read-write"
+                    "the SAS token for account '{name}' does not allow this operation ({c}): blobdrive needs read permission for info, download and read-only mounts of a drive (list too for a container or its snapshots), and write, create and delete too to create drives and mount them read-write (with a read-only SAS, mount with --read-only)"
                 )
             }
             (None, _) => format!(
@@ -586,6 +692,41 @@ impl BlobClient {
 }
 
 /// Does a transport error's text say the server's certificate was refused?
+/// How one attempt failed.
+struct Failed {
+    error: Error,
+    /// A success status with a body shorter than asked for: retried
+    /// although its kind is `Protocol`.
+    short_body: bool,
+    /// The request may have been carried out without its answer reaching
+    /// us (a fenced write must then be fenced).
+    may_have_landed: bool,
+}
+
+impl Failed {
+    /// Failed before anything was sent.
+    fn unsent(error: Error) -> Self {
+        Failed {
+            error,
+            short_body: false,
+            may_have_landed: false,
+        }
+    }
+
+    /// Failed with the service's answer in hand.
+    fn answered(error: Error) -> Self {
+        Failed::unsent(error)
+    }
+}
+
+/// The service-side `timeout` (whole seconds) for an attempt the client
+/// waits `client` for: three quarters of it, so the service gives up first,
+/// and at most 30 s, the most the service honours for most operations
+/// (longer values are cut to 30 s anyway; writes get 10 minutes per MiB).
+fn server_timeout_secs(client: Duration) -> u64 {
+    (client.as_secs() * 3 / 4).clamp(1, 30)
+}
+
 fn is_certificate_problem(msg: &str) -> bool {
     [
         "invalid peer certificate",

@@ -11,6 +11,7 @@ mod blobs;
 pub mod client;
 mod containers;
 pub mod error;
+pub mod fence;
 mod lease;
 pub mod path;
 pub mod probe;
@@ -23,6 +24,7 @@ pub use account::{Account, AccountOptions, AuthMode, CaFile, ClientOptions, Cred
 pub use blobs::CREATE_ID_METADATA;
 pub use client::{BlobClient, API_VERSION};
 pub use error::{Error, ErrorKind, Result};
+pub use fence::WriteFence;
 pub use path::BlobPath;
 pub use retry::RetryPolicy;
 pub use types::{

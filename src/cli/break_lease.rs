@@ -21,7 +21,7 @@ pub struct BreakLeaseArgs {
 pub fn run(ctx: &Context, args: &BreakLeaseArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "snapshots have no lease")?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     drives::block_on(async move {
         let props = drives::properties(&client, &path).await?;
         let was = drives::lease_text(props.lease_state, props.lease_duration);

@@ -1,4 +1,4 @@
-//! `blobdrive create C/B --size SIZE [--mkfs FS]`: a new page blob of size + 512
+//! `blobdrive create C/B --size SIZE [--mkfs FS] [--partition-table gpt]`: a new page blob of size + 512
 //! bytes whose last page is a fixed VHD footer.
 //!
 //! The size rules are checked while parsing. The create is conditional
@@ -34,24 +34,34 @@ pub struct CreateArgs {
     /// Format the new drive with this filesystem.
     #[arg(long, value_name = "FS", value_parser = ["ext4", "ext3", "ext2", "xfs"])]
     pub mkfs: Option<String>,
+    /// Write a partition table first: `gpt` makes the layout of an Azure
+    /// Linux data disk (one partition from 1 MiB to the end; --mkfs formats it).
+    #[arg(long, value_name = "TABLE", value_parser = ["gpt"])]
+    pub partition_table: Option<String>,
 }
 
 /// Run `create`.
 pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
+    // Checked before anything is created: a drive made without the
+    // filesystem or table asked for would surprise whoever mounts it.
+    let mut tools: Vec<(String, String)> = Vec::new();
     if let Some(fs) = &args.mkfs {
-        // Checked before anything is created: a drive made without the
-        // filesystem asked for would surprise whoever mounts it.
-        let tool = format!("mkfs.{fs}");
+        tools.push((format!("--mkfs {fs}"), format!("mkfs.{fs}")));
+    }
+    if let Some(t) = &args.partition_table {
+        tools.push((format!("--partition-table {t}"), "sfdisk".into()));
+        tools.push((format!("--partition-table {t}"), "losetup".into()));
+    }
+    for (flag, tool) in tools {
         if !crate::attach::tool_exists(&tool) {
-            return Err(CodedError::usage(format!(
-                "--mkfs {fs} needs {tool}, which is not installed"
-            ))
-            .into());
+            return Err(
+                CodedError::usage(format!("{flag} needs {tool}, which is not installed")).into(),
+            );
         }
     }
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "a new drive cannot be a snapshot")?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     let size_bytes = args.size;
     let account = client.account().clone();
     let created = path.clone();
@@ -94,8 +104,12 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
         ));
         Ok(())
     })?;
-    if let Some(fs) = &args.mkfs {
-        format_new_drive(ctx, account, &created, size_bytes, fs)?;
+    let format = crate::daemon::format::Format {
+        gpt: args.partition_table.is_some(),
+        fs: args.mkfs.as_deref().map(crate::attach::FsType::from_name),
+    };
+    if format.gpt || format.fs.is_some() {
+        format_new_drive(ctx, account, &created, size_bytes, &format)?;
     }
     Ok(())
 }
@@ -107,13 +121,12 @@ fn format_new_drive(
     account: crate::blob::Account,
     path: &crate::blob::BlobPath,
     size_bytes: u64,
-    fs: &str,
+    format: &crate::daemon::format::Format,
 ) -> CmdResult {
     let started = Instant::now();
-    let fs_type = crate::attach::FsType::from_name(fs);
-    let Err(err) = crate::daemon::format::format_drive(account, path, size_bytes, &fs_type) else {
+    let Err(err) = crate::daemon::format::format_drive(account, path, size_bytes, format) else {
         tracing::info!(drive = %path, ms = started.elapsed().as_millis() as u64, "formatted");
-        output::print_text(&format!("formatted {path} as {fs}\n"));
+        output::print_text(&format!("formatted {path} as {format}\n"));
         return Ok(());
     };
     let client = drives::connect(ctx)?;

@@ -29,7 +29,7 @@ pub struct DeleteArgs {
 /// Run `delete`.
 pub fn run(ctx: &Context, args: &DeleteArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, None)?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     drives::block_on(async move {
         let props = drives::properties(&client, &path).await?;
         if path.snapshot.is_none() && drives::is_leased(props.lease_state) {

@@ -215,7 +215,7 @@ fn local_checks(r: &mut Report) {
             );
         }
     }
-    check_dir(r, "run directory", &crate::daemon::control::run_dir());
+    check_dir(r, "run directory", &crate::daemon::mountpoint::run_dir());
     check_dir(r, "recovery directory", &crate::recovery::dir());
     let unapplied: Vec<PathBuf> = std::fs::read_dir(crate::recovery::dir())
         .into_iter()

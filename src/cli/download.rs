@@ -41,7 +41,7 @@ pub fn run(ctx: &Context, args: &DownloadArgs) -> CmdResult {
     if let Some(t) = &args.snapshot {
         blob = blob.with_snapshot(Some(t));
     }
-    let account = ctx.account()?;
+    let account = ctx.account_for(&args.blob)?;
     let opts = DownloadOptions {
         raw: args.raw,
         overwrite: args.overwrite,

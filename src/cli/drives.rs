@@ -30,10 +30,27 @@ pub fn block_on<F: Future<Output = anyhow::Result<()>>>(body: F) -> anyhow::Resu
     rt.block_on(body)
 }
 
-/// The client of the account chosen as DESIGN.md says (flags, environment,
-/// else Azurite), signed in as `--auth` says.
+/// Run an async body returning a value on a small runtime of its own, which
+/// is gone (with its threads) when this returns.
+pub fn block_on_value<T, F: Future<Output = anyhow::Result<T>>>(body: F) -> anyhow::Result<T> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow!("cannot start the async runtime: {e}"))?;
+    rt.block_on(body)
+}
+
+/// The client of the account chosen as the README's Configuration section
+/// says (flags, environment, else Azurite), signed in as `--auth` says.
 pub fn connect(ctx: &super::Context) -> anyhow::Result<BlobClient> {
     let account = ctx.account().map_err(|e| anyhow!(explain(&e)))?;
+    BlobClient::new(account).map_err(|e| anyhow!(explain(&e)))
+}
+
+/// The client for a command on the blob `operand` names: a blob URL with its
+/// own SAS signs in with it (see [`super::Context::account_for`]).
+pub fn connect_for(ctx: &super::Context, operand: &str) -> anyhow::Result<BlobClient> {
+    let account = ctx.account_for(operand).map_err(|e| anyhow!(explain(&e)))?;
     BlobClient::new(account).map_err(|e| anyhow!(explain(&e)))
 }
 

@@ -1,5 +1,9 @@
 //! `blobdrive info C/B [--snapshot T] [--json]`: one drive's sizes, disk type,
-//! lease, bytes actually stored and snapshots.
+//! lease, bytes actually stored and snapshots, and what the disk holds: its
+//! partition table with each partition's place, type, name and filesystem
+//! (type, label, UUID from the superblock), or the whole disk's filesystem.
+//! A partition table that does not add up is shown as a problem line; the
+//! rest of `info` is still printed and the exit code stays 0 (it is a drive).
 //!
 //! A block or append blob gets one error line and exit 1. A page blob that is
 //! not a drive (no footer, corrupted footer, dynamic VHD, size mismatch) still
@@ -13,7 +17,8 @@ use serde::Serialize;
 
 use super::drives::{self, blob_err, DiskCheck};
 use super::{output, CmdResult, Context};
-use crate::blob::{BlobPath, BlobType};
+use crate::blob::{BlobClient, BlobPath, BlobType};
+use crate::partition::{Filesystem, Layout, TableKind};
 use crate::units::format_size;
 
 /// Arguments of `info`.
@@ -65,14 +70,78 @@ pub struct DriveInfo {
     pub last_modified: Option<String>,
     /// ETag.
     pub etag: Option<String>,
-    /// Snapshot times of the drive (of its base blob), oldest first.
-    pub snapshots: Vec<String>,
+    /// Snapshot times of the drive (of its base blob), oldest first; null
+    /// when the credential may not list them (a blob SAS, such as a
+    /// managed-disk export's).
+    pub snapshots: Option<Vec<String>>,
+    /// The partition table, null when the disk has none (or is not a drive).
+    pub partition_table: Option<TableInfo>,
+    /// The filesystem on the whole disk, when it has no partition table.
+    pub filesystem: Option<FsInfo>,
+    /// Why the partition table could not be read, when it could not.
+    pub layout_problem: Option<String>,
+}
+
+/// `partition_table` of `info --json`.
+#[derive(Debug, Serialize)]
+pub struct TableInfo {
+    /// `gpt` or `mbr`.
+    pub kind: TableKind,
+    /// GPT disk GUID or MBR disk signature.
+    pub disk_id: String,
+    /// Things that are off but do not stop the table being used.
+    pub warnings: Vec<String>,
+    /// The partitions by number.
+    pub partitions: Vec<PartInfo>,
+}
+
+/// One partition in `info --json`.
+#[derive(Debug, Serialize)]
+pub struct PartInfo {
+    /// Number as Linux gives it (MBR logical partitions from 5).
+    pub number: u32,
+    /// First byte on the disk.
+    pub start_bytes: u64,
+    /// Length in bytes.
+    pub size_bytes: u64,
+    /// Type name (`Linux filesystem`, `EFI System`, ...; `unknown`).
+    pub type_name: &'static str,
+    /// Type GUID (GPT) or `0x83`-style byte (MBR).
+    pub type_id: String,
+    /// GPT partition name.
+    pub label: Option<String>,
+    /// GPT unique partition GUID.
+    pub uuid: Option<String>,
+    /// What its superblock says, null when nothing was recognised.
+    pub filesystem: Option<FsInfo>,
+}
+
+/// A filesystem (or LVM/LUKS/swap signature) in `info --json`.
+#[derive(Debug, Serialize)]
+pub struct FsInfo {
+    /// `ext4`, `xfs`, `vfat`, `btrfs`, `ntfs`, `swap`, `LVM2_member`, `crypto_LUKS`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Its label.
+    pub label: Option<String>,
+    /// Its UUID (serial number for FAT and NTFS).
+    pub uuid: Option<String>,
+}
+
+impl FsInfo {
+    fn of(fs: &Filesystem) -> FsInfo {
+        FsInfo {
+            kind: fs.kind.name(),
+            label: fs.label.clone(),
+            uuid: fs.uuid.clone(),
+        }
+    }
 }
 
 /// Run `info`.
 pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, args.snapshot.as_deref())?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     let json = args.json;
     drives::block_on(async move {
         let props = drives::properties(&client, &path).await?;
@@ -86,10 +155,26 @@ pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
         let (check, stored, snapshots) = tokio::try_join!(
             drives::check_disk(&client, &path, props.blob_type, size),
             drives::stored_bytes(&client, &path, size),
-            drives::snapshots_of(&client, &path),
+            async {
+                // Listing needs a permission a read-only blob SAS lacks:
+                // then the snapshots are unknown, not none.
+                match drives::snapshots_of(&client, &path).await {
+                    Ok(times) => Ok(Some(times)),
+                    Err(e) if e.is_auth_failure() => {
+                        tracing::debug!(error = %e, "cannot list the snapshots");
+                        Ok(None)
+                    }
+                    Err(e) => Err(e),
+                }
+            },
         )
         .map_err(blob_err)?;
         let footer = check.footer();
+        let layout = match footer {
+            Some(f) => read_layout(&client, &path, f.current_size_bytes).await?,
+            None => None,
+        };
+        let (partition_table, filesystem, layout_problem) = layout_fields(layout);
         let info = DriveInfo {
             name: path.base().to_string(),
             container: path.container.clone(),
@@ -108,6 +193,9 @@ pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
             last_modified: props.last_modified.clone(),
             etag: props.etag.clone(),
             snapshots,
+            partition_table,
+            filesystem,
+            layout_problem,
         };
         if json {
             output::print_json(&info);
@@ -119,6 +207,101 @@ pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
             Some(p) => Err(anyhow::anyhow!("{path} is not a drive: {p}")),
         }
     })
+}
+
+/// The layout of the drive, read on a blocking thread with a client and
+/// runtime of its own (the partition reader is synchronous).
+async fn read_layout(
+    client: &BlobClient,
+    path: &BlobPath,
+    disk_bytes: u64,
+) -> anyhow::Result<Option<Result<Layout, crate::partition::Error>>> {
+    let account = client.account().clone();
+    let path = path.clone();
+    tokio::task::spawn_blocking(move || {
+        let client = BlobClient::new(account)?;
+        super::layout::read_layout(&client, &path, disk_bytes).map(Some)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("reading the partition table failed: {e}"))?
+}
+
+/// The JSON fields of a layout: table, whole-disk filesystem, problem.
+fn layout_fields(
+    layout: Option<Result<Layout, crate::partition::Error>>,
+) -> (Option<TableInfo>, Option<FsInfo>, Option<String>) {
+    match layout {
+        None => (None, None, None),
+        Some(Err(e)) => (None, None, Some(e.to_string())),
+        Some(Ok(layout)) => {
+            let table = layout.table.as_ref().map(|t| TableInfo {
+                kind: t.kind,
+                disk_id: t.disk_id.clone(),
+                warnings: t.warnings.clone(),
+                partitions: layout
+                    .parts
+                    .iter()
+                    .map(|p| PartInfo {
+                        number: p.partition.number,
+                        start_bytes: p.partition.start_bytes,
+                        size_bytes: p.partition.size_bytes,
+                        type_name: p.partition.kind.name(),
+                        type_id: p.partition.kind.id(),
+                        label: p.partition.label.clone(),
+                        uuid: p.partition.uuid.clone(),
+                        filesystem: p.filesystem.as_ref().map(FsInfo::of),
+                    })
+                    .collect(),
+            });
+            (table, layout.whole.as_ref().map(FsInfo::of), None)
+        }
+    }
+}
+
+/// `ext4 'label' (UUID u)`, or `-`.
+fn fs_text(fs: Option<&FsInfo>) -> String {
+    let Some(fs) = fs else {
+        return "-".into();
+    };
+    let mut out = fs.kind.to_string();
+    if let Some(l) = &fs.label {
+        out.push_str(&format!(" '{l}'"));
+    }
+    if let Some(u) = &fs.uuid {
+        out.push_str(&format!(" {u}"));
+    }
+    out
+}
+
+/// The human form of the partition table: a header line, then one aligned
+/// row per partition.
+fn render_table(t: &TableInfo) -> String {
+    let mut table = output::Table::new(&[
+        ("#", output::Align::Right),
+        ("start", output::Align::Right),
+        ("size", output::Align::Right),
+        ("type", output::Align::Left),
+        ("name", output::Align::Left),
+        ("filesystem", output::Align::Left),
+    ]);
+    for p in &t.partitions {
+        table.row([
+            p.number.to_string(),
+            format_size(p.start_bytes),
+            format_size(p.size_bytes),
+            format!("{} ({})", p.type_name, p.type_id),
+            p.label.clone().unwrap_or_else(|| "-".into()),
+            fs_text(p.filesystem.as_ref()),
+        ]);
+    }
+    let mut out = String::new();
+    for w in &t.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    if !table.is_empty() {
+        out.push_str(&table.render());
+    }
+    out
 }
 
 /// The human form: aligned `key  value` lines, then the snapshots.
@@ -155,14 +338,46 @@ fn render(
     if let Some(e) = &info.etag {
         rows.push(("etag", e.clone()));
     }
-    rows.push(("snapshots", info.snapshots.len().to_string()));
+    if let Some(p) = &info.layout_problem {
+        rows.push(("partitions", format!("unreadable: {p}")));
+    } else if let Some(t) = &info.partition_table {
+        rows.push((
+            "partitions",
+            format!(
+                "{} (disk id {}), {} partition{}",
+                t.kind.name(),
+                t.disk_id,
+                t.partitions.len(),
+                if t.partitions.len() == 1 { "" } else { "s" }
+            ),
+        ));
+    } else if info.is_drive {
+        rows.push(("partitions", "none (no partition table)".into()));
+        rows.push((
+            "filesystem",
+            match &info.filesystem {
+                Some(fs) => fs_text(Some(fs)),
+                None => "none recognised".into(),
+            },
+        ));
+    }
+    rows.push((
+        "snapshots",
+        match &info.snapshots {
+            Some(times) => times.len().to_string(),
+            None => "unknown (the credential may not list the container)".to_string(),
+        },
+    ));
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     let mut out = String::new();
     for (k, v) in rows {
         out.push_str(&format!("{k:<width$}  {v}\n"));
     }
-    for t in &info.snapshots {
+    for t in info.snapshots.iter().flatten() {
         out.push_str(&format!("{:width$}  {t}\n", ""));
+    }
+    if let Some(t) = &info.partition_table {
+        out.push_str(&render_table(t));
     }
     out
 }

@@ -256,7 +256,8 @@ async fn entry(
 }
 
 /// `list --mounted`: the attach registry of this host. JSON keys: `account`,
-/// `drive`, `snapshot`, `dir`, `loop_device`, `fs_type`, `mode`
+/// `drive`, `snapshot`, `dir`, `loop_device`, `fs_type`, `partition` (only
+/// when a partition is attached), `mode`
 /// (`read-write`, `read-only`, `snapshot`), `pid`, `fuse_dir`,
 /// `since_unix_secs`, `alive` (false: the daemon is gone, the entry is stale).
 fn print_mounted(json: bool) {
@@ -289,7 +290,10 @@ fn print_mounted(json: bool) {
             m.snapshot.clone().unwrap_or_else(|| "-".into()),
             m.dir.display().to_string(),
             m.loop_device.display().to_string(),
-            m.fs_type.clone(),
+            match m.partition {
+                Some(n) => format!("{} (partition {n})", m.fs_type),
+                None => m.fs_type.clone(),
+            },
             m.mode.name().to_string(),
             pid,
         ]);

@@ -324,6 +324,15 @@ fn mount_helper_page() -> String {
                 Item::Term("snapshot=TIME", "Attach a snapshot (always read-only)."),
                 Item::Term("cache-size=SIZE", "Memory for the drive's page cache (default 512M)."),
                 Item::Term("cache-dir=DIR, disk-cache-size=SIZE", "Turn the local disk tier on."),
+                Item::Term(
+                    "flush-delay=DURATION",
+                    "How long written data may stay only in memory before the background \
+                     flush sends it (default 1s; fsync always sends it at once).",
+                ),
+                Item::Term(
+                    "partition=N|auto",
+                    "Attach partition N of an MBR or GPT drive, or the one auto chooses.",
+                ),
                 Item::Term("break-lease", "Take the drive over from a host that holds its lease."),
                 Item::Term("log-file=PATH", "Where the background daemon writes its log."),
                 Item::Term(

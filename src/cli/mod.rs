@@ -23,6 +23,7 @@ pub mod download;
 pub mod drives;
 pub mod info;
 pub mod journal;
+pub mod layout;
 pub mod list;
 pub mod man;
 pub mod manpages;
@@ -87,7 +88,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The commands of the DESIGN.md contract.
+/// The commands; the README documents each, with its flags and errors.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create a new drive: a page blob with a fixed VHD footer (never overwrites).
@@ -167,6 +168,16 @@ impl Context {
     /// way commands pick their account (see [`blob::Account::from_env_with`]).
     pub fn account(&self) -> blob::Result<blob::Account> {
         blob::Account::from_env_with(self.connection_string.as_deref(), &self.account_options)
+    }
+
+    /// The account for a command on one blob: a blob URL that carries its
+    /// own SAS (a managed-disk export) is its own account, signed in with
+    /// that SAS; any other operand uses [`Context::account`].
+    pub fn account_for(&self, operand: &str) -> blob::Result<blob::Account> {
+        match blob::Account::from_sas_url(operand, &self.account_options)? {
+            Some(account) => Ok(account),
+            None => self.account(),
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use clap::Args;
 
 use super::{values, CmdResult, CodedError, Context};
 use crate::blob::{self, BlobClient, BlobPath, BlobType, LeaseState};
-use crate::daemon::{run_mount, AttachOptions, MetricsOptions, MountOptions};
+use crate::daemon::{run_mount, AttachOptions, MetricsOptions, MountOptions, PartitionArea};
 use crate::drive::disk_cache::DEFAULT_CACHE_DIR;
 use crate::drive::{DiskCacheOptions, DriveOptions};
 
@@ -20,6 +20,8 @@ const DEFAULT_DISK_CACHE_BYTES: u64 = 10 << 30;
 use crate::fs::azure::AzureCatalog;
 use crate::fs::one_drive::OneDriveCatalog;
 use crate::fs::{Catalog, EntryPath};
+use crate::partition::choose::{choose, describe_fs, DriveNames};
+use crate::partition::Selector;
 use crate::units::{ByteRange, VHD_FOOTER_BYTES};
 use crate::vhd::Footer;
 
@@ -44,6 +46,11 @@ pub struct MountArgs {
     /// faster than 4M for a cold sequential read through ext4; see BENCHMARKS.md).
     #[arg(long, value_name = "SIZE", default_value = "32M", value_parser = values::size)]
     pub read_ahead: u64,
+    /// How long written data may stay only in memory before the background
+    /// flush sends it to the blob (fsync always sends it at once): seconds
+    /// (`1`, `0.5`, `30s`), `500ms`, `5m` or `1h`, at most an hour.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = values::duration)]
+    pub flush_delay: std::time::Duration,
     /// Keep clean pages on local disk in DIR too, so the drive is warm after a
     /// remount (turns the disk tier on).
     #[arg(long, value_name = "DIR")]
@@ -65,9 +72,14 @@ pub struct MountArgs {
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
     /// Options for the drive's filesystem, as for mount -o (e.g. noatime,discard);
-    /// `ro` is the same as --read-only.
+    /// `ro` is the same as --read-only, `partition=N` as --partition N.
     #[arg(long = "fs-options", short = 'o', value_name = "OPTS")]
     pub fs_options: Vec<String>,
+    /// Which partition of an MBR or GPT drive to attach: its number, or `auto`
+    /// (the whole disk when it has no partition table, else the one partition
+    /// holding a filesystem, else the largest Linux one; it says which).
+    #[arg(long, value_name = "N|auto")]
+    pub partition: Option<Selector>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (a bare PORT
     /// means 127.0.0.1; default: off).
     #[arg(long, value_name = "[ADDR:]PORT")]
@@ -88,6 +100,7 @@ impl MountArgs {
         DriveOptions {
             cache_bytes: self.cache_size,
             read_ahead_bytes: self.read_ahead,
+            flush_delay: self.flush_delay,
             disk_cache: disk_tier.then(|| DiskCacheOptions {
                 dir: self
                     .cache_dir
@@ -163,7 +176,16 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
         }
         path.snapshot = Some(time.clone());
     }
-    let (fs_options, ro_option) = split_fs_options(&args.fs_options);
+    let (fs_options, ro_option, partition_option) = split_fs_options(&args.fs_options)?;
+    let selector = match (args.partition, partition_option) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(CodedError::usage(format!(
+                "--partition and -o partition= name different partitions ({a}, {b}): give one"
+            ))
+            .into())
+        }
+        (a, b) => a.or(b).unwrap_or_default(),
+    };
     let read_only = args.read_only || ro_option || path.snapshot.is_some();
     if args.break_lease && read_only {
         return Err(CodedError::usage(
@@ -181,7 +203,10 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
         ));
     }
     // Checked before the fork, so a bad account fails in the user's terminal.
-    let account = ctx.account()?;
+    let account = ctx.account_for(source)?;
+    // Read before the fork, so what the drive holds, and which partition was
+    // chosen, is said in the user's terminal.
+    let partition = choose_area(&account, &path, selector)?;
     let drive = EntryPath {
         container: path.container.clone(),
         blob: path.name.clone(),
@@ -198,6 +223,7 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
             drive: drive.clone(),
             account: account.name.clone(),
             fs_options,
+            partition,
         }),
         metrics: args.metrics_options()?,
     };
@@ -215,19 +241,71 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
     })
 }
 
-/// Splits `-o` values into the inner filesystem's options and whether `ro`
-/// was among them (`rw` is the default and dropped).
-pub fn split_fs_options(values: &[String]) -> (Vec<String>, bool) {
+/// Splits `-o` values into the inner filesystem's options, whether `ro` was
+/// among them (`rw` is the default and dropped), and the `partition=N` asked for.
+pub fn split_fs_options(
+    values: &[String],
+) -> Result<(Vec<String>, bool, Option<Selector>), CodedError> {
     let mut options = Vec::new();
     let mut read_only = false;
+    let mut partition = None;
     for option in values.iter().flat_map(|v| v.split(',')).map(str::trim) {
         match option {
             "" | "rw" => {}
             "ro" => read_only = true,
-            other => options.push(other.to_string()),
+            other => match other.strip_prefix("partition=") {
+                Some(n) => {
+                    partition = Some(
+                        n.parse::<Selector>()
+                            .map_err(|e| CodedError::usage(format!("-o partition: {e}")))?,
+                    )
+                }
+                None => options.push(other.to_string()),
+            },
         }
     }
-    (options, read_only)
+    Ok((options, read_only, partition))
+}
+
+/// Reads the drive's partition table and picks what to attach: `None` for the
+/// whole disk (no table), else the partition. Says which one `auto` picked.
+fn choose_area(
+    account: &crate::blob::Account,
+    path: &BlobPath,
+    selector: Selector,
+) -> anyhow::Result<Option<PartitionArea>> {
+    let client = BlobClient::new(account.clone())?;
+    let size_bytes = super::drives::block_on_value(drive_size(&client, path))?;
+    let base = path.base().to_string();
+    let layout = super::layout::read_layout(&client, path, size_bytes)?
+        .map_err(|e| anyhow!("drive {path}: {e}; nothing was attached or changed"))?;
+    if let Some(table) = &layout.table {
+        for w in &table.warnings {
+            eprintln!("blobdrive: warning: drive {path}: {w}");
+        }
+    }
+    let names = DriveNames {
+        drive: &base,
+        container: &path.container,
+        blob: &path.name,
+    };
+    let choice = choose(&layout, selector, &names).map_err(|line| anyhow!(line))?;
+    let Some(number) = choice.number else {
+        return Ok(None);
+    };
+    if let Some(reason) = &choice.reason {
+        eprintln!(
+            "blobdrive: attaching partition {number} of {path} ({}, {}): {reason}; \
+             --partition N picks another",
+            describe_fs(choice.filesystem.as_ref()),
+            crate::units::format_size(choice.size_bytes)
+        );
+    }
+    Ok(Some(PartitionArea {
+        number,
+        offset_bytes: choice.offset_bytes,
+        size_bytes: choice.size_bytes,
+    }))
 }
 
 /// CloudDrive's Mount(Force): breaks whatever lease the drive has, so this
@@ -368,6 +446,19 @@ mod tests {
             Command::Mount(a) => a,
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    #[test]
+    fn partition_comes_from_the_flag_or_from_o() {
+        let a = mount_args(&["c/d.vhd", "/mnt/d", "--partition", "2"]);
+        assert_eq!(a.partition, Some(Selector::Number(2)));
+        let (opts, ro, part) =
+            split_fs_options(&["noatime,partition=auto".into(), "ro".into()]).unwrap();
+        assert_eq!(
+            (opts, ro, part),
+            (vec!["noatime".to_string()], true, Some(Selector::Auto))
+        );
+        assert!(split_fs_options(&["partition=0".into()]).is_err());
     }
 
     #[test]

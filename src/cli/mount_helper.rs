@@ -3,8 +3,8 @@
 //! name (a symlink installed by `scripts/install.sh`).
 //!
 //! mount(8) calls `mount.blobdrive SOURCE DIR [-sfnv] [-o OPTIONS]`. Options:
-//! - blobdrive's own: `ro`/`rw`, `snapshot=T`, `cache-size=S`, `break-lease`,
-//!   `log-file=PATH`, `metrics-listen=[ADDR:]PORT`, `metrics-textfile=DIR`,
+//! - blobdrive's own: `ro`/`rw`, `snapshot=T`, `cache-size=S`, `flush-delay=D`, `break-lease`,
+//!   `log-file=PATH`, `partition=N|auto`, `metrics-listen=[ADDR:]PORT`, `metrics-textfile=DIR`,
 //!   `metrics-allow-remote`, `credentials=PATH` (a file of `AZURE_STORAGE_*=...` lines,
 //!   so no secret sits in fstab);
 //! - fstab and systemd ones, which concern mount(8) or systemd and are ignored
@@ -112,7 +112,11 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
             ("disk-cache-size" | "disk_cache_size", Some(s)) => {
                 out.extend(["--disk-cache-size".into(), s.to_string()])
             }
+            ("flush-delay" | "flush_delay", Some(d)) => {
+                out.extend(["--flush-delay".into(), d.to_string()])
+            }
             ("break-lease" | "break_lease", None) => out.push("--break-lease".into()),
+            ("partition", Some(n)) => out.extend(["--partition".into(), n.to_string()]),
             ("log-file" | "log_file", Some(p)) => out.extend(["--log-file".into(), p.to_string()]),
             ("metrics-listen", Some(a)) => out.extend(["--metrics-listen".into(), a.to_string()]),
             ("metrics-textfile", Some(d)) => {
@@ -122,11 +126,13 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
             ("credentials", Some(p)) => credentials = Some(p.to_string()),
             (
                 "snapshot" | "cache-size" | "cache_size" | "log-file" | "log_file" | "cache-dir"
-                | "cache_dir" | "disk-cache-size" | "disk_cache_size" | "metrics-listen"
-                | "metrics-textfile",
+                | "cache_dir" | "disk-cache-size" | "disk_cache_size" | "flush-delay"
+                | "flush_delay" | "metrics-listen" | "metrics-textfile",
                 None,
             )
-            | ("credentials", None) => return Err(format!("option {name} needs a value")),
+            | ("credentials" | "partition", None) => {
+                return Err(format!("option {name} needs a value"))
+            }
             (
                 "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner" | "group"
                 | "_netdev" | "nofail",
@@ -233,6 +239,21 @@ mod tests {
         let r = parse(&args("c/d.vhd /mnt/d -f -obreak-lease")).unwrap();
         assert!(r.fake);
         assert_eq!(r.blobdrive_args, args("mount c/d.vhd /mnt/d --break-lease"));
+        let r = parse(&args("c/d.vhd /mnt/d -o flush-delay=30s")).unwrap();
+        assert_eq!(
+            r.blobdrive_args,
+            args("mount c/d.vhd /mnt/d --flush-delay 30s")
+        );
+    }
+
+    #[test]
+    fn partition_option_becomes_the_partition_flag() {
+        let r = parse(&args("c/d.vhd /mnt/d -o partition=15,ro,noatime")).unwrap();
+        assert_eq!(
+            r.blobdrive_args,
+            args("mount c/d.vhd /mnt/d --partition 15 --read-only -o noatime")
+        );
+        assert!(parse(&args("c/d.vhd /mnt/d -o partition")).is_err());
     }
 
     #[test]

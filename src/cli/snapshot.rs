@@ -21,7 +21,7 @@ pub struct SnapshotArgs {
 pub fn run(ctx: &Context, args: &SnapshotArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "snapshot the drive itself")?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     drives::block_on(async move {
         let props = drives::properties(&client, &path).await?;
         let check = drives::check_disk(&client, &path, props.blob_type, props.content_length)

@@ -1,4 +1,5 @@
-//! `blobdrive upload FILE C/B`: copy a raw or VHD image into a page blob,
+//! `blobdrive upload FILE C/B`: copy a raw image or a fixed or dynamic VHD
+//! into a page blob (a drive: a fixed VHD),
 //! skipping zero ranges, in parallel, with a progress bar; `--resume`
 //! continues an interrupted upload. The work is in `crate::transfer`.
 
@@ -16,7 +17,7 @@ use crate::units::format_size;
 /// Arguments of `upload`.
 #[derive(Debug, Args)]
 pub struct UploadArgs {
-    /// The local image (raw, or a fixed VHD).
+    /// The local image (raw, or a fixed or dynamic VHD).
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
     /// The page blob to write, CONTAINER/PATH or a full URL.
@@ -31,6 +32,9 @@ pub struct UploadArgs {
     /// Round a raw image that is not a whole number of MiB up with zeros.
     #[arg(long)]
     pub pad: bool,
+    /// Print what was done (bytes scanned, sent, skipped) as JSON.
+    #[arg(long)]
+    pub json: bool,
     /// Put Page requests in flight.
     #[arg(long, value_name = "N", default_value_t = transfer::DEFAULT_PARALLEL as u16,
           value_parser = clap::value_parser!(u16).range(1..=transfer::MAX_PARALLEL as i64))]
@@ -44,7 +48,7 @@ pub struct UploadArgs {
 /// Run `upload`.
 pub fn run(ctx: &Context, args: &UploadArgs) -> CmdResult {
     let blob = BlobPath::parse(&args.blob)?;
-    let account = ctx.account()?;
+    let account = ctx.account_for(&args.blob)?;
     let stop = Arc::new(AtomicBool::new(false));
     let opts = UploadOptions {
         overwrite: args.overwrite,
@@ -73,7 +77,11 @@ pub fn run(ctx: &Context, args: &UploadArgs) -> CmdResult {
         reporter.finish();
         anyhow::Ok(result?)
     })?;
-    output::print_text(&summary(&args.file, &blob, &report));
+    if args.json {
+        output::print_json(&report);
+    } else {
+        output::print_text(&summary(&args.file, &blob, &report));
+    }
     Ok(())
 }
 

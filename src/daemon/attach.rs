@@ -5,7 +5,8 @@
 //! Setup, in order: open the drive through the FUSE core and keep that handle
 //! for the daemon's life (a read-write open takes the lease here, so a held
 //! lease fails with its own clear line before any kernel object exists), attach
-//! the loop device (read-only for read-only and snapshot attaches), detect the
+//! the loop device (read-only for read-only and snapshot attaches; for a
+//! partition, with its offset and size limit over the drive file), detect the
 //! filesystem, mount it at DIR, record the attach in the registry. Each step
 //! that succeeded is recorded in [`Attachment`], and [`Attachment::detach`]
 //! undoes exactly those, in reverse: a failure half way leaves nothing behind.
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
 
+use super::mountpoint::{is_mount_point, lazy_unmount};
 use super::registry::{self, AttachMode, AttachedDrive};
 use super::{umount, OnBusy, ShutdownError};
 use crate::attach::{filesystem, FsType, LoopDevice, MountedFs};
@@ -41,6 +43,19 @@ pub struct AttachOptions {
     pub account: String,
     /// Options passed to the inner filesystem's mount (`-o`).
     pub fs_options: Vec<String>,
+    /// The partition to attach; None attaches the whole disk.
+    pub partition: Option<PartitionArea>,
+}
+
+/// A partition of the drive, as the loop device sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionArea {
+    /// Its number in the partition table.
+    pub number: u32,
+    /// First byte on the disk.
+    pub offset_bytes: u64,
+    /// Length in bytes.
+    pub size_bytes: u64,
 }
 
 impl AttachOptions {
@@ -130,7 +145,8 @@ impl Attachment {
 
         let file = self.fuse_dir.join(&file_name);
         let read_only = !writable;
-        let device = blocking(move || LoopDevice::attach(&file, read_only))
+        let area = self.spec.partition.map(|p| (p.offset_bytes, p.size_bytes));
+        let device = blocking(move || LoopDevice::attach_area(&file, read_only, area))
             .await
             .with_context(|| format!("cannot attach a loop device to drive {name}"))?;
         tracing::info!(device = %device.device.display(), "loop device attached");
@@ -140,15 +156,7 @@ impl Attachment {
         let fs = blocking(move || filesystem::detect(&probe))
             .await
             .with_context(|| format!("cannot read the filesystem type of drive {name}"))?
-            .ok_or_else(|| {
-                anyhow!(
-                    "drive {name} holds no filesystem; create it with 'blobdrive create {} \
-                     --size SIZE --mkfs ext4', or run mkfs on its file in a namespace mount \
-                     ('blobdrive mount {} DIR')",
-                    self.spec.drive.container.clone() + "/" + &self.spec.drive.blob,
-                    self.spec.drive.container
-                )
-            })?;
+            .ok_or_else(|| self.no_filesystem_line())?;
 
         let (dev, dir, options) = (
             device.device.clone(),
@@ -174,6 +182,7 @@ impl Attachment {
             dir: self.dir.clone(),
             loop_device: device.device.clone(),
             fs_type: fs.name().to_string(),
+            partition: self.spec.partition.map(|p| p.number),
             mode: self.mode,
             pid: std::process::id(),
             fuse_dir: self.fuse_dir.clone(),
@@ -186,6 +195,25 @@ impl Attachment {
         registry::write(&entry)?;
         self.registered = true;
         Ok(())
+    }
+
+    /// The refusal when blkid finds no filesystem where one was expected. The
+    /// command checked before attaching that the drive is not empty (an
+    /// empty drive is refused there, with the advice to make a filesystem),
+    /// so this never suggests mkfs: whatever is there may be someone's data.
+    fn no_filesystem_line(&self) -> anyhow::Error {
+        let name = self.spec.display_name();
+        let base = format!("{}/{}", self.spec.drive.container, self.spec.drive.blob);
+        let what = match self.spec.partition {
+            Some(p) => format!("partition {} of drive {name}", p.number),
+            None => format!("drive {name}"),
+        };
+        anyhow!(
+            "{what} holds no filesystem the kernel recognises; nothing was changed (blobdrive \
+             suggests mkfs only for an empty drive). 'blobdrive info {base}' shows what the drive holds; its bytes can be read \
+             through a namespace mount ('blobdrive mount {} DIR')",
+            self.spec.drive.container
+        )
     }
 
     /// Unmounts DIR and detaches the loop device (whatever of them exists).
@@ -268,7 +296,7 @@ impl Attachment {
 pub fn remove_dead(entry: &AttachedDrive) -> anyhow::Result<Vec<String>> {
     let mut removed = Vec::new();
     if is_mount_point(&entry.dir).unwrap_or(false) {
-        super::control::lazy_unmount(&entry.dir)?;
+        lazy_unmount(&entry.dir)?;
         removed.push(format!("the filesystem at {}", entry.dir.display()));
     }
     let node = &entry.loop_device;
@@ -281,7 +309,7 @@ pub fn remove_dead(entry: &AttachedDrive) -> anyhow::Result<Vec<String>> {
         removed.push(node.display().to_string());
     }
     if is_mount_point(&entry.fuse_dir).unwrap_or(false) {
-        super::control::lazy_unmount(&entry.fuse_dir)?;
+        lazy_unmount(&entry.fuse_dir)?;
         removed.push("its FUSE mount".into());
     }
     let _ = std::fs::remove_dir(&entry.fuse_dir);
@@ -290,7 +318,7 @@ pub fn remove_dead(entry: &AttachedDrive) -> anyhow::Result<Vec<String>> {
 }
 
 /// The file behind loop device `node`, if it has one.
-fn loop_backing_file(node: &Path) -> Option<PathBuf> {
+pub(crate) fn loop_backing_file(node: &Path) -> Option<PathBuf> {
     let name = node.file_name()?.to_string_lossy().into_owned();
     let text = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
     Some(PathBuf::from(text.trim_end()))
@@ -334,40 +362,9 @@ pub(crate) async fn wait_until_unmounted_outside(dir: PathBuf) {
     }
 }
 
-/// True when something is mounted at `dir` (canonical) in this namespace.
-pub(crate) fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let wanted = escape_mountinfo(&dir.to_string_lossy());
-    Ok(info
-        .lines()
-        .any(|line| line.split(' ').nth(4) == Some(wanted.as_str())))
-}
-
-/// A path as `/proc/self/mountinfo` prints it: space, tab, newline and
-/// backslash in octal.
-fn escape_mountinfo(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    for c in path.chars() {
-        match c {
-            ' ' => out.push_str("\\040"),
-            '\t' => out.push_str("\\011"),
-            '\n' => out.push_str("\\012"),
-            '\\' => out.push_str("\\134"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes_match_the_kernel() {
-        assert_eq!(escape_mountinfo("/mnt/a b\\c"), "/mnt/a\\040b\\134c");
-        assert!(is_mount_point(Path::new("/")).unwrap());
-    }
 
     #[test]
     fn mode_follows_snapshot_then_read_only() {
@@ -379,6 +376,7 @@ mod tests {
             },
             account: "a".into(),
             fs_options: Vec::new(),
+            partition: None,
         };
         assert_eq!(spec.mode(false), AttachMode::ReadWrite);
         assert_eq!(spec.mode(true), AttachMode::ReadOnly);

@@ -13,21 +13,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use sha2::{Digest, Sha256};
 
-/// Default directory of the control sockets.
-pub const DEFAULT_RUN_DIR: &str = "/run/blobdrive";
-/// Environment variable that overrides [`DEFAULT_RUN_DIR`] (tests, non-root users).
-pub const RUN_DIR_ENV: &str = "BLOBDRIVE_RUN_DIR";
+use super::mountpoint::{is_mount_point, lazy_unmount, mount_key, run_dir, RUN_DIR_ENV};
+
 /// How long `stats` waits for an answer.
 const STATS_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The directory holding control sockets.
-pub fn run_dir() -> PathBuf {
-    std::env::var_os(RUN_DIR_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
-}
 
 /// The control socket of the mount at `mountpoint` (which must exist).
 pub fn socket_path(mountpoint: &Path) -> anyhow::Result<PathBuf> {
@@ -86,7 +76,7 @@ pub fn remove_dead_mount(gone: &NoDaemon) -> anyhow::Result<bool> {
     let NoDaemon::Gone { dir, socket } = gone else {
         return Ok(false);
     };
-    let detached = super::attach::is_mount_point(dir).unwrap_or(false);
+    let detached = is_mount_point(dir).unwrap_or(false);
     if detached {
         lazy_unmount(dir)?;
     }
@@ -98,30 +88,8 @@ pub fn remove_dead_mount(gone: &NoDaemon) -> anyhow::Result<bool> {
     Ok(detached)
 }
 
-/// Detaches whatever is mounted at `dir` now and lets the kernel finish
-/// when it is no longer busy (`umount -l`).
-pub(crate) fn lazy_unmount(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .context("mount point path holds a NUL byte")?;
-    // SAFETY: `path` is a valid NUL-terminated string for the call's duration.
-    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("cannot detach the dead mount {}", dir.display()));
-    }
-    Ok(())
-}
-
 pub(crate) fn socket_path_of_canonical(canonical: &Path) -> PathBuf {
     run_dir().join(format!("{}.sock", mount_key(canonical)))
-}
-
-/// The name of everything a mount keeps in the run directory: the first 16
-/// hex digits of the SHA-256 of its canonical mountpoint path.
-pub fn mount_key(canonical: &Path) -> String {
-    use std::os::unix::ffi::OsStrExt;
-    let digest = Sha256::digest(canonical.as_os_str().as_bytes());
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A command sent over the control socket.

@@ -52,7 +52,7 @@ impl Exporters {
         let textfile = opts
             .textfile_dir
             .as_ref()
-            .map(|dir| export::textfile_path(dir, &super::control::mount_key(mountpoint)));
+            .map(|dir| export::textfile_path(dir, &super::mountpoint::mount_key(mountpoint)));
         if let Some(path) = &textfile {
             tasks.push(runtime.spawn(export::write_periodically(path.clone(), render)));
         }

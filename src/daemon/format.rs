@@ -8,6 +8,10 @@
 //! no local disk space. The formatting is durable when this returns: the
 //! mount's unmount flushes every page and releases the lease, and its failure
 //! is this function's failure.
+//!
+//! With a partition table (`--partition-table gpt`), sfdisk writes the table
+//! on the drive file first, and mkfs then runs on a loop device limited to
+//! the partition (offset and size limit), detached before the unmount.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,8 +19,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 
-use super::{attach, control, request_unmount, run_mount, MountOptions};
-use crate::attach::{filesystem, FsType};
+use super::mountpoint::{is_mount_point, mount_key, run_dir};
+use super::{attach, request_unmount, run_mount, MountOptions};
+use crate::attach::{filesystem, table, FsType, LoopDevice};
 use crate::blob::{Account, BlobClient, BlobPath};
 use crate::drive::DriveOptions;
 use crate::fs::azure::AzureCatalog;
@@ -26,14 +31,34 @@ use crate::fs::{Catalog, EntryPath};
 /// How long the private mount may take to come up.
 const MOUNT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Makes a filesystem of type `fs` on drive `path` (a base blob of
-/// `size_bytes` disk bytes). Runs a FUSE mount on a helper thread: call it
-/// where no fork follows.
+/// How to lay out a new drive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Format {
+    /// Write a GPT with one Linux partition from 1 MiB to the end first.
+    pub gpt: bool,
+    /// The filesystem to make (in the partition when there is one).
+    pub fs: Option<FsType>,
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.fs, self.gpt) {
+            (Some(fs), true) => write!(f, "{fs} in partition 1 of a GPT"),
+            (Some(fs), false) => write!(f, "{fs}"),
+            (None, true) => f.write_str("a GPT with one empty partition"),
+            (None, false) => f.write_str("nothing"),
+        }
+    }
+}
+
+/// Lays out drive `path` (a base blob of `size_bytes` disk bytes) as
+/// `format` says. Runs a FUSE mount on a helper thread: call it where no
+/// fork follows.
 pub fn format_drive(
     account: Account,
     path: &BlobPath,
     size_bytes: u64,
-    fs: &FsType,
+    format: &Format,
 ) -> anyhow::Result<()> {
     let dir = private_dir(path)?;
     let drive = EntryPath {
@@ -63,7 +88,7 @@ pub fn format_drive(
         })
         .context("cannot start the formatting mount")?;
     let started = Instant::now();
-    while !attach::is_mount_point(&dir).unwrap_or(false) {
+    while !is_mount_point(&dir).unwrap_or(false) {
         if server.is_finished() {
             let result = server
                 .join()
@@ -77,8 +102,8 @@ pub fn format_drive(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    tracing::info!(drive = %path, %fs, "making the filesystem");
-    let made = filesystem::make(&file, fs).with_context(|| format!("mkfs.{fs} on {path} failed"));
+    tracing::info!(drive = %path, %format, "formatting");
+    let made = lay_out(&file, format).with_context(|| format!("formatting {path} failed"));
     let unmounted = request_unmount(&dir);
     let served = server
         .join()
@@ -90,10 +115,46 @@ pub fn format_drive(
     Ok(())
 }
 
+/// Writes the table and makes the filesystem on the drive file `file`.
+fn lay_out(file: &Path, format: &Format) -> anyhow::Result<()> {
+    if !format.gpt {
+        if let Some(fs) = &format.fs {
+            filesystem::make(file, fs)?;
+        }
+        return Ok(());
+    }
+    table::write_data_disk_gpt(file)?;
+    let Some(fs) = &format.fs else {
+        return Ok(());
+    };
+    // Read back what sfdisk wrote: the partition's place comes from the
+    // table itself, and a table our reader refuses is caught here.
+    let mut disk = crate::partition::FileDisk::open(file)?;
+    let part = crate::partition::read_table(&mut disk)?
+        .and_then(|t| t.partitions.into_iter().next())
+        .ok_or_else(|| anyhow!("sfdisk wrote no partition"))?;
+    let device = LoopDevice::attach_area(file, false, Some((part.start_bytes, part.size_bytes)))?;
+    let made = filesystem::make(&device.device, fs);
+    let detached = device.detach();
+    let started = Instant::now();
+    while attach::loop_backing_file(&device.device).is_some() {
+        if started.elapsed() > MOUNT_TIMEOUT {
+            bail!(
+                "loop device {} did not let go of the drive",
+                device.device.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    made?;
+    detached?;
+    Ok(())
+}
+
 fn private_dir(path: &BlobPath) -> anyhow::Result<PathBuf> {
-    let root = control::run_dir().join("format");
+    let root = run_dir().join("format");
     std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
-    let name = control::mount_key(Path::new(&format!("{path}#{}", std::process::id())));
+    let name = mount_key(Path::new(&format!("{path}#{}", std::process::id())));
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     Ok(dir)

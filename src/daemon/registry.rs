@@ -2,7 +2,7 @@
 //! `$BLOBDRIVE_RUN_DIR/attach/<key>.json` (CloudDrive's GetMountedDrives), and
 //! the private FUSE mountpoint of each attach, `$BLOBDRIVE_RUN_DIR/attach/<key>/`.
 //!
-//! `<key>` is the mount key of the user's directory (see `control::mount_key`),
+//! `<key>` is the mount key of the user's directory (see `mountpoint::mount_key`),
 //! so one directory holds at most one attach and `blobdrive unmount DIR` finds
 //! it. The daemon writes its entry once DIR is mounted and removes it when it
 //! exits; an entry whose daemon is gone (a crash, `kill -9`) is reported as
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
-use super::control::{mount_key, run_dir};
+use super::mountpoint::{mount_key, run_dir};
 
 /// How a drive is attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +53,9 @@ pub struct AttachedDrive {
     pub loop_device: PathBuf,
     /// Filesystem type found on the drive.
     pub fs_type: String,
+    /// The partition attached (None: the whole disk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
     /// Read-write, read-only or snapshot.
     pub mode: AttachMode,
     /// The daemon's process id.
@@ -184,7 +187,7 @@ mod tests {
     #[test]
     fn entries_round_trip_and_a_dead_daemon_is_stale() {
         let dir = tempfile::tempdir().unwrap();
-        std::env::set_var(super::super::control::RUN_DIR_ENV, dir.path());
+        std::env::set_var(super::super::mountpoint::RUN_DIR_ENV, dir.path());
         let mut entry = AttachedDrive {
             account: "devstoreaccount1".into(),
             drive: "c/disk.vhd".into(),
@@ -192,6 +195,7 @@ mod tests {
             dir: PathBuf::from("/mnt/data"),
             loop_device: PathBuf::from("/dev/loop7"),
             fs_type: "ext4".into(),
+            partition: Some(1),
             mode: AttachMode::ReadWrite,
             pid: std::process::id(),
             fuse_dir: fuse_dir_of(Path::new("/mnt/data")),
@@ -210,6 +214,6 @@ mod tests {
         assert!(find_read_write("devstoreaccount1", "c/disk.vhd").is_none());
         remove(Path::new("/mnt/data"));
         assert!(list_mounted().is_empty());
-        std::env::remove_var(super::super::control::RUN_DIR_ENV);
+        std::env::remove_var(super::super::mountpoint::RUN_DIR_ENV);
     }
 }

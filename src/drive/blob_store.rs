@@ -11,11 +11,14 @@
 //! about a thousand ranges per request. Invariant: a snapshot is read-only
 //! here: writes and leases on it are refused before anything is sent.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::store::PageStore;
-use crate::blob::{BlobClient, BlobPath, Error, ErrorKind, Result};
+use crate::blob::{BlobClient, BlobPath, Error, ErrorKind, Result, WriteFence};
 use crate::metrics;
 use crate::units::ByteRange;
 
@@ -31,12 +34,18 @@ const TARGET_RANGES_PER_SEGMENT: usize = 1000;
 pub struct BlobPageStore {
     client: BlobClient,
     path: BlobPath,
+    /// Fences every page write of this store (shared by its clones).
+    fence: Arc<WriteFence>,
 }
 
 impl BlobPageStore {
     /// The store of `path` (a snapshot when `path.snapshot` is set: read-only).
     pub fn new(client: BlobClient, path: BlobPath) -> Self {
-        BlobPageStore { client, path }
+        BlobPageStore {
+            client,
+            path,
+            fence: Arc::new(WriteFence::new()),
+        }
     }
 
     /// The blob this store addresses.
@@ -173,7 +182,7 @@ impl PageStore for BlobPageStore {
         let started = std::time::Instant::now();
         let out = self
             .client
-            .put_pages(&self.path, offset_bytes, data, lease_id)
+            .put_pages_fenced(&self.path, offset_bytes, data, lease_id, Some(&self.fence))
             .await;
         metrics::observe(
             &self.label(),
@@ -185,7 +194,9 @@ impl PageStore for BlobPageStore {
 
     async fn clear_pages(&self, range: ByteRange, lease_id: Option<&str>) -> Result<()> {
         self.writable("clear pages")?;
-        self.client.clear_pages(&self.path, range, lease_id).await
+        self.client
+            .clear_pages_fenced(&self.path, range, lease_id, Some(&self.fence))
+            .await
     }
 
     async fn acquire_lease(&self, proposed_id: &str) -> Result<()> {
@@ -194,6 +205,10 @@ impl PageStore for BlobPageStore {
             .acquire_lease(&self.path, proposed_id, None)
             .await
             .map(|_| ())
+    }
+
+    fn retry_budget(&self) -> Duration {
+        self.client.retry_policy().max_total
     }
 
     async fn release_lease(&self, lease_id: &str) -> Result<()> {

@@ -9,6 +9,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::extents::PageRange;
 use crate::units::PAGE_SIZE;
 
 /// Pages per chunk.
@@ -16,6 +17,17 @@ pub(crate) const CHUNK_PAGES: usize = 512;
 /// Bytes per chunk.
 pub(crate) const CHUNK_BYTES: u64 = CHUNK_PAGES as u64 * PAGE_SIZE;
 const PAGE: usize = PAGE_SIZE as usize;
+
+/// Chunk numbers touched by `[start, end)` bytes.
+pub(crate) fn chunks_of(start: u64, end: u64) -> std::ops::Range<u64> {
+    start / CHUNK_BYTES..end.div_ceil(CHUNK_BYTES)
+}
+
+/// The pages of chunk `index`, as a global page range.
+pub(crate) fn chunk_pages(index: u64) -> PageRange {
+    let first = index * CHUNK_PAGES as u64;
+    PageRange::new(first, first + CHUNK_PAGES as u64)
+}
 const WORDS: usize = CHUNK_PAGES / 64;
 
 /// One bit per page of a chunk.

@@ -49,6 +49,31 @@ pub enum Error {
         /// Why, in words.
         reason: String,
     },
+    /// A flush pass found no answer from storage for a whole retry budget:
+    /// the pages stay dirty (in memory) and go out when storage answers.
+    #[error(
+        "storage did not answer within {secs} s while flushing drive {target}; \
+         the unflushed data is kept in memory"
+    )]
+    Stalled {
+        /// `container/blob`.
+        target: String,
+        /// How long the pass waited.
+        secs: u64,
+    },
+    /// Every write is durable in the blob, but the lease could not be
+    /// released: the drive stays locked until it is (or is broken).
+    #[error(
+        "drive {target}: all data is durable in the blob, but releasing its lease failed \
+         ({cause}); it stays locked: run 'blobdrive break-lease {target}' if no mount of it \
+         is left"
+    )]
+    ReleaseFailed {
+        /// `container/blob`.
+        target: String,
+        /// The service's error (boxed: it is large and rare).
+        cause: Box<blob::Error>,
+    },
     /// The blob service failed (after the client's retries).
     #[error(transparent)]
     Backend(#[from] blob::Error),
@@ -63,6 +88,8 @@ impl Error {
             Error::ReadOnly => libc::EROFS,
             Error::OutOfRange { .. } => libc::ENOSPC,
             Error::Closed => libc::EIO,
+            Error::Stalled { .. } => libc::EIO,
+            Error::ReleaseFailed { .. } => libc::EIO,
             Error::NotADrive { .. } => libc::EINVAL,
             Error::Backend(e) if e.is_not_found() => libc::ENOENT,
             Error::Backend(e) if e.is_auth_failure() => libc::EACCES,

@@ -47,6 +47,13 @@ impl PageRange {
     }
 }
 
+/// The pages `a` and `b` share; empty (at the larger start) when they do
+/// not overlap.
+pub(crate) fn intersect(a: PageRange, b: PageRange) -> PageRange {
+    let start = a.start.max(b.start);
+    PageRange::new(start, a.end.min(b.end).max(start))
+}
+
 /// Disjoint, merged page ranges that may hold data.
 #[derive(Debug, Default, Clone)]
 pub struct Extents {

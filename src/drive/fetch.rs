@@ -18,16 +18,13 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 
 use super::cache::ChunkRef;
+use super::chunk::{chunk_pages, chunks_of};
 use super::counters::add;
 use super::disk_cache::CachedChunk;
 use super::error::Result;
-use super::extents::PageRange;
-use super::io::{chunk_pages, chunks_of, intersect};
+use super::extents::{intersect, PageRange};
 use super::Inner;
-use crate::units::{ByteRange, PAGE_SIZE};
-
-/// Largest single Get Blob a fetch issues.
-pub(crate) const MAX_GET_BYTES: u64 = 4 * 1024 * 1024;
+use crate::units::{ByteRange, MAX_GET_BYTES, PAGE_SIZE};
 
 /// Holes up to this size between two stored extents are read along with
 /// them (the service returns zeros there): one 4 MiB Get costs about what a

@@ -18,8 +18,8 @@
 //! only after a clear succeeded; pages reach the disk tier only once settled.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use super::cache::ChunkRef;
 use super::chunk::{PageBits, CHUNK_PAGES};
 use super::counters::add;
-use super::error::Result;
+use super::error::{Error, Result};
 use super::extents::PageRange;
 use super::Inner;
 use crate::units::{MAX_PUT_PAGE_BYTES, PAGE_SIZE};
@@ -122,11 +122,11 @@ fn absorb_zero_islands(classes: &mut [Class]) {
 /// runs, lazily, so only a span and the runs in flight are copied at a time.
 struct RunBuilder<'a> {
     inner: &'a Inner,
-    /// A background pass leaves the update run ending here unsent back to
-    /// its last 4 MiB boundary of the drive: the head of a write stream
-    /// still going, which the next pass sends as part of a full, aligned
-    /// 4 MiB request.
-    hold_tail_at: Option<u64>,
+    /// A background pass leaves the update run ending at `hold.end_page`
+    /// unsent back to its last 4 MiB boundary of the drive: the head of a
+    /// write stream still going, which the next pass sends as part of a
+    /// full, aligned 4 MiB request.
+    hold: Option<Hold>,
     /// Pages left dirty for that reason.
     held_pages: u64,
     chunks: VecDeque<ChunkRef>,
@@ -138,10 +138,10 @@ struct RunBuilder<'a> {
 }
 
 impl<'a> RunBuilder<'a> {
-    fn new(inner: &'a Inner, chunks: VecDeque<ChunkRef>, hold_tail_at: Option<u64>) -> Self {
+    fn new(inner: &'a Inner, chunks: VecDeque<ChunkRef>, hold: Option<Hold>) -> Self {
         RunBuilder {
             inner,
-            hold_tail_at,
+            hold,
             held_pages: 0,
             chunks,
             slot: 0,
@@ -242,10 +242,16 @@ impl<'a> RunBuilder<'a> {
             // the stream's next requests start aligned.
             let mut sent = j;
             let end = span.start + j as u64;
-            if class == Class::Data && self.hold_tail_at == Some(end) {
+            if let Some(h) = self
+                .hold
+                .filter(|h| class == Class::Data && h.end_page == end)
+            {
                 let keep = (end - end % MAX_UPDATE_PAGES).max(span.start + i as u64);
-                self.held_pages += end - keep;
-                sent = (keep - span.start) as usize;
+                // Only pages written since the previous pass stay back.
+                if keep >= h.floor_page {
+                    self.held_pages += end - keep;
+                    sent = (keep - span.start) as usize;
+                }
             }
             if sent == i {
                 i = j;
@@ -295,9 +301,13 @@ impl Iterator for RunBuilder<'_> {
 }
 
 impl Inner {
-    /// One flush pass (waits for a running one to end first).
+    /// One flush pass (waits for a running one to end first). When the pass
+    /// it waited for failed, that failure is the answer: in an outage the
+    /// caller then waits for one pass, not two.
     pub(crate) async fn flush_pass(&self) -> Result<()> {
+        let seen = self.passes.finished();
         let _g = self.flush_lock.lock().await;
+        self.passes.failed_since(seen)?;
         self.flush_pass_locked().await
     }
 
@@ -306,23 +316,54 @@ impl Inner {
         self.run_pass(None).await.map(|_| ())
     }
 
-    /// The background flusher's pass: like [`Self::flush_pass`], but when a
-    /// write ended less than `flush_delay` ago, the run that ends where it did
-    /// stays dirty back to its last 4 MiB boundary (the stream is likely to
-    /// go on). Returns whether
+    /// The background flusher's pass: like [`Self::flush_pass`], but the
+    /// head of a write stream still going (its last write less than
+    /// `flush_delay` ago) may stay dirty back to its last 4 MiB boundary,
+    /// so the next pass sends it in a full, aligned request. A page is held
+    /// at most once: only pages written since the previous background pass
+    /// may be held, and at a stream's first pass only when the stream has
+    /// already written a full Put Page (a fast stream). A slow stream
+    /// (appends of a few bytes at a time) is therefore never held, and no
+    /// byte stays dirty longer than two background passes. Returns whether
     /// pages were held back, so the flusher comes again.
     async fn background_pass(&self) -> Result<bool> {
         let _g = self.flush_lock.lock().await;
         let last = *self.last_write.lock().expect("last-write mutex poisoned");
-        let hold = last
-            .filter(|(end, at)| at.elapsed() < self.flush_delay && end % PAGE_SIZE == 0)
-            .map(|(end, _)| end / PAGE_SIZE);
+        let hold = {
+            let mut stream = self.stream.lock().expect("stream mutex poisoned");
+            match (last, stream.as_mut()) {
+                (Some((end, at)), Some(marks))
+                    if at.elapsed() < self.flush_delay && end % PAGE_SIZE == 0 =>
+                {
+                    marks.hold(end)
+                }
+                _ => None,
+            }
+        };
         Ok(self.run_pass(hold).await? > 0)
     }
 
-    /// Send every dirty page (but a held-back head ending at page
-    /// `hold_tail_at`); returns the pages held back.
-    async fn run_pass(&self, hold_tail_at: Option<u64>) -> Result<u64> {
+    /// Send every dirty page (but a held-back stream head, `hold`); returns the pages held back. The pass takes no new
+    /// run after one fails (the rest stay dirty) and gives up after one
+    /// retry budget of the store, so an outage costs one budget per pass
+    /// however many runs are dirty. Its result is recorded for
+    /// [`Self::flush_pass`].
+    async fn run_pass(&self, hold: Option<Hold>) -> Result<u64> {
+        let budget = self.store.retry_budget();
+        let result = match tokio::time::timeout(budget, self.send_dirty(hold)).await {
+            Ok(r) => r,
+            // In-flight requests are dropped here: their pages stay dirty,
+            // and the store fences whatever of them may still land.
+            Err(_) => Err(Error::Stalled {
+                target: self.target.clone(),
+                secs: budget.as_secs(),
+            }),
+        };
+        self.passes.record(&result);
+        result
+    }
+
+    async fn send_dirty(&self, hold: Option<Hold>) -> Result<u64> {
         let dirty = self.cache.dirty_chunks();
         if dirty.is_empty() {
             return Ok(0);
@@ -331,16 +372,23 @@ impl Inner {
         let began = std::time::Instant::now();
         let dirty_bytes = self.cache.dirty_bytes();
         let refs: VecDeque<ChunkRef> = dirty.iter().filter_map(|&i| self.cache.get(i)).collect();
-        let mut builder = RunBuilder::new(self, refs, hold_tail_at);
+        let mut builder = RunBuilder::new(self, refs, hold);
+        let failed = AtomicBool::new(false);
         let mut first_err = None;
         let mut runs = 0u64;
         {
-            let mut sends = futures::stream::iter(builder.by_ref())
+            // After the first failure no new run starts: in an outage every
+            // one would spend its own retry budget.
+            let runs_to_send = builder
+                .by_ref()
+                .take_while(|_| !failed.load(Ordering::Acquire));
+            let mut sends = futures::stream::iter(runs_to_send)
                 .map(|run| self.send_run(run))
                 .buffer_unordered(self.flush_parallelism);
             while let Some(r) = sends.next().await {
                 runs += 1;
                 if let Err(e) = r {
+                    failed.store(true, Ordering::Release);
                     first_err.get_or_insert(e);
                 }
             }
@@ -410,6 +458,87 @@ impl Inner {
         }
         self.settle(pages, &gens, &chunks);
         Ok(())
+    }
+}
+
+/// What a background pass may leave dirty: the update run ending at
+/// `end_page`, back to its 4 MiB boundary, if that is not below `floor_page`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hold {
+    end_page: u64,
+    floor_page: u64,
+}
+
+/// Where a sequential write stream began and where it stood at the
+/// previous background pass.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamMarks {
+    start_bytes: u64,
+    at_last_pass_bytes: Option<u64>,
+}
+
+impl StreamMarks {
+    /// A stream whose first write begins at `offset_bytes`.
+    pub(crate) fn starting_at(offset_bytes: u64) -> Self {
+        StreamMarks {
+            start_bytes: offset_bytes,
+            at_last_pass_bytes: None,
+        }
+    }
+
+    /// What a background pass may hold when the stream's last write ended
+    /// at `end_bytes`; records the pass.
+    fn hold(&mut self, end_bytes: u64) -> Option<Hold> {
+        let hold = match self.at_last_pass_bytes {
+            // Pages written since the previous pass only.
+            Some(mark) => Some(mark),
+            // The stream's first pass: only a stream that already wrote a
+            // full Put Page is worth waiting for.
+            None if end_bytes.saturating_sub(self.start_bytes) >= MAX_PUT_PAGE_BYTES => Some(0),
+            None => None,
+        };
+        self.at_last_pass_bytes = Some(end_bytes);
+        hold.map(|floor| Hold {
+            end_page: end_bytes / PAGE_SIZE,
+            floor_page: floor.div_ceil(PAGE_SIZE),
+        })
+    }
+}
+
+/// How the flush passes ended, so a caller that waited for a pass can take
+/// its failure as the answer instead of starting another one.
+#[derive(Default)]
+pub(crate) struct PassLog {
+    state: Mutex<(u64, Option<Error>)>,
+}
+
+impl PassLog {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Option<Error>)> {
+        self.state.lock().expect("pass-log mutex poisoned")
+    }
+
+    /// Passes finished so far.
+    pub(crate) fn finished(&self) -> u64 {
+        self.lock().0
+    }
+
+    fn record(&self, result: &Result<u64>) {
+        let mut s = self.lock();
+        s.0 += 1;
+        s.1 = result.as_ref().err().cloned();
+    }
+
+    /// The failure of the last pass, when it ended after `seen` passes.
+    pub(crate) fn failed_since(&self, seen: u64) -> Result<()> {
+        match &*self.lock() {
+            (n, Some(e)) if *n > seen => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The failure of the last pass, if it failed.
+    pub(crate) fn last_failure(&self) -> Option<Error> {
+        self.lock().1.clone()
     }
 }
 

@@ -7,17 +7,18 @@
 //! has the page filled first and then applies its bytes under the chunk's
 //! lock, so two read-modify-writes of one page never lose an update.
 
+use std::sync::atomic::Ordering;
+
 use bytes::Bytes;
 use futures::StreamExt;
 
 use super::cache::ChunkRef;
-use super::chunk::{CHUNK_BYTES, CHUNK_PAGES};
+use super::chunk::{chunk_pages, chunks_of, CHUNK_BYTES, CHUNK_PAGES};
 use super::counters::add;
 use super::error::{Error, Result};
-use super::extents::PageRange;
-use super::fetch::MAX_GET_BYTES;
+use super::extents::{intersect, PageRange};
 use super::Inner;
-use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES, PAGE_SIZE};
+use crate::units::{ByteRange, MAX_GET_BYTES, MAX_PUT_PAGE_BYTES, PAGE_SIZE};
 
 /// How far a read may start from the end of the reads before it (either
 /// way) and still count as sequential: the kernel's read-ahead window of a
@@ -28,22 +29,6 @@ const SEQUENTIAL_SLACK_BYTES: u64 = 2 * 1024 * 1024;
 /// that turned a fio random-read job into a stream of 4 MiB Gets (cold
 /// random reads fell from 0.74 to 0.56 of the ceiling).
 const SEQUENTIAL_STREAK: u32 = 3;
-
-/// Chunk numbers touched by `[start, end)` bytes.
-pub(crate) fn chunks_of(start: u64, end: u64) -> std::ops::Range<u64> {
-    start / CHUNK_BYTES..end.div_ceil(CHUNK_BYTES)
-}
-
-/// The pages of chunk `index`, as a global page range.
-pub(crate) fn chunk_pages(index: u64) -> PageRange {
-    let first = index * CHUNK_PAGES as u64;
-    PageRange::new(first, first + CHUNK_PAGES as u64)
-}
-
-pub(crate) fn intersect(a: PageRange, b: PageRange) -> PageRange {
-    let start = a.start.max(b.start);
-    PageRange::new(start, a.end.min(b.end).max(start))
-}
 
 impl Inner {
     /// Pin `indices`, waiting (and flushing, when dirty chunks fill the
@@ -57,6 +42,10 @@ impl Inner {
                 return Ok(refs);
             }
             if self.mode == super::Mode::ReadWrite && self.cache.dirty_chunk_bytes() > 0 {
+                // In an outage, fail now rather than spend another budget.
+                if let Some(e) = self.passes.last_failure() {
+                    return Err(e);
+                }
                 self.flush_pass().await?;
                 continue;
             }
@@ -66,13 +55,22 @@ impl Inner {
 
     /// Writers wait here while dirty chunks pin too much memory: they run a
     /// flush pass themselves, so a failing flush surfaces as their error
-    /// instead of a hang.
+    /// instead of a hang. While the last pass failed (an outage), a writer
+    /// that finds no room fails at once: the background flusher keeps
+    /// trying, and each writer waiting a budget of its own would stall a
+    /// filesystem's writeback for many budgets in a row.
     async fn throttle(&self) -> Result<()> {
         while self.cache.dirty_chunk_bytes() >= self.max_dirty_bytes {
+            if let Some(e) = self.passes.last_failure() {
+                return Err(e);
+            }
+            let seen = self.passes.finished();
             let _g = self.flush_lock.lock().await;
             if self.cache.dirty_chunk_bytes() < self.max_dirty_bytes {
                 break;
             }
+            // A pass that failed while this writer waited is its answer.
+            self.passes.failed_since(seen)?;
             self.flush_pass_locked().await?;
         }
         Ok(())
@@ -234,8 +232,17 @@ impl Inner {
                 self.disk_invalidate(r.index);
             }
         }
-        *self.last_write.lock().expect("last-write mutex poisoned") =
-            Some((end, std::time::Instant::now()));
+        {
+            let mut last = self.last_write.lock().expect("last-write mutex poisoned");
+            // A write far from where the last one ended starts a new stream:
+            // its progress is counted from here.
+            if last.is_none_or(|(e, _)| e.abs_diff(offset_bytes) > MAX_PUT_PAGE_BYTES) {
+                *self.stream.lock().expect("stream mutex poisoned") =
+                    Some(super::flush::StreamMarks::starting_at(offset_bytes));
+            }
+            *last = Some((end, std::time::Instant::now()));
+        }
+        self.writes_accepted.fetch_add(1, Ordering::AcqRel);
         self.kick.notify_one();
         Ok(())
     }
@@ -313,6 +320,7 @@ impl Inner {
                 self.cache.note(idx, delta);
             }
         }
+        self.writes_accepted.fetch_add(1, Ordering::AcqRel);
         // Disk copies taken before the clear (even of chunks not in memory)
         // must not be trusted: the chunks' clean pages go down again later.
         self.disk_invalidate_pages(whole);

@@ -3,8 +3,15 @@
 //! and close releases it. A lease found lost on a write is remembered: from
 //! then on writes and flushes fail with `LeaseLost`, and the loss is logged at
 //! error level once. Read-only and snapshot opens hold no lease.
+//!
+//! A lease whose release failed (after a durable flush) stays held by its
+//! id: this process remembers the id per blob, so a later open of the same
+//! blob here proposes it again and gets the lease back instead of finding
+//! the drive locked by itself.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use super::counters::{add, Meters};
 use super::error::{Error, Result};
@@ -15,6 +22,26 @@ pub(crate) struct Lease {
     id: Option<String>,
     lost: AtomicBool,
     target: String,
+    /// The blob's identity, under which an unreleased id is remembered.
+    key: String,
+}
+
+/// Lease ids this process still holds because their release failed, by
+/// blob identity.
+fn unreleased() -> std::sync::MutexGuard<'static, HashMap<String, String>> {
+    static IDS: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    IDS.get_or_init(Default::default)
+        .lock()
+        .expect("unreleased-lease mutex poisoned")
+}
+
+/// The id to propose for the blob known as `key`: the one this process
+/// still holds on it, if a release failed, else a new one.
+pub(crate) fn proposed_id(key: &str) -> String {
+    unreleased()
+        .get(key)
+        .cloned()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 
 impl Lease {
@@ -24,6 +51,7 @@ impl Lease {
             id: None,
             lost: AtomicBool::new(false),
             target: target.to_string(),
+            key: String::new(),
         }
     }
 
@@ -33,16 +61,19 @@ impl Lease {
         store: &dyn PageStore,
         proposed_id: String,
         target: &str,
+        key: &str,
         meters: &Meters,
     ) -> Result<Self> {
         add(&meters.lease, 1);
         match store.acquire_lease(&proposed_id).await {
             Ok(()) => {
                 tracing::info!(target = %target, lease_id = %proposed_id, "lease acquired");
+                unreleased().remove(key);
                 Ok(Lease {
                     id: Some(proposed_id),
                     lost: AtomicBool::new(false),
                     target: target.to_string(),
+                    key: key.to_string(),
                 })
             }
             Err(e) if e.is_lease_conflict() => Err(Error::InUse {
@@ -86,15 +117,29 @@ impl Lease {
         }
     }
 
-    /// Release the lease (when held and not lost).
+    /// Release the lease (when held and not lost). The store retries a
+    /// transient failure for its whole budget; a release that still fails
+    /// is `ReleaseFailed` (the data is durable; the lock stays), and the id
+    /// is remembered for the next open of this blob in this process.
     pub async fn release(&self, store: &dyn PageStore, meters: &Meters) -> Result<()> {
         let Some(id) = &self.id else { return Ok(()) };
         if self.lost.load(Ordering::Acquire) {
             return Ok(());
         }
         add(&meters.lease, 1);
-        store.release_lease(id).await?;
-        tracing::info!(target = %self.target, "lease released");
-        Ok(())
+        match store.release_lease(id).await {
+            Ok(()) => {
+                tracing::info!(target = %self.target, "lease released");
+                Ok(())
+            }
+            Err(cause) => {
+                tracing::error!(target = %self.target, error = %cause, "lease release failed; the data is durable, the drive stays locked");
+                unreleased().insert(self.key.clone(), id.clone());
+                Err(Error::ReleaseFailed {
+                    target: self.target.clone(),
+                    cause: Box::new(cause),
+                })
+            }
+        }
     }
 }

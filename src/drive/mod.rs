@@ -126,6 +126,11 @@ pub(crate) struct Inner {
     meters: Meters,
     /// One flush pass at a time, so a page is never in two uploads at once.
     flush_lock: tokio::sync::Mutex<()>,
+    /// How the passes ended.
+    passes: flush::PassLog,
+    /// Where the current write stream began and where it stood at the
+    /// previous background pass: what a background pass may hold back.
+    stream: Mutex<Option<flush::StreamMarks>>,
     max_dirty_bytes: u64,
     flush_parallelism: usize,
     flush_delay: Duration,
@@ -135,6 +140,8 @@ pub(crate) struct Inner {
     /// the growing tail of a sequential stream for the next pass.
     last_write: Mutex<Option<(u64, std::time::Instant)>>,
     closed: AtomicBool,
+    /// Writes and discards accepted (see `Drive::writes_accepted`).
+    writes_accepted: std::sync::atomic::AtomicU64,
     /// Wakes the background flusher after a write (or to stop it).
     kick: Notify,
     /// Tells the background flusher to stop.
@@ -292,11 +299,14 @@ impl Drive {
     /// flush fails the drive stays open (and keeps its dirty data), so the
     /// caller can retry or save the data; later calls after a successful close
     /// fail with `Closed`.
+    ///
+    /// In an outage (the last flush pass failed) close stops the background
+    /// flusher at once instead of waiting for its pass, so it takes one pass
+    /// (at most one retry budget), not two.
+    /// A lease that cannot be released after a durable flush is reported as
+    /// [`Error::ReleaseFailed`], never as lost data.
     pub async fn close(&self) -> Result<()> {
         self.inner.check_open()?;
-        if self.inner.mode == Mode::ReadWrite {
-            self.inner.flush_pass().await?;
-        }
         let mut aheads = std::mem::take(
             &mut *self
                 .read_aheads
@@ -304,15 +314,21 @@ impl Drive {
                 .expect("read-ahead set mutex poisoned"),
         );
         aheads.shutdown().await;
+        let seen = self.inner.passes.finished();
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.stop.notify_one();
         let handle = self.flusher.lock().expect("flusher mutex poisoned").take();
         if let Some(h) = handle {
+            if self.inner.passes.last_failure().is_some() {
+                // Its pass would only spend another budget on a dead link.
+                h.abort();
+            }
             let _ = h.await;
         }
-        // A write racing with close could have dirtied pages after the flush.
         if self.inner.mode == Mode::ReadWrite {
-            self.inner.flush_pass().await?;
+            let _g = self.inner.flush_lock.lock().await;
+            self.inner.passes.failed_since(seen)?;
+            self.inner.flush_pass_locked().await?;
         }
         self.inner.closed.store(true, Ordering::Release);
         // After the last flush, before the lease goes: the ETag recorded is
@@ -330,6 +346,28 @@ impl Drive {
         let mut out = self.inner.meters.snapshot(c.dirty_bytes(), c.cache_bytes());
         (out.disk_bytes, out.disk_bad_chunks) = self.inner.disk_gauges();
         out
+    }
+
+    /// True when the last flush pass failed because storage did not answer
+    /// (not a refusal): asking it more now would only wait.
+    pub fn storage_unanswered(&self) -> bool {
+        match self.inner.passes.last_failure() {
+            Some(Error::Stalled { .. }) => true,
+            Some(Error::Backend(e)) => e.kind == crate::blob::ErrorKind::Transport,
+            _ => false,
+        }
+    }
+
+    /// `LeaseLost` once the service refused this drive's lease (another host
+    /// broke it): writes and flushes fail from then on.
+    pub fn lease_lost(&self) -> Option<Error> {
+        self.inner.lease.check().err()
+    }
+
+    /// Writes and discards accepted so far: a recovery file saved at one
+    /// count holds every unflushed page as long as the count is unchanged.
+    pub fn writes_accepted(&self) -> u64 {
+        self.inner.writes_accepted.load(Ordering::Acquire)
     }
 
     /// Bytes written but not yet durable in the blob. After a lost lease this

@@ -57,11 +57,12 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
 
     let lease = match opts.mode {
         Mode::ReadWrite => {
+            let key = store.cache_identity().unwrap_or_else(|| target.clone());
             let id = opts
                 .lease_id
                 .clone()
-                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-            Lease::acquire(store.as_ref(), id, &target, &meters).await?
+                .unwrap_or_else(|| super::lease::proposed_id(&key));
+            Lease::acquire(store.as_ref(), id, &target, &key, &meters).await?
         }
         Mode::ReadOnly | Mode::Snapshot => Lease::none(&target),
     };
@@ -113,6 +114,8 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         extents: Mutex::new(extents),
         meters,
         flush_lock: tokio::sync::Mutex::new(()),
+        passes: Default::default(),
+        stream: Mutex::new(None),
         max_dirty_bytes,
         flush_parallelism,
         flush_delay: opts.flush_delay,
@@ -122,6 +125,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         read_ahead: Mutex::new(ReadAhead::default()),
         last_write: Mutex::new(None),
         closed: AtomicBool::new(false),
+        writes_accepted: Default::default(),
         kick: Notify::new(),
         stop: Notify::new(),
         stopping: AtomicBool::new(false),

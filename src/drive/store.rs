@@ -6,6 +6,8 @@
 //! and must be 512-byte aligned where the method says so; the store does not
 //! know about the VHD footer (the drive keeps writes away from it).
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 
@@ -60,4 +62,10 @@ pub trait PageStore: Send + Sync + 'static {
 
     /// Break whatever lease is held, immediately.
     async fn break_lease(&self) -> Result<()>;
+
+    /// The longest one request may take, retries included: a flush pass
+    /// gives up after this long, so an outage costs a bounded wait.
+    fn retry_budget(&self) -> Duration {
+        crate::blob::RetryPolicy::default().max_total
+    }
 }

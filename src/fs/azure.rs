@@ -17,6 +17,7 @@ use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 
 use super::backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
+use super::rescue::{Rescuable, Rescue, Saved};
 use crate::blob::{self, BlobClient, BlobItem, BlobPath, BlobType, ListBlobsOptions};
 use crate::drive::{BlobPageStore, Drive, DriveOptions, Mode};
 use crate::units::{ByteRange, VHD_FOOTER_BYTES};
@@ -225,10 +226,15 @@ impl Catalog for AzureCatalog {
                 };
                 let store = Arc::new(BlobPageStore::new(self.client.clone(), blob));
                 let drive = Drive::open(store, opts).await.map_err(drive_error)?;
-                Ok(Arc::new(DriveDevice {
+                let device = Arc::new(DriveDevice {
                     drive,
                     client: self.client.clone(),
-                }))
+                    rescue: Rescue::default(),
+                });
+                if mode == Mode::ReadWrite {
+                    Rescue::watch(&device);
+                }
+                Ok(device)
             }
             _ if writable => Err(FsError::read_only(format!(
                 "{path} is not a drive (no fixed VHD footer): it is read-only"
@@ -246,6 +252,22 @@ impl Catalog for AzureCatalog {
 pub struct DriveDevice {
     drive: Drive,
     client: BlobClient,
+    /// Its unflushed pages saved to a recovery file once the lease is lost.
+    rescue: Rescue,
+}
+
+impl Rescuable for DriveDevice {
+    fn drive(&self) -> &Drive {
+        &self.drive
+    }
+
+    fn rescue(&self) -> &Rescue {
+        &self.rescue
+    }
+
+    fn account(&self) -> &str {
+        self.client.account_name()
+    }
 }
 
 #[async_trait]
@@ -282,19 +304,29 @@ impl Device for DriveDevice {
     /// A close whose flush fails saves the unflushed pages in a recovery
     /// file (`crate::recovery`) and names it in the error.
     async fn close(&self) -> FsResult<()> {
-        let Err(err) = self.drive.close().await else {
-            return Ok(());
+        let err = match self.drive.close().await {
+            Ok(()) => {
+                self.rescue.stop_watching();
+                // A file saved when an earlier flush failed is obsolete.
+                self.rescue.forget().await;
+                return Ok(());
+            }
+            Err(e @ crate::drive::Error::ReleaseFailed { .. }) => {
+                self.rescue.stop_watching();
+                self.rescue.forget().await;
+                let mut fs_err = drive_error(e);
+                fs_err.data_durable = true;
+                return Err(fs_err);
+            }
+            Err(e) => e,
         };
         let mut fs_err = drive_error(err.clone());
         let reason = err.to_string();
-        let saved =
-            crate::recovery::save_drive(&self.drive, self.client.account_name(), &reason).await;
-        let target = self.drive.target();
+        // The file the lease watcher saved, if nothing was written since.
+        let saved = self.rescue.save(self, &reason).await;
         match saved {
             Ok(None) => {}
-            Ok(Some(file)) => {
-                crate::metrics::count_recovery_file(target);
-                tracing::error!(drive = %target, file = %file.display(), bytes = self.drive.unflushed_bytes(), "unflushed data SAVED TO A RECOVERY FILE");
+            Ok(Some(Saved { file, .. })) => {
                 fs_err.message = format!(
                     "{}; its {} unflushed bytes were saved to {}: run 'blobdrive recover {}'",
                     fs_err.message,
@@ -304,7 +336,6 @@ impl Device for DriveDevice {
                 );
             }
             Err(e) => {
-                tracing::error!(drive = %target, error = %e, "saving a recovery file failed: unflushed data is LOST");
                 fs_err.message = format!(
                     "{}; saving its {} unflushed bytes to a recovery file failed too ({e}): that data is lost",
                     fs_err.message,
@@ -313,6 +344,14 @@ impl Device for DriveDevice {
             }
         }
         Err(fs_err)
+    }
+
+    async fn save_unflushed(&self, reason: &str) -> FsResult<Option<std::path::PathBuf>> {
+        self.rescue
+            .save(self, reason)
+            .await
+            .map(|saved| saved.map(|s| s.file))
+            .map_err(|e| FsError::io(format!("saving a recovery file failed: {e}")))
     }
 
     fn stats(&self) -> serde_json::Value {

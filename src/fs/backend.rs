@@ -20,6 +20,9 @@ pub struct FsError {
     pub errno: i32,
     /// What failed, for logs and control-socket answers.
     pub message: String,
+    /// The failure left no data behind: everything written is durable
+    /// (a lease that could not be released after the last flush).
+    pub data_durable: bool,
 }
 
 impl FsError {
@@ -28,6 +31,7 @@ impl FsError {
         FsError {
             errno,
             message: message.into(),
+            data_durable: false,
         }
     }
 
@@ -83,6 +87,12 @@ pub trait Device: Send + Sync {
     /// Flushes, then releases what the open took (the lease of a writable open).
     /// No other method is called after `close`.
     async fn close(&self) -> FsResult<()>;
+    /// Saves what is not durable yet (a recovery file) without trying to
+    /// flush it, because a flush just failed; returns the file, if any was
+    /// needed. A later `close` replaces or removes it.
+    async fn save_unflushed(&self, _reason: &str) -> FsResult<Option<std::path::PathBuf>> {
+        Ok(None)
+    }
     /// Live counters for `blobdrive stats` (the drive engine's `Counters`).
     fn stats(&self) -> serde_json::Value;
 }

@@ -470,6 +470,13 @@ impl FsCore {
         self.handles.flush_all().await
     }
 
+    /// Saves the unflushed data of every writable device in a recovery file
+    /// (after a failed flush, before anything else can block); returns the
+    /// files written.
+    pub async fn save_unflushed_all(&self, reason: &str) -> Vec<std::path::PathBuf> {
+        self.handles.save_unflushed_all(reason).await
+    }
+
     /// Waits for in-flight requests, then closes every device (flush + release
     /// lease); returns the failures.
     pub async fn close_all(&self) -> Vec<FsError> {

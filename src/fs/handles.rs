@@ -191,6 +191,24 @@ impl Handles {
         errors
     }
 
+    /// Saves the unflushed data of every writable open device in a
+    /// recovery file (after a failed flush); returns the files written.
+    pub async fn save_unflushed_all(&self, reason: &str) -> Vec<std::path::PathBuf> {
+        let mut files = Vec::new();
+        for file in self.open_files() {
+            if let Some(open) = file.current().filter(|open| open.writable) {
+                match open.device.save_unflushed(reason).await {
+                    Ok(Some(saved)) => files.push(saved),
+                    Ok(None) => {}
+                    Err(err) => {
+                        tracing::error!(path = %file.path, %err, "saving unflushed data failed")
+                    }
+                }
+            }
+        }
+        files
+    }
+
     /// Closes every open device, whatever handles remain (at unmount, after the
     /// kernel is gone); returns the failures, with those of earlier closes.
     pub async fn close_all(&self) -> Vec<FsError> {

@@ -43,9 +43,10 @@ impl RetryReason {
         }
     }
 
-    /// Classify a failure that is about to be retried.
-    pub fn of(err: &crate::blob::Error) -> Self {
-        match (err.status, err.code.as_deref()) {
+    /// Classify a failure that is about to be retried, by the HTTP status
+    /// of its answer (`None`: no answer) and the service's error code.
+    pub fn of(status: Option<u16>, code: Option<&str>) -> Self {
+        match (status, code) {
             (Some(503 | 429), _) | (Some(500), Some("ServerBusy")) => RetryReason::Throttled,
             (Some(_), _) => RetryReason::ServerError,
             (None, _) => RetryReason::Transport,
@@ -163,9 +164,10 @@ pub fn observe(drive: &str, op: Operation, elapsed: Duration) {
     h.observe(elapsed);
 }
 
-/// Record that a request on `target` failed with `err` and is retried.
-pub fn count_retry(target: &str, err: &crate::blob::Error) {
-    let reason = RetryReason::of(err);
+/// Record that a request on `target` failed (with HTTP `status` and service
+/// error `code`, when it was answered) and is retried.
+pub fn count_retry(target: &str, status: Option<u16>, code: Option<&str>) {
+    let reason = RetryReason::of(status, code);
     let slot = RetryReason::ALL
         .iter()
         .position(|r| *r == reason)
@@ -192,24 +194,20 @@ pub fn count_recovery_file(drive: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blob::{Error, ErrorKind};
 
     #[test]
     fn throttling_is_told_apart_from_other_server_errors() {
-        let busy = |status, code: Option<&str>| {
-            Error::service("put page", "c/b", status, code.map(String::from), "x")
-        };
-        assert_eq!(RetryReason::of(&busy(503, None)), RetryReason::Throttled);
+        assert_eq!(RetryReason::of(Some(503), None), RetryReason::Throttled);
+        assert_eq!(RetryReason::of(Some(429), None), RetryReason::Throttled);
         assert_eq!(
-            RetryReason::of(&busy(500, Some("ServerBusy"))),
+            RetryReason::of(Some(500), Some("ServerBusy")),
             RetryReason::Throttled
         );
         assert_eq!(
-            RetryReason::of(&busy(500, Some("InternalError"))),
+            RetryReason::of(Some(500), Some("InternalError")),
             RetryReason::ServerError
         );
-        let refused = Error::other(ErrorKind::Transport, "get", "c/b", "refused");
-        assert_eq!(RetryReason::of(&refused), RetryReason::Transport);
+        assert_eq!(RetryReason::of(None, None), RetryReason::Transport);
     }
 
     #[test]

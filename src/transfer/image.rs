@@ -1,18 +1,25 @@
 //! What a local image is: a fixed VHD (its footer is checked and kept), a
-//! raw image (a footer is made for it), or something refused with the reason
-//! (a dynamic or differencing VHD, a qcow2/VHDX/VMDK file, a raw size that is
-//! not a whole number of MiB unless `--pad` rounds it up).
+//! raw image (a footer is made for it), a dynamic VHD (read through its block
+//! table; a fixed footer with its size and unique id is made for it), or
+//! something refused with the reason (a differencing or corrupt VHD, a
+//! qcow2/VHDX/VMDK file, a size that is not a whole number of MiB unless
+//! `--pad` rounds it up).
 //!
 //! Invariant: the data area (`data_len`) is always a whole number of MiB,
 //! because Azure accepts only such disks, and the footer describes exactly it.
+//! A dynamic VHD is checked whole (`vhd::dynamic`) here, before the upload
+//! creates anything.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 
+use super::scan::DiskReader;
 use super::{io_error, Error, Result};
 use crate::units::{exact_size, format_size, MAX_DRIVE_BYTES, MIB, VHD_FOOTER_BYTES};
-use crate::vhd::{self, Footer};
+use crate::vhd::dynamic::DynamicVhd;
+use crate::vhd::{self, DiskType, Footer};
 
 /// The kind of a local image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -24,6 +31,8 @@ pub enum ImageKind {
     RawPadded,
     /// A fixed VHD; its footer is kept.
     FixedVhd,
+    /// A dynamic VHD; written out as a fixed one (same size and unique id).
+    DynamicVhd,
 }
 
 impl ImageKind {
@@ -33,6 +42,7 @@ impl ImageKind {
             ImageKind::Raw => "raw image",
             ImageKind::RawPadded => "raw image (padded)",
             ImageKind::FixedVhd => "fixed VHD",
+            ImageKind::DynamicVhd => "dynamic VHD",
         }
     }
 }
@@ -50,6 +60,8 @@ pub struct SourceImage {
     pub data_len: u64,
     /// The footer to write at `data_len`, last.
     pub footer: [u8; 512],
+    /// The checked block table of a dynamic VHD.
+    pub dynamic: Option<Arc<DynamicVhd>>,
 }
 
 impl SourceImage {
@@ -57,14 +69,24 @@ impl SourceImage {
     pub fn blob_size(&self) -> u64 {
         self.data_len + VHD_FOOTER_BYTES
     }
+
+    /// A reader of the disk's bytes; `file` is the image it was inspected from.
+    pub fn reader(&self, file: &File, path: &Path) -> Result<DiskReader> {
+        Ok(match &self.dynamic {
+            Some(vhd) => DiskReader::Dynamic(vhd.clone()),
+            None => DiskReader::Flat {
+                file: Arc::new(file.try_clone().map_err(io_error("open", path))?),
+                file_data_len: self.file_data_len,
+            },
+        })
+    }
 }
 
 /// Magic numbers of formats that must be converted first.
-const OTHER_FORMATS: [(&[u8], &str); 4] = [
+const OTHER_FORMATS: [(&[u8], &str); 3] = [
     (b"QFI\xfb", "qcow2"),
     (b"vhdxfile", "VHDX"),
     (b"KDMV", "VMDK"),
-    (b"conectix", "dynamic or differencing VHD"),
 ];
 
 fn refuse(path: &Path, message: String) -> Error {
@@ -89,7 +111,17 @@ pub fn inspect(path: &Path, file: &File, pad: bool) -> Result<SourceImage> {
         file.read_exact_at(&mut tail, file_len - VHD_FOOTER_BYTES)
             .map_err(io_error("read", path))?;
     }
+    let mut head = [0u8; 8];
+    let n = head.len().min(file_len as usize);
+    file.read_exact_at(&mut head[..n], 0)
+        .map_err(io_error("read", path))?;
     if tail[..8] == vhd::COOKIE {
+        let kind = Footer::parse_any(&tail)
+            .map_err(|e| refuse(path, format!("not an image blobdrive can upload: {e}")))?
+            .disk_type;
+        if matches!(kind, DiskType::Dynamic | DiskType::Differencing) {
+            return dynamic_image(path, file, file_len, pad);
+        }
         let footer = Footer::parse(&tail, file_len)
             .map_err(|e| refuse(path, format!("not an image blobdrive can upload: {e}")))?;
         let data_len = footer.current_size_bytes;
@@ -108,12 +140,14 @@ pub fn inspect(path: &Path, file: &File, pad: bool) -> Result<SourceImage> {
             file_data_len: data_len,
             data_len,
             footer: tail,
+            dynamic: None,
         });
     }
-    let mut head = [0u8; 8];
-    let n = head.len().min(file_len as usize);
-    file.read_exact_at(&mut head[..n], 0)
-        .map_err(io_error("read", path))?;
+    if head == vhd::COOKIE {
+        // A footer copy at the start but none at the end: a dynamic VHD
+        // whose end is damaged, which the reader reports.
+        return dynamic_image(path, file, file_len, pad);
+    }
     for (magic, name) in OTHER_FORMATS {
         if head.starts_with(magic) {
             return Err(refuse(
@@ -156,6 +190,49 @@ pub fn inspect(path: &Path, file: &File, pad: bool) -> Result<SourceImage> {
         file_data_len: file_len,
         data_len,
         footer: Footer::new_fixed(data_len).to_bytes(),
+        dynamic: None,
+    })
+}
+
+/// A dynamic VHD, checked whole: its disk is uploaded as a fixed VHD of the
+/// same size (rounded up to whole MiB with `pad`) and the same unique id.
+fn dynamic_image(path: &Path, file: &File, file_len: u64, pad: bool) -> Result<SourceImage> {
+    let vhd = DynamicVhd::open(file.try_clone().map_err(io_error("open", path))?)
+        .map_err(|e| refuse(path, e.to_string()))?;
+    let size = vhd.size_bytes();
+    let data_len = if size % MIB == 0 {
+        size
+    } else if pad {
+        size.div_ceil(MIB) * MIB
+    } else {
+        return Err(refuse(
+            path,
+            format!(
+                "dynamic VHD of {size} bytes is not a whole number of MiB, which Azure requires \
+                 of a disk; add --pad to round it up to {} with zeros, or make it with \
+                 'qemu-img convert -O vpc -o subformat=dynamic,force_size=on'",
+                exact_size(size.div_ceil(MIB) * MIB)
+            ),
+        ));
+    };
+    if data_len > MAX_DRIVE_BYTES {
+        return Err(refuse(
+            path,
+            format!(
+                "image of {} is larger than a page blob can hold (8 TiB with the footer)",
+                format_size(data_len)
+            ),
+        ));
+    }
+    let mut footer = Footer::new_fixed(data_len);
+    footer.unique_id = vhd.footer().unique_id;
+    Ok(SourceImage {
+        kind: ImageKind::DynamicVhd,
+        file_len,
+        file_data_len: size,
+        data_len,
+        footer: footer.to_bytes(),
+        dynamic: Some(Arc::new(vhd)),
     })
 }
 
@@ -204,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    fn fixed_vhd_footer_is_kept_and_dynamic_refused() {
+    fn fixed_vhd_footer_is_kept_and_a_bare_dynamic_footer_is_corrupt() {
         let footer = Footer::new_fixed(4 * MIB).to_bytes();
         let (_d, p) = file_with(4 * MIB + 512, Some(footer));
         let img = inspect_path(&p, false).expect("fixed VHD");
@@ -216,6 +293,6 @@ mod tests {
         dynamic.disk_type = vhd::DiskType::from_u32(3);
         let (_d2, p2) = file_with(4 * MIB + 512, Some(dynamic.to_bytes()));
         let err = inspect_path(&p2, false).expect_err("dynamic").to_string();
-        assert!(err.contains("only fixed VHDs"), "{err}");
+        assert!(err.contains("corrupt dynamic VHD"), "{err}");
     }
 }

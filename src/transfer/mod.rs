@@ -1,13 +1,15 @@
-//! Images in and out of page blobs: `upload` (a raw image or a fixed VHD
-//! into a new page blob) and `download` (a page blob into a sparse local
-//! file), both sparse, parallel and with progress; uploads resume.
+//! Images in and out of page blobs: `upload` (a raw image, a fixed VHD or a
+//! dynamic VHD into a new page blob, written as a fixed VHD) and `download`
+//! (a page blob into a sparse local file), both sparse, parallel and with
+//! progress; uploads resume.
 //!
 //! Owns the transfer pipelines; not the REST client (`blob`), the footer
 //! format (`vhd`) or the segmented page-range listing (`drive::BlobPageStore`,
 //! reused here). The module map:
 //! - `scan.rs`: holes (SEEK_DATA/SEEK_HOLE) and zero pages of a local image,
 //!   the chunk grid and the content digest of a chunk;
-//! - `image.rs`: what a local file is (raw, fixed VHD, refused) and its sizes;
+//! - `image.rs`: what a local file is (raw, fixed VHD, dynamic VHD read
+//!   through `vhd::dynamic`, refused) and its sizes;
 //! - `journal.rs`: the resume record kept in the blob's metadata;
 //! - `upload.rs`, `download.rs`: the pipelines; `progress.rs`: counters and display;
 //! - `crc.rs`: CRC32C.

@@ -1,5 +1,6 @@
 //! Scanning a local image: which 512-byte pages hold data, read in 4 MiB
-//! blocks, without reading the holes of a sparse file.
+//! blocks, without reading the holes of a sparse file or the unallocated
+//! blocks of a dynamic VHD ([`DiskReader`]).
 //!
 //! Owns the zero/hole detection and the chunk digest; knows nothing of the
 //! network. Holes are found with `SEEK_DATA`/`SEEK_HOLE` and never read; the
@@ -16,11 +17,13 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
 use super::crc::Crc32c;
 use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES, PAGE_SIZE};
+use crate::vhd::dynamic::DynamicVhd;
 
 /// Reads (and runs) are aligned to this grid; it is also the largest run.
 pub const BLOCK_BYTES: u64 = MAX_PUT_PAGE_BYTES;
@@ -201,23 +204,58 @@ pub fn next_data(file: &File, from: u64, limit: u64) -> io::Result<Option<ByteRa
     Ok(Some(ByteRange::new(start, end.clamp(start, limit))))
 }
 
-/// Read `range` of `file` (whole pages); bytes past `file_len` read as zeros
-/// (the padding of `--pad`).
-fn read_block(file: &File, file_len: u64, range: ByteRange) -> io::Result<Bytes> {
-    let mut buf = BytesMut::zeroed(range.len() as usize);
-    let readable = file_len.saturating_sub(range.start).min(range.len()) as usize;
-    file.read_exact_at(&mut buf[..readable], range.start)?;
-    Ok(buf.freeze())
+/// Where the disk's bytes of a local image are.
+#[derive(Debug, Clone)]
+pub enum DiskReader {
+    /// Byte for byte at the start of a file (raw image, fixed VHD).
+    Flat {
+        /// The image.
+        file: Arc<File>,
+        /// Bytes of the file that belong to the data area (the rest of the
+        /// data area, if any, is padding and reads as zeros).
+        file_data_len: u64,
+    },
+    /// Through the block table of a dynamic VHD; unallocated blocks and
+    /// unwritten sectors are holes.
+    Dynamic(Arc<DynamicVhd>),
 }
 
-/// A scan of one image file over a chunk grid.
+impl DiskReader {
+    /// The next data extent at or after `from` and before `limit`; holes
+    /// (of the file, or unallocated in a dynamic VHD) are skipped unread.
+    pub fn next_data(&self, from: u64, limit: u64) -> io::Result<Option<ByteRange>> {
+        match self {
+            DiskReader::Flat {
+                file,
+                file_data_len,
+            } => next_data(file, from, limit.min(*file_data_len)),
+            DiskReader::Dynamic(vhd) => vhd.next_data(from, limit),
+        }
+    }
+
+    /// Read `range` of the disk (whole pages); bytes past the image's data
+    /// (the padding of `--pad`) read as zeros.
+    pub fn read(&self, range: ByteRange) -> io::Result<Bytes> {
+        let mut buf = BytesMut::zeroed(range.len() as usize);
+        match self {
+            DiskReader::Flat {
+                file,
+                file_data_len,
+            } => {
+                let readable = file_data_len.saturating_sub(range.start).min(range.len()) as usize;
+                file.read_exact_at(&mut buf[..readable], range.start)?;
+            }
+            DiskReader::Dynamic(vhd) => vhd.read_at(&mut buf, range.start)?,
+        }
+        Ok(buf.freeze())
+    }
+}
+
+/// A scan of one image over a chunk grid.
 #[derive(Debug)]
 pub struct Scan<'a> {
-    /// The image.
-    pub file: &'a File,
-    /// Bytes of the file that belong to the data area (the rest of the data
-    /// area, if any, is padding and reads as zeros).
-    pub file_data_len: u64,
+    /// The image's disk.
+    pub disk: &'a DiskReader,
     /// The chunks.
     pub grid: ChunkGrid,
     /// Bytes examined so far (read or found to be holes), for progress.
@@ -251,12 +289,12 @@ impl Scan<'_> {
         emit: &mut impl FnMut(ScanEvent) -> bool,
     ) -> io::Result<bool> {
         let range = self.grid.range(chunk);
-        let limit = range.end.min(self.file_data_len);
+        let limit = range.end;
         let mut digest = ChunkDigest::new();
         let (mut hole_bytes, mut zero_bytes) = (0u64, 0u64);
         let mut pos = range.start;
         while pos < range.end {
-            let extent = next_data(self.file, pos, limit)?;
+            let extent = self.disk.next_data(pos, limit)?;
             let Some(extent) = extent else {
                 hole_bytes += range.end - pos;
                 self.examined.fetch_add(range.end - pos, Ordering::Relaxed);
@@ -273,7 +311,7 @@ impl Scan<'_> {
             while at < data_end {
                 let grid_end = (at / BLOCK_BYTES + 1) * BLOCK_BYTES;
                 let block = ByteRange::new(at, grid_end.min(data_end));
-                let data = read_block(self.file, self.file_data_len, block)?;
+                let data = self.disk.read(block)?;
                 digest.add(block.start, &data);
                 let runs = nonzero_runs(block.start, &data);
                 let nonzero: u64 = runs.iter().map(|(_, d)| d.len() as u64).sum();
@@ -367,11 +405,13 @@ mod tests {
         f.write_all_at(&vec![0u8; 1 << 20], 16 << 20)
             .expect("write zeros");
         f.flush().expect("flush");
-        let f = File::open(&path).expect("open");
+        let disk = DiskReader::Flat {
+            file: Arc::new(File::open(&path).expect("open")),
+            file_data_len: len,
+        };
         let examined = AtomicU64::new(0);
         let scan = Scan {
-            file: &f,
-            file_data_len: len,
+            disk: &disk,
             grid: ChunkGrid {
                 data_len: len,
                 chunk_bytes: 8 << 20,

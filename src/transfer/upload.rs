@@ -1,10 +1,11 @@
 //! `upload`: a local image into a page blob, sending only the pages that
 //! hold data, many Put Page requests at once, resumable.
 //!
-//! The pipeline: a blocking thread scans the file (holes skipped unread,
-//! zero pages dropped, see `scan.rs`) and hands runs of data pages, at most
-//! 4 MiB each, through a bounded channel to the coordinator, which keeps up
-//! to `parallel` Put Page requests in flight. Memory is bounded by the
+//! The pipeline: a blocking thread scans the image (holes of the file and
+//! unallocated blocks of a dynamic VHD skipped unread, zero pages dropped,
+//! see `scan.rs`) and hands runs of data pages, at most 4 MiB each, through
+//! a bounded channel to the coordinator, which keeps up to `parallel` Put
+//! Page requests in flight. Memory is bounded by the
 //! channel and the in-flight requests (about 2 × parallel × 4 MiB).
 //!
 //! Resume protocol. The image is cut into chunks (4 MiB, larger for images
@@ -212,6 +213,7 @@ fn kind_name(kind: ImageKind) -> &'static str {
         ImageKind::Raw => "raw",
         ImageKind::RawPadded => "raw-padded",
         ImageKind::FixedVhd => "fixed-vhd",
+        ImageKind::DynamicVhd => "dynamic-vhd",
     }
 }
 
@@ -262,7 +264,17 @@ impl Uploader {
     /// and acquire the lease. Returns true for a newly created blob.
     async fn claim(&mut self, image: &SourceImage) -> Result<bool> {
         let size = image.blob_size();
-        match self.client.create_page_blob(&self.blob, size).await {
+        let mut created = self.client.create_page_blob(&self.blob, size).await;
+        if created
+            .as_ref()
+            .is_err_and(|e| e.code() == Some("ContainerNotFound"))
+        {
+            // As `create` does: make the container, then the blob.
+            self.client.create_container(&self.blob.container).await?;
+            info!(container = %self.blob.container, "created container");
+            created = self.client.create_page_blob(&self.blob, size).await;
+        }
+        match created {
             Ok(()) => {
                 self.acquire(false).await?;
                 self.record().await?;
@@ -440,18 +452,14 @@ impl Uploader {
             .collect();
         // The file's digests, on a blocking thread.
         let file_digests = {
-            let file = file
-                .try_clone()
-                .map_err(io_error("open", Path::new("image")))?;
+            let disk = image.reader(file, Path::new("image"))?;
             let grid = self.grid;
-            let file_data_len = image.file_data_len;
             let progress = self.progress.clone();
             let wanted: HashSet<u64> = recorded.iter().copied().collect();
             tokio::task::spawn_blocking(move || -> std::io::Result<HashMap<u64, u32>> {
                 let mut out = HashMap::new();
                 Scan {
-                    file: &file,
-                    file_data_len,
+                    disk: &disk,
                     grid,
                     examined: &progress.verified_bytes,
                 }
@@ -536,17 +544,13 @@ impl Uploader {
         let todo: Vec<bool> = self.journal.done.iter().map(Option::is_none).collect();
         let (tx, mut rx) = mpsc::channel::<ScanEvent>(parallel);
         let scanner = {
-            let file = file
-                .try_clone()
-                .map_err(io_error("open", Path::new("image")))?;
+            let disk = image.reader(file, Path::new("image"))?;
             let grid = self.grid;
-            let file_data_len = image.file_data_len;
             let progress = self.progress.clone();
             let todo = todo.clone();
             tokio::task::spawn_blocking(move || {
                 Scan {
-                    file: &file,
-                    file_data_len,
+                    disk: &disk,
                     grid,
                     examined: &progress.scanned_bytes,
                 }

@@ -8,7 +8,9 @@
 //! To see every request, the random plan adds `Connection: close`, so each
 //! connection carries one request. `cut` makes storage unreachable: every open
 //! connection is reset and new ones are closed at once; `hang_all` makes it
-//! hang (requests read, never answered) until turned off.
+//! hang (requests read, never answered) until turned off; `land_late` holds
+//! one matching request and forwards it on its own connection after a delay,
+//! whether or not the client still waits (a write that lands late).
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -60,6 +62,20 @@ pub struct Rates {
 }
 
 impl Rates {
+    /// No faults at all: every request forwarded on a connection of its
+    /// own (so each one can be matched, e.g. by `land_late`).
+    pub fn none() -> Rates {
+        Rates {
+            busy_per_mille: 0,
+            reset_request_per_mille: 0,
+            reset_response_per_mille: 0,
+            delay_per_mille: 0,
+            delay: Duration::ZERO,
+            max_faults: 0,
+            window: Duration::ZERO,
+        }
+    }
+
     /// 10% ServerBusy, 1% + 1% resets (request, response), 2% delays of
     /// 300 ms; at most 100,000 faults within 10 minutes.
     pub fn issue_default() -> Rates {
@@ -108,6 +124,11 @@ struct Shared {
     /// Bumped to reset every open connection.
     cut: watch::Sender<u64>,
     upstream: String,
+    /// The next request whose head contains this (lower case) is held for
+    /// the delay, then forwarded.
+    late: Mutex<Option<(String, Duration)>>,
+    /// The upstream's status for the late request, once it arrived there.
+    late_status: watch::Sender<Option<u16>>,
 }
 
 /// A running proxy. Dropping it stops accepting new connections.
@@ -155,6 +176,8 @@ impl FaultProxy {
             hang: AtomicBool::new(false),
             cut,
             upstream: up_addr,
+            late: Mutex::new(None),
+            late_status: watch::channel(None).0,
         });
         let s2 = shared.clone();
         let task = tokio::spawn(async move {
@@ -216,6 +239,24 @@ impl FaultProxy {
         }
     }
 
+    /// Hold the next request whose head contains `needle` (case-insensitive)
+    /// for `delay`, then forward it upstream on a connection of its own,
+    /// even if the client gave up on it long before.
+    pub fn land_late(&self, needle: &str, delay: Duration) {
+        *self.shared.late.lock().expect("late lock") = Some((needle.to_ascii_lowercase(), delay));
+        self.shared.late_status.send_replace(None);
+    }
+
+    /// Waits (at most `timeout`) until the late request reached the
+    /// upstream and returns the status it got there.
+    pub async fn late_landed(&self, timeout: Duration) -> Option<u16> {
+        let mut rx = self.shared.late_status.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(Option::is_some))
+            .await
+            .ok()
+            .and_then(|r| r.ok().and_then(|v| *v))
+    }
+
     /// Storage unreachable from now on: open connections are reset, new ones
     /// closed at once.
     pub fn cut(&self) {
@@ -267,6 +308,21 @@ fn with_connection_close(request: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The delay to hold `request` for, when it is the awaited late one.
+fn take_late(shared: &Shared, request: &[u8]) -> Option<Duration> {
+    let head_end = request.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&request[..head_end]).to_ascii_lowercase();
+    let mut late = shared.late.lock().expect("late lock");
+    match &*late {
+        Some((needle, delay)) if head.contains(needle.as_str()) => {
+            let delay = *delay;
+            *late = None;
+            Some(delay)
+        }
+        _ => None,
+    }
+}
+
 fn draw(shared: &Shared) -> Option<Fault> {
     match shared.plan {
         Plan::Fixed(fault, faults) => shared
@@ -311,6 +367,35 @@ async fn serve(mut conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
     let random = matches!(shared.plan, Plan::Random(_));
     if random {
         request = with_connection_close(&request);
+    }
+    if let Some(delay) = take_late(shared, &request) {
+        // Held, then sent on its own, outliving the client's connection.
+        let upstream = shared.upstream.clone();
+        let status = shared.late_status.clone();
+        let request = if random {
+            request
+        } else {
+            with_connection_close(&request)
+        };
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let Ok(mut up) = TcpStream::connect(&upstream).await else {
+                return;
+            };
+            if up.write_all(&request).await.is_err() {
+                return;
+            }
+            let mut answer = Vec::new();
+            let _ = up.read_to_end(&mut answer).await;
+            let code = String::from_utf8_lossy(&answer)
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok());
+            status.send_replace(code);
+        });
+        // The client hears nothing until it gives up.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        return Ok(());
     }
     let fault = if shared.hang.load(Ordering::SeqCst) {
         Some(Fault::Hang)

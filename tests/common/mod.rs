@@ -5,6 +5,7 @@
 
 pub mod fault_proxy;
 pub mod https_azurite;
+pub mod qemu;
 pub mod token_server;
 
 use std::sync::atomic::{AtomicU32, Ordering};

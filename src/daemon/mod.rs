@@ -5,7 +5,7 @@
 //! The fork happens before any tokio runtime or thread exists, which is why
 //! [`run_mount`] takes a closure that builds the [`Catalog`] inside the daemon.
 //!
-//! Shutdown order (REFERENCE.md): flush every writable device, unmount FUSE,
+//! Shutdown order (why, in docs/kernel.md): flush every writable device, unmount FUSE,
 //! wait for the session thread to end and for the last in-flight request, then
 //! close every device (flush + release the lease). A device whose flush still
 //! fails (lease lost, storage unreachable past the retry budget) has its dirty
@@ -26,6 +26,7 @@ pub mod control;
 mod exporter;
 pub mod format;
 pub mod freeze;
+pub mod mountpoint;
 pub mod readiness;
 pub mod registry;
 
@@ -41,8 +42,8 @@ use fuser::{MountOption, SessionACL};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, oneshot};
 
-pub use attach::AttachOptions;
 use attach::Attachment;
+pub use attach::{AttachOptions, PartitionArea};
 pub use control::{request_flush, request_metrics, request_stats, request_unmount};
 pub use exporter::MetricsOptions;
 use readiness::{ParentView, Readiness};
@@ -310,6 +311,14 @@ where
         .thread_name("blobdrive-io")
         .build()
         .context("cannot start the async runtime")?;
+    // Watched from the start: a SIGTERM during setup, or right after
+    // readiness (systemd stopping a unit at once), then ends in a clean
+    // unmount instead of the default action, which would kill the daemon
+    // with the lease held and its mounts left behind.
+    let signals = {
+        let _entered = runtime.enter();
+        StopSignals::watch()?
+    };
     let catalog = runtime.block_on(make_catalog())?;
     let socket_path = control::socket_path_of_canonical(mountpoint);
     let (listener, metrics_listener) = {
@@ -401,12 +410,15 @@ where
     ready.ready();
     let result = runtime.block_on(run_until_shutdown(
         core,
+        signals,
         mountpoint.to_path_buf(),
         fuse_mountpoint,
-        listener,
+        ControlSocket {
+            listener,
+            path: &socket_path,
+        },
         ended_rx,
         &mut attachment,
-        &socket_path,
     ));
     readiness::notify_systemd("STOPPING=1");
     exporters.stop();
@@ -427,10 +439,10 @@ where
 /// FUSE mount left there by a crashed daemon is detached first.
 fn private_fuse_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     let fuse_dir = registry::fuse_dir_of(dir);
-    if attach::is_mount_point(&fuse_dir).unwrap_or(false) {
+    if mountpoint::is_mount_point(&fuse_dir).unwrap_or(false) {
         tracing::warn!(dir = %fuse_dir.display(), "detaching a stale FUSE mount");
         // Creating the directory below says what is wrong if this failed.
-        let _ = control::lazy_unmount(&fuse_dir);
+        let _ = mountpoint::lazy_unmount(&fuse_dir);
     }
     std::fs::create_dir_all(&fuse_dir)
         .with_context(|| format!("cannot create {}", fuse_dir.display()))?;
@@ -446,20 +458,45 @@ fn private_fuse_dir(dir: &Path) -> anyhow::Result<PathBuf> {
 
 type SessionEnd = oneshot::Receiver<std::io::Result<()>>;
 
+/// The control socket of a mount, bound, and its path (removed at the end).
+struct ControlSocket<'a> {
+    listener: tokio::net::UnixListener,
+    path: &'a Path,
+}
+
+/// The signals that stop a mount: SIGTERM and SIGINT.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Starts watching (inside the runtime); a signal that arrives before
+    /// anyone waits is kept for the first wait.
+    fn watch() -> anyhow::Result<Self> {
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+        })
+    }
+}
+
 async fn run_until_shutdown(
     core: Arc<FsCore>,
+    signals: StopSignals,
     mountpoint: PathBuf,
     fuse_mountpoint: PathBuf,
-    listener: tokio::net::UnixListener,
+    socket: ControlSocket<'_>,
     mut ended: SessionEnd,
     attachment: &mut Option<Attachment>,
-    socket_path: &Path,
 ) -> anyhow::Result<()> {
-    let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let StopSignals {
+        term: mut sigterm,
+        int: mut sigint,
+    } = signals;
     let (unmount_tx, mut unmount_rx) = mpsc::channel(4);
     let control = tokio::spawn(control::serve(
-        listener,
+        socket.listener,
         core.clone(),
         mountpoint.clone(),
         unmount_tx,
@@ -504,7 +541,7 @@ async fn run_until_shutdown(
                         if let Some(att) = attachment.as_mut() {
                             att.finish();
                         }
-                        let _ = std::fs::remove_file(socket_path);
+                        let _ = std::fs::remove_file(socket.path);
                         request.answer(result.as_ref().map_err(|e| e.to_string()).copied()).await;
                         break result;
                     }
@@ -582,12 +619,14 @@ async fn shut_down(
     let flush_errors = core.flush_all().await;
     if !flush_errors.is_empty() {
         // The client already retried for its whole budget (or the lease is
-        // gone): keeping the mount up would not help. Go on; the close below
-        // saves what is still dirty in a recovery file and names it.
-        tracing::error!(
-            errors = %join_errors(&flush_errors),
-            "flush at unmount failed; unflushed data goes to a recovery file"
-        );
+        // gone): keeping the mount up would not help. Save the dirty pages
+        // now, before the unmount and the close below (which may spend
+        // another budget, and which a stop timeout may cut short); the
+        // close replaces the file with a complete one or removes it.
+        let reason = join_errors(&flush_errors);
+        tracing::error!(errors = %reason, "flush at unmount failed; unflushed data goes to a recovery file");
+        let saved = core.save_unflushed_all(&reason).await;
+        tracing::info!(files = saved.len(), "recovery files written");
     }
     match umount(mountpoint, 0).await {
         Ok(()) => {}
@@ -626,6 +665,11 @@ async fn close_everything(core: &FsCore) -> Result<(), ShutdownError> {
     let errors = core.close_all().await;
     if errors.is_empty() {
         Ok(())
+    } else if errors.iter().all(|e| e.data_durable) {
+        Err(ShutdownError::Failed(format!(
+            "unmounted; every write is durable, but {}",
+            join_errors(&errors)
+        )))
     } else {
         Err(ShutdownError::Failed(format!(
             "data may not be durable: {}",

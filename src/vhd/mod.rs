@@ -1,7 +1,9 @@
-//! Fixed VHD footer: build, parse and validate (layout in REFERENCE.md).
+//! VHD images: the fixed footer (build, parse, validate) here, and the
+//! reader of dynamic VHDs in [`dynamic`]. The format facts, with their
+//! sources, are in `docs/vhd.md`.
 //!
 //! A drive is a page blob whose last 512 bytes are a fixed VHD footer; the bytes
-//! before it are the disk. This module owns those 512 bytes and nothing else: it
+//! before it are the disk. This file owns those 512 bytes and nothing else: it
 //! does no I/O and knows no blob client.
 //!
 //! Invariants: [`Footer::parse`] accepts a footer only when its cookie, checksum,
@@ -14,9 +16,8 @@
 //! current-size field, never from the CHS geometry, which qemu with `force_size`
 //! sets to its maximum and which cannot express most MiB-aligned sizes anyway.
 //!
-//! Footers built here carry the creator application [`CREATOR_APP`] (`bdrv`).
-//! qemu 10 sizes such a disk by its current-size field (it uses CHS only for the
-//! creators `vpc ` and `qemu`), which `tests/vhd.rs` checks.
+//! Footers built here carry the creator application [`CREATOR_APP`] (`win `);
+//! why that one is explained there.
 
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -25,8 +26,20 @@ use crate::units::{PAGE_SIZE, VHD_FOOTER_BYTES};
 
 /// The cookie every VHD footer starts with.
 pub const COOKIE: [u8; 8] = *b"conectix";
-/// Creator application written into footers built by blobdrive.
-pub const CREATOR_APP: [u8; 4] = *b"bdrv";
+/// Creator application written into footers built by blobdrive: `win `,
+/// Hyper-V's.
+///
+/// Readers disagree on where a VHD's size comes from. Hyper-V, Azure and
+/// VirtualBox take the current-size field. qemu before 10 takes the size
+/// from the CHS geometry (which cannot express most sizes: a 64 MiB disk
+/// reads as 67,055,616 bytes) unless the creator is one it knows to be
+/// size-exact: `win `, `qem2`, `d2v `, `CTXS`, `tap\0`; qemu 10 uses CHS only
+/// for `vpc ` and `qemu`. An own tag such as `bdrv` is therefore read short
+/// by qemu 7.2 (Debian 12), and Azure's own `wa\0\0` too. `win ` is read at
+/// its exact size by every qemu from 2.6 on and by the others, and it is
+/// what Azure's documented upload path (a VHD made by Hyper-V) carries.
+/// `tests/vhd.rs` checks it with the distribution's qemu-img and the newest.
+pub const CREATOR_APP: [u8; 4] = *b"win ";
 /// Creator host OS written into our footers: `Wi2k`, what Azure expects.
 pub const CREATOR_HOST_OS: [u8; 4] = *b"Wi2k";
 /// Format version 1.0, the only one defined.
@@ -37,6 +50,8 @@ pub const FEATURES_RESERVED: u32 = 0x0000_0002;
 pub const FIXED_DATA_OFFSET: u64 = u64::MAX;
 /// Unix time of the VHD epoch, 2000-01-01 00:00:00 UTC.
 pub const VHD_EPOCH_UNIX_SECS: u64 = 946_684_800;
+
+pub mod dynamic;
 
 /// Size of the footer as an array length.
 const FOOTER_LEN: usize = VHD_FOOTER_BYTES as usize;
@@ -232,7 +247,7 @@ pub struct Footer {
     pub data_offset: u64,
     /// Creation time, seconds since 2000-01-01 00:00:00 UTC.
     pub timestamp: u32,
-    /// Tool that wrote the footer (`bdrv`, `qem2`, `wa\0\0`, `win `, ...).
+    /// Tool that wrote the footer (`win `, `qem2`, `wa\0\0`, `bdrv`, ...).
     pub creator_app: [u8; 4],
     /// Version of that tool.
     pub creator_version: u32,
@@ -332,6 +347,27 @@ impl Footer {
                 blob: blob_size_bytes,
             });
         }
+        let footer = Footer::parse_any(bytes)?;
+        if footer.disk_type != DiskType::Fixed {
+            return Err(Error::NotFixed(footer.disk_type));
+        }
+        let current_size_bytes = footer.current_size_bytes;
+        if current_size_bytes % PAGE_SIZE != 0 {
+            return Err(Error::SizeNotAligned(current_size_bytes));
+        }
+        if current_size_bytes.checked_add(VHD_FOOTER_BYTES) != Some(blob_size_bytes) {
+            return Err(Error::SizeMismatch {
+                footer: current_size_bytes,
+                blob: blob_size_bytes,
+            });
+        }
+        Ok(footer)
+    }
+
+    /// Parse a footer of any disk type (fixed, dynamic, differencing),
+    /// checking only its cookie, checksum and format version: what the
+    /// dynamic VHD reader needs before it looks at the rest of the file.
+    pub fn parse_any(bytes: &[u8; 512]) -> Result<Footer, Error> {
         let mut cookie = [0u8; 8];
         cookie.copy_from_slice(&bytes[off::COOKIE..off::COOKIE + 8]);
         if cookie != COOKIE {
@@ -347,19 +383,7 @@ impl Footer {
             return Err(Error::UnsupportedVersion(format_version));
         }
         let disk_type = DiskType::from_u32(get_u32(bytes, off::DISK_TYPE));
-        if disk_type != DiskType::Fixed {
-            return Err(Error::NotFixed(disk_type));
-        }
         let current_size_bytes = get_u64(bytes, off::CURRENT_SIZE);
-        if current_size_bytes % PAGE_SIZE != 0 {
-            return Err(Error::SizeNotAligned(current_size_bytes));
-        }
-        if current_size_bytes.checked_add(VHD_FOOTER_BYTES) != Some(blob_size_bytes) {
-            return Err(Error::SizeMismatch {
-                footer: current_size_bytes,
-                blob: blob_size_bytes,
-            });
-        }
         let mut creator_app = [0u8; 4];
         creator_app.copy_from_slice(&bytes[off::CREATOR_APP..off::CREATOR_APP + 4]);
         let mut creator_host_os = [0u8; 4];
@@ -449,7 +473,7 @@ mod tests {
         assert_eq!(&b[8..12], &[0, 0, 0, 2]);
         assert_eq!(&b[12..16], &[0, 1, 0, 0]);
         assert_eq!(&b[16..24], &[0xff; 8]);
-        assert_eq!(&b[28..32], b"bdrv");
+        assert_eq!(&b[28..32], b"win ");
         assert_eq!(&b[36..40], b"Wi2k");
         assert_eq!(&b[40..48], &(16 * MIB).to_be_bytes());
         assert_eq!(&b[48..56], &(16 * MIB).to_be_bytes());

@@ -1,0 +1,235 @@
+//! The GUID partition table: a header in sector 1 (checked by its CRC32), an
+//! array of partition entries (checked by the header's CRC32 of it), and a
+//! backup header with its own copy of the array in the last sectors of the disk.
+//!
+//! The primary copy is used when it is sound; when it is not, the backup is,
+//! with a warning (as the kernel and fdisk do). When both are unsound the table
+//! is corrupt. A missing or unsound backup beside a sound primary is only a
+//! warning: a drive grown with `resize` has its backup in the middle of the
+//! disk until a tool moves it. Entries may come in any order (Ubuntu's cloud
+//! images put partition 1 last on the disk, after 14 and 15).
+
+use uuid::Uuid;
+
+use super::{le, mbr, DiskReader, Error, Partition, PartitionType, Table, TableKind, SECTOR_BYTES};
+
+/// "EFI PART", the header's first eight bytes.
+const SIGNATURE: &[u8; 8] = b"EFI PART";
+/// Smallest header (the UEFI spec's 92 bytes).
+const MIN_HEADER_BYTES: u64 = 92;
+/// Entries read at most (the usual array holds 128); more is corrupt.
+const MAX_ENTRIES: u64 = 4096;
+/// Largest entry size accepted (128 is the norm; a power of two ≥ 128).
+const MAX_ENTRY_BYTES: u64 = 4096;
+
+/// True when the sector starts with the GPT header signature.
+pub fn has_signature(sector: &[u8]) -> bool {
+    sector.get(..8) == Some(SIGNATURE.as_slice())
+}
+
+/// The fields of one header that the rest needs.
+#[derive(Debug, Clone)]
+struct Header {
+    my_lba: u64,
+    alternate_lba: u64,
+    first_usable: u64,
+    last_usable: u64,
+    disk_guid: Uuid,
+    entries_lba: u64,
+    entry_count: u64,
+    entry_bytes: u64,
+    entries_crc: u32,
+}
+
+/// Reads the table (primary, else backup) of a disk whose sector 1 carries
+/// the GPT signature or whose MBR is protective.
+pub fn read(disk: &mut dyn DiskReader) -> Result<Table, Error> {
+    let disk_sectors = disk.size_bytes() / SECTOR_BYTES;
+    let last_lba = disk_sectors - 1;
+    let primary = read_copy(disk, 1);
+    let (header, parts, mut warnings) = match primary {
+        Ok((h, parts)) => {
+            let mut warnings = Vec::new();
+            match read_copy(disk, h.alternate_lba) {
+                Ok(_) if h.alternate_lba == last_lba => {}
+                Ok(_) => warnings.push(format!(
+                    "the backup GPT header is at sector {} instead of the last one ({last_lba}), \
+                     as after growing the disk; 'sfdisk --relocate gpt-bak-std' moves it",
+                    h.alternate_lba
+                )),
+                Err(why) => warnings.push(format!("the backup GPT is unusable ({why})")),
+            }
+            (h, parts, warnings)
+        }
+        Err(primary_why) => match read_copy(disk, last_lba) {
+            Ok((h, parts)) => (
+                h,
+                parts,
+                vec![format!(
+                    "the primary GPT is unusable ({primary_why}); the backup at the end of the \
+                     disk was used"
+                )],
+            ),
+            Err(backup_why) => {
+                return Err(Error::Corrupt(format!(
+                    "corrupt GPT: {primary_why}, and the backup: {backup_why}"
+                )))
+            }
+        },
+    };
+    if let Some(w) = protective_mbr_warning(disk)? {
+        warnings.push(w);
+    }
+    Ok(Table {
+        kind: TableKind::Gpt,
+        disk_id: header.disk_guid.hyphenated().to_string().to_uppercase(),
+        partitions: parts,
+        warnings,
+    })
+}
+
+/// A hybrid or missing protective MBR is noted, not refused.
+fn protective_mbr_warning(disk: &mut dyn DiskReader) -> Result<Option<String>, Error> {
+    let sector0 = disk.read_at(0, SECTOR_BYTES as usize)?;
+    Ok((!mbr::is_protective(&sector0)).then(|| {
+        "sector 0 holds no protective MBR (tools that only know MBR may overwrite the GPT)"
+            .to_string()
+    }))
+}
+
+/// Reads and checks the header at `lba` and its entry array.
+fn read_copy(disk: &mut dyn DiskReader, lba: u64) -> Result<(Header, Vec<Partition>), String> {
+    let disk_sectors = disk.size_bytes() / SECTOR_BYTES;
+    if lba == 0 || lba >= disk_sectors {
+        return Err(format!(
+            "its header would be at sector {lba}, outside the disk"
+        ));
+    }
+    let sector = disk
+        .read_at(lba * SECTOR_BYTES, SECTOR_BYTES as usize)
+        .map_err(|e| e.to_string())?;
+    let header = parse_header(&sector, lba, disk_sectors)?;
+    let array_bytes = header.entry_count * header.entry_bytes;
+    let array_end = header.entries_lba * SECTOR_BYTES + array_bytes;
+    if header.entries_lba == 0 || array_end > disk_sectors * SECTOR_BYTES {
+        return Err(format!(
+            "its partition entries (at sector {}) run past the end of the disk",
+            header.entries_lba
+        ));
+    }
+    let array = disk
+        .read_at(header.entries_lba * SECTOR_BYTES, array_bytes as usize)
+        .map_err(|e| e.to_string())?;
+    if crc32fast::hash(&array) != header.entries_crc {
+        return Err("the checksum of its partition entries does not match".into());
+    }
+    let parts = parse_entries(&array, &header, disk_sectors)?;
+    Ok((header, parts))
+}
+
+fn parse_header(sector: &[u8], lba: u64, disk_sectors: u64) -> Result<Header, String> {
+    if !has_signature(sector) {
+        return Err(format!("no GPT header signature at sector {lba}"));
+    }
+    let field = |at: usize, n: usize| le(sector, at, n).unwrap_or(0);
+    let header_bytes = field(12, 4);
+    if !(MIN_HEADER_BYTES..=SECTOR_BYTES).contains(&header_bytes) {
+        return Err(format!(
+            "its header size ({header_bytes} bytes) is impossible"
+        ));
+    }
+    let mut copy = sector[..header_bytes as usize].to_vec();
+    copy[16..20].fill(0);
+    if crc32fast::hash(&copy) != field(16, 4) as u32 {
+        return Err(format!(
+            "the header checksum at sector {lba} does not match"
+        ));
+    }
+    let h = Header {
+        my_lba: field(24, 8),
+        alternate_lba: field(32, 8),
+        first_usable: field(40, 8),
+        last_usable: field(48, 8),
+        disk_guid: guid(&sector[56..72]),
+        entries_lba: field(72, 8),
+        entry_count: field(80, 4),
+        entry_bytes: field(84, 4),
+        entries_crc: field(88, 4) as u32,
+    };
+    if h.my_lba != lba {
+        return Err(format!(
+            "the header at sector {lba} says it is at sector {}",
+            h.my_lba
+        ));
+    }
+    if h.first_usable > h.last_usable || h.last_usable >= disk_sectors {
+        return Err(format!(
+            "its usable area (sectors {}-{}) does not fit the disk ({disk_sectors} sectors)",
+            h.first_usable, h.last_usable
+        ));
+    }
+    if h.entry_count > MAX_ENTRIES
+        || h.entry_bytes < 128
+        || h.entry_bytes > MAX_ENTRY_BYTES
+        || !h.entry_bytes.is_power_of_two()
+    {
+        return Err(format!(
+            "its entry array ({} entries of {} bytes) is impossible",
+            h.entry_count, h.entry_bytes
+        ));
+    }
+    Ok(h)
+}
+
+fn parse_entries(
+    array: &[u8],
+    header: &Header,
+    disk_sectors: u64,
+) -> Result<Vec<Partition>, String> {
+    let mut parts = Vec::new();
+    for (index, raw) in array.chunks_exact(header.entry_bytes as usize).enumerate() {
+        let kind = guid(&raw[0..16]);
+        if kind.is_nil() {
+            continue;
+        }
+        let number = index as u32 + 1;
+        let first = le(raw, 32, 8).unwrap_or(0);
+        let last = le(raw, 40, 8).unwrap_or(0);
+        if last >= disk_sectors {
+            return Err(format!(
+                "partition {number} (sectors {first}-{last}) ends past the end of the disk \
+                 ({disk_sectors} sectors)"
+            ));
+        }
+        if first > last || first < header.first_usable || last > header.last_usable {
+            return Err(format!(
+                "partition {number} (sectors {first}-{last}) lies outside the usable area \
+                 (sectors {}-{})",
+                header.first_usable, header.last_usable
+            ));
+        }
+        let name: Vec<u16> = raw[56..128]
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .take_while(|&u| u != 0)
+            .collect();
+        let label = String::from_utf16_lossy(&name);
+        parts.push(Partition {
+            number,
+            start_bytes: first * SECTOR_BYTES,
+            size_bytes: (last - first + 1) * SECTOR_BYTES,
+            kind: PartitionType::Gpt(kind),
+            label: (!label.is_empty()).then_some(label),
+            uuid: Some(guid(&raw[16..32]).hyphenated().to_string()),
+        });
+    }
+    super::mbr::check_overlaps(&parts).map_err(|e| e.to_string())?;
+    Ok(parts)
+}
+
+/// A GUID as GPT stores it: the first three fields little-endian.
+fn guid(bytes: &[u8]) -> Uuid {
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&bytes[..16]);
+    Uuid::from_bytes_le(b)
+}
