@@ -59,10 +59,10 @@ install_system_packages() {
 }
 
 install_python_sdk() {
-  python3 -c 'import azure.storage.blob' 2>/dev/null && return 0
-  say "installing the Python azure-storage-blob SDK"
-  python3 -m pip install --quiet azure-storage-blob 2>/dev/null ||
-    python3 -m pip install --quiet --break-system-packages azure-storage-blob
+  python3 -c 'import azure.storage.blob, cryptography' 2>/dev/null && return 0
+  say "installing the Python azure-storage-blob SDK and cryptography (AES-XTS for the encryption tests)"
+  python3 -m pip install --quiet azure-storage-blob cryptography 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages azure-storage-blob cryptography
 }
 
 # promtool (tests check the metrics text with it) comes from Debian's

@@ -12,6 +12,7 @@
 pub mod attach;
 pub mod blob;
 pub mod cli;
+pub mod crypt;
 pub mod daemon;
 pub mod drive;
 pub mod fs;

@@ -772,6 +772,97 @@ fn a_hung_backend_turns_fsync_into_eio_in_bounded_time_and_keeps_the_data() {
     );
 }
 
+/// Storage black-holed (every request read, never answered) under a mount
+/// with 256 scattered dirty runs: fsync fails within two retry budgets,
+/// SIGTERM leaves a recovery file within one budget, and once storage
+/// answers the file applies cleanly and the blob holds every run.
+#[test]
+fn a_black_holed_backend_bounds_fsync_and_sigterm_saves_a_recovery_file_at_once() {
+    if !can_run("black_holed_backend", false) {
+        return;
+    }
+    const BUDGET_SECS: u64 = 8;
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("faults-blackhole"));
+    let path = guard.path("b.vhd");
+    rt.block_on(make_drive(&guard.client, &path, 64 * MIB));
+    let upstream = common::account().endpoint.clone();
+    let proxy = rt.block_on(FaultProxy::start(&upstream, Fault::ServerBusy, 0));
+    let sandbox = Sandbox::new(via_proxy(&proxy))
+        .with_env("BLOBDRIVE_RETRY_TOTAL_SECS", &BUDGET_SECS.to_string());
+    // Room for every scattered write without a writer having to flush.
+    let mount = sandbox.mount("ns", Some(&guard.name), &["--cache-size", "512M"]);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(mount.path("b.vhd"))
+        .expect("open the drive file");
+    let run = |i: u64| pattern(100 + i, 4096);
+    let at = |i: u64| i * 256 * 1024;
+    proxy.hang_all(true);
+    for i in 0..256 {
+        file.write_all_at(&run(i), at(i)).unwrap();
+    }
+    let started = Instant::now();
+    let err = file.sync_all().expect_err("fsync while storage hangs");
+    let fsync_took = started.elapsed();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    println!(
+        "black hole, 256 dirty runs, {BUDGET_SECS} s budget: fsync EIO after {:.1} s",
+        fsync_took.as_secs_f64()
+    );
+    assert!(
+        fsync_took < Duration::from_secs(2 * BUDGET_SECS),
+        "fsync took {fsync_took:?}\nlog: {}",
+        mount.log_text()
+    );
+    drop(file);
+
+    let started = Instant::now();
+    send_signal(mount.pid, libc::SIGTERM);
+    let saved_after = loop {
+        if !recovery_files(&sandbox.recovery_dir()).is_empty() {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(4 * BUDGET_SECS),
+            "no recovery file after SIGTERM\nlog: {}",
+            mount.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!(
+        "SIGTERM -> recovery file after {:.1} s",
+        saved_after.as_secs_f64()
+    );
+    assert!(
+        saved_after < Duration::from_secs(BUDGET_SECS + 2),
+        "the recovery file came {saved_after:?} after SIGTERM\nlog: {}",
+        mount.log_text()
+    );
+    wait_for(
+        "the daemon to exit",
+        Duration::from_secs(4 * BUDGET_SECS),
+        || !process_alive(mount.pid),
+    );
+    let files = recovery_files(&sandbox.recovery_dir());
+    assert_eq!(files.len(), 1, "one recovery file: {files:?}");
+    drop(mount);
+
+    // Storage answers again: the file applies and every run is in the blob.
+    proxy.hang_all(false);
+    let direct = Sandbox::new(common::connection_string());
+    let file_s = files[0].to_string_lossy().to_string();
+    direct.blobdrive_ok(&["recover", &file_s, "--break-lease"]);
+    for i in [0u64, 1, 77, 128, 255] {
+        assert_eq!(
+            rt.block_on(blob_bytes(&guard.client, &path, at(i), at(i) + 4096)),
+            run(i),
+            "run {i}"
+        );
+    }
+}
+
 /// A user error: `args` fail with `exit` and a single stderr line holding `needle`.
 fn expect_error(sandbox: &Sandbox, args: &[&str], exit: i32, needle: &str) {
     let out = sandbox.blobdrive(args);

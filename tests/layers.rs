@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 /// floor know nothing of each other.
 const FLOORS: &[&[&str]] = &[
     &["units", "metrics"],
-    &["partition"],
+    &["partition", "crypt"],
     &["attach", "vhd", "blob"],
     &["drive"],
     &["recovery", "transfer"],

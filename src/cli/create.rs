@@ -12,6 +12,7 @@
 //! (see `daemon::format`): the filesystem is durable in the blob before the
 //! command returns. If formatting fails, the new drive is deleted again.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -19,6 +20,7 @@ use clap::Args;
 
 use super::drives::{self, blob_err};
 use super::{output, values, CmdResult, CodedError, Context};
+use crate::crypt::{DataKey, KeySlots};
 use crate::units::{exact_size, format_size};
 use crate::vhd::Footer;
 
@@ -38,6 +40,12 @@ pub struct CreateArgs {
     /// Linux data disk (one partition from 1 MiB to the end; --mkfs formats it).
     #[arg(long, value_name = "TABLE", value_parser = ["gpt"])]
     pub partition_table: Option<String>,
+    /// Encrypt the drive's data on this host (AES-256-XTS) with a random
+    /// data key, kept wrapped by the key file or passphrase in a key slot.
+    #[arg(long)]
+    pub encrypt: bool,
+    #[command(flatten)]
+    pub key: super::key::KeyFlags,
 }
 
 /// Run `create`.
@@ -61,6 +69,28 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
     }
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "a new drive cannot be a snapshot")?;
+    let source = args.key.source();
+    if source.is_given() && !args.encrypt {
+        return Err(CodedError::usage("--key-file and --passphrase-file need --encrypt").into());
+    }
+    // The key is read before anything is created: a missing key file must
+    // not leave a drive behind.
+    let encryption = if args.encrypt {
+        let user = source
+            .read(&format!("New passphrase for {path}: "), true)?
+            .ok_or_else(|| {
+                CodedError::usage(
+                    "--encrypt needs --key-file FILE or --passphrase-file FILE (or a terminal to type a passphrase)",
+                )
+            })?;
+        let key = Arc::new(DataKey::generate());
+        crate::crypt::forbid_core_dumps();
+        let slots = KeySlots::new(&key, &user);
+        Some((key, slots))
+    } else {
+        None
+    };
+    let data_key = encryption.as_ref().map(|(k, _)| k.clone());
     let client = drives::connect_for(ctx, &args.blob)?;
     let size_bytes = args.size;
     let account = client.account().clone();
@@ -84,7 +114,17 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
             .await
             .map_err(blob_err)?;
         let bytes = Bytes::copy_from_slice(&footer.to_bytes());
-        if let Err(e) = client.put_pages(&path, size_bytes, bytes, None).await {
+        // Key slots go in before the footer: a blob that looks like a drive
+        // always says whether it is encrypted.
+        let slots_saved = match &encryption {
+            Some((_, slots)) => save_new_slots(&client, &path, slots).await,
+            None => Ok(()),
+        };
+        let written = match slots_saved {
+            Ok(()) => client.put_pages(&path, size_bytes, bytes, None).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
             let why = drives::explain(&e);
             return Err(match client.delete_blob(&path, false, None).await {
                 Ok(()) => anyhow::anyhow!(
@@ -98,9 +138,14 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
         }
         tracing::info!(drive = %path, ms = started.elapsed().as_millis() as u64, "created drive");
         output::print_text(&format!(
-            "created {path}: {} fixed VHD ({})\n",
+            "created {path}: {} fixed VHD ({}){}\n",
             format_size(size_bytes),
-            exact_size(size_bytes)
+            exact_size(size_bytes),
+            if encryption.is_some() {
+                ", encrypted (aes-xts-plain64)"
+            } else {
+                ""
+            }
         ));
         Ok(())
     })?;
@@ -109,7 +154,7 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
         fs: args.mkfs.as_deref().map(crate::attach::FsType::from_name),
     };
     if format.gpt || format.fs.is_some() {
-        format_new_drive(ctx, account, &created, size_bytes, &format)?;
+        format_new_drive(ctx, account, &created, size_bytes, &format, data_key)?;
     }
     Ok(())
 }
@@ -122,9 +167,11 @@ fn format_new_drive(
     path: &crate::blob::BlobPath,
     size_bytes: u64,
     format: &crate::daemon::format::Format,
+    data_key: Option<Arc<DataKey>>,
 ) -> CmdResult {
     let started = Instant::now();
-    let Err(err) = crate::daemon::format::format_drive(account, path, size_bytes, format) else {
+    let Err(err) = crate::daemon::format::format_drive(account, path, size_bytes, format, data_key)
+    else {
         tracing::info!(drive = %path, ms = started.elapsed().as_millis() as u64, "formatted");
         output::print_text(&format!("formatted {path} as {format}\n"));
         return Ok(());
@@ -144,4 +191,17 @@ fn format_new_drive(
              delete it with 'blobdrive delete {path}'"
         )),
     })
+}
+
+/// Add the encryption header and first key slot to the new blob's metadata
+/// (keeping what the create put there).
+async fn save_new_slots(
+    client: &crate::blob::BlobClient,
+    path: &crate::blob::BlobPath,
+    slots: &KeySlots,
+) -> crate::blob::Result<()> {
+    let mut metadata = client.get_properties(path).await?.metadata;
+    slots.apply_to(&mut metadata);
+    let pairs: Vec<(String, String)> = metadata.into_iter().collect();
+    client.set_metadata(path, &pairs, None).await
 }

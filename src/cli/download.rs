@@ -33,6 +33,12 @@ pub struct DownloadArgs {
     #[arg(long, value_name = "N", default_value_t = transfer::DEFAULT_PARALLEL as u16,
           value_parser = clap::value_parser!(u16).range(1..=transfer::MAX_PARALLEL as i64))]
     pub parallel: u16,
+    /// Write the plaintext of an encrypted drive (default: its ciphertext,
+    /// as stored).
+    #[arg(long)]
+    pub decrypt: bool,
+    #[command(flatten)]
+    pub key: super::key::KeyFlags,
 }
 
 /// Run `download`.
@@ -46,12 +52,29 @@ pub fn run(ctx: &Context, args: &DownloadArgs) -> CmdResult {
         raw: args.raw,
         overwrite: args.overwrite,
         parallel: usize::from(args.parallel),
+        decrypt: None,
     };
+    if args.key.source().is_given() && !args.decrypt {
+        return Err(super::CodedError::usage(
+            "--key-file and --passphrase-file need --decrypt (without it the download is the ciphertext as stored)",
+        )
+        .into());
+    }
+    let mut opts = opts;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let report = rt.block_on(async {
         let client = BlobClient::new(account)?;
+        if args.decrypt {
+            opts.decrypt = super::key::unlock(&client, &blob, &args.key).await?;
+            if opts.decrypt.is_none() {
+                return Err(super::CodedError::usage(format!(
+                    "{blob} is not encrypted; --decrypt applies to encrypted drives"
+                ))
+                .into());
+            }
+        }
         let progress = Progress::new(0);
         let reporter = Reporter::start(progress.clone(), "download", Display::auto());
         let result = transfer::download(&client, &blob, &args.file, &opts, &progress).await;

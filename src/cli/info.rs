@@ -80,6 +80,11 @@ pub struct DriveInfo {
     pub filesystem: Option<FsInfo>,
     /// Why the partition table could not be read, when it could not.
     pub layout_problem: Option<String>,
+    /// Client-side encryption: the cipher (`"aes-xts-plain64"`), or `None`
+    /// for a plain drive.
+    pub encryption: Option<String>,
+    /// Key slots in use (index and kind); empty for a plain drive.
+    pub key_slots: Vec<(u8, crate::crypt::SlotKind)>,
 }
 
 /// `partition_table` of `info --json`.
@@ -196,7 +201,18 @@ pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
             partition_table,
             filesystem,
             layout_problem,
+            encryption: None,
+            key_slots: Vec::new(),
         };
+        let mut info = info;
+        match crate::crypt::KeySlots::from_metadata(&props.metadata) {
+            Ok(Some(slots)) => {
+                info.encryption = Some(crate::crypt::CIPHER_NAME.to_string());
+                info.key_slots = slots.list();
+            }
+            Ok(None) => {}
+            Err(e) => info.encryption = Some(format!("encrypted, unreadable header: {e}")),
+        }
         if json {
             output::print_json(&info);
         } else {
@@ -337,6 +353,20 @@ fn render(
     }
     if let Some(e) = &info.etag {
         rows.push(("etag", e.clone()));
+    }
+    if let Some(cipher) = &info.encryption {
+        let slots: Vec<String> = info
+            .key_slots
+            .iter()
+            .map(|(i, k)| match k {
+                crate::crypt::SlotKind::KeyFile => format!("{i} key file"),
+                crate::crypt::SlotKind::Passphrase => format!("{i} passphrase"),
+            })
+            .collect();
+        rows.push((
+            "encryption",
+            format!("{cipher}; key slots: {}", slots.join(", ")),
+        ));
     }
     if let Some(p) = &info.layout_problem {
         rows.push(("partitions", format!("unreadable: {p}")));

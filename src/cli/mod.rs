@@ -23,6 +23,7 @@ pub mod download;
 pub mod drives;
 pub mod info;
 pub mod journal;
+pub mod key;
 pub mod layout;
 pub mod list;
 pub mod man;
@@ -123,6 +124,8 @@ pub enum Command {
     Completions(completions::CompletionsArgs),
     /// Write the manual pages into a directory.
     Man(man::ManArgs),
+    /// Key slots of an encrypted drive: add, change, remove, dump.
+    Key(key::KeyArgs),
 }
 
 impl Command {
@@ -145,6 +148,7 @@ impl Command {
             Command::Doctor(_) => "doctor",
             Command::Completions(_) => "completions",
             Command::Man(_) => "man",
+            Command::Key(_) => "key",
         }
     }
 }
@@ -251,6 +255,7 @@ where
         Command::Doctor(a) => doctor::run(&ctx, a),
         Command::Completions(a) => completions::run(&ctx, a),
         Command::Man(a) => man::run(&ctx, a),
+        Command::Key(a) => key::run(&ctx, a),
     };
     match result {
         Ok(()) => EXIT_OK,

@@ -91,6 +91,10 @@ pub struct MountArgs {
     /// node_exporter's textfile collector (removed at unmount).
     #[arg(long, value_name = "DIR")]
     pub metrics_textfile: Option<PathBuf>,
+    /// The key of an encrypted drive (a passphrase is asked for on a
+    /// terminal when neither flag is given).
+    #[command(flatten)]
+    pub key: super::key::KeyFlags,
 }
 
 impl MountArgs {
@@ -228,6 +232,22 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
         metrics: args.metrics_options()?,
     };
     let drive_options = args.drive_options();
+    // Unlocked here, before the fork: a missing or wrong key fails in the
+    // user's terminal, before anything is leased or mounted.
+    let data_key = {
+        let client = BlobClient::new(account.clone())?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(super::key::unlock(&client, &path, &args.key))?
+    };
+    if data_key.is_some() && drive_options.disk_cache.is_some() {
+        return Err(CodedError::usage(format!(
+            "drive {path} is encrypted: the disk tier (--cache-dir, --disk-cache-size) would keep \
+             its data in plaintext on local disk, so it is off for encrypted drives"
+        ))
+        .into());
+    }
     let break_lease = args.break_lease;
     run_mount(dir, &opts, move || async move {
         let client = BlobClient::new(account)?;
@@ -235,7 +255,8 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
             break_stale_lease(&client, &path.base()).await?;
         }
         let size_bytes = drive_size(&client, &path).await?;
-        let inner: Arc<dyn Catalog> = Arc::new(AzureCatalog::new(client, drive_options));
+        let inner: Arc<dyn Catalog> =
+            Arc::new(AzureCatalog::new(client, drive_options).with_data_key(data_key));
         let catalog: Arc<dyn Catalog> = Arc::new(OneDriveCatalog::new(inner, drive, size_bytes));
         Ok(catalog)
     })
@@ -382,6 +403,13 @@ fn mount_namespace(
     }
     if args.break_lease {
         return Err(CodedError::usage("--break-lease applies to a drive (C/B DIR)").into());
+    }
+    if args.key.source().is_given() {
+        return Err(CodedError::usage(
+            "--key-file and --passphrase-file apply to a drive (C/B DIR); a namespace mount \
+             shows encrypted drives as read-only ciphertext files",
+        )
+        .into());
     }
     if !args.fs_options.is_empty() {
         return Err(

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::{output, CmdResult, Context};
+use super::{output, CmdResult, CodedError, Context};
 use crate::blob::{BlobClient, BlobPath};
 use crate::transfer::{self, Display, Progress, Reporter, UploadOptions, UploadReport};
 use crate::units::format_size;
@@ -43,11 +43,18 @@ pub struct UploadArgs {
     #[arg(long, hide = true, default_value_t = transfer::upload::DEFAULT_LEASE_SECS,
           value_parser = clap::value_parser!(u32).range(15..=60))]
     pub lease_seconds: u32,
+    /// Encrypt the image on the way (AES-256-XTS with a new random data
+    /// key, wrapped by --key-file or --passphrase-file in a key slot).
+    #[arg(long)]
+    pub encrypt: bool,
+    #[command(flatten)]
+    pub key: super::key::KeyFlags,
 }
 
 /// Run `upload`.
 pub fn run(ctx: &Context, args: &UploadArgs) -> CmdResult {
     let blob = BlobPath::parse(&args.blob)?;
+    let encrypt = encryption(args, &blob)?;
     let account = ctx.account_for(&args.blob)?;
     let stop = Arc::new(AtomicBool::new(false));
     let opts = UploadOptions {
@@ -57,6 +64,7 @@ pub fn run(ctx: &Context, args: &UploadArgs) -> CmdResult {
         parallel: usize::from(args.parallel),
         lease_secs: args.lease_seconds,
         stop: Some(stop.clone()),
+        encrypt,
         ..UploadOptions::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -118,4 +126,39 @@ pub fn summary(file: &std::path::Path, blob: &BlobPath, r: &UploadReport) -> Str
         transfer::progress::format_rate(r.rate())
     ));
     s
+}
+
+/// The data key and key slots of `upload --encrypt` (read before anything
+/// is sent, so a missing key file leaves nothing behind).
+fn encryption(
+    args: &UploadArgs,
+    blob: &BlobPath,
+) -> anyhow::Result<Option<(Arc<crate::crypt::DataKey>, crate::crypt::KeySlots)>> {
+    let source = args.key.source();
+    if !args.encrypt {
+        if source.is_given() {
+            return Err(
+                CodedError::usage("--key-file and --passphrase-file need --encrypt").into(),
+            );
+        }
+        return Ok(None);
+    }
+    if args.resume {
+        return Err(CodedError::usage(
+            "--encrypt cannot be combined with --resume (a resume compares the blob with the file); \
+             start the upload again with --encrypt --overwrite",
+        )
+        .into());
+    }
+    let user = source
+        .read(&format!("New passphrase for {blob}: "), true)?
+        .ok_or_else(|| {
+            CodedError::usage(
+                "--encrypt needs --key-file FILE or --passphrase-file FILE (or a terminal to type a passphrase)",
+            )
+        })?;
+    let key = crate::crypt::DataKey::generate();
+    crate::crypt::forbid_core_dumps();
+    let slots = crate::crypt::KeySlots::new(&key, &user);
+    Ok(Some((Arc::new(key), slots)))
 }

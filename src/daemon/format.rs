@@ -59,6 +59,7 @@ pub fn format_drive(
     path: &BlobPath,
     size_bytes: u64,
     format: &Format,
+    data_key: Option<Arc<crate::crypt::DataKey>>,
 ) -> anyhow::Result<()> {
     let dir = private_dir(path)?;
     let drive = EntryPath {
@@ -79,8 +80,9 @@ pub fn format_drive(
         .spawn(move || {
             run_mount(&thread_dir, &opts, move || async move {
                 let client = BlobClient::new(account)?;
-                let inner: Arc<dyn Catalog> =
-                    Arc::new(AzureCatalog::new(client, DriveOptions::default()));
+                let inner: Arc<dyn Catalog> = Arc::new(
+                    AzureCatalog::new(client, DriveOptions::default()).with_data_key(data_key),
+                );
                 let catalog: Arc<dyn Catalog> =
                     Arc::new(OneDriveCatalog::new(inner, drive, size_bytes));
                 Ok(catalog)

@@ -616,7 +616,23 @@ async fn shut_down(
     ended: &mut SessionEnd,
     on_busy: OnBusy,
 ) -> Result<(), ShutdownError> {
-    let flush_errors = core.flush_all().await;
+    let outage = core.storage_unanswered();
+    if outage {
+        // An outage already: another flush would wait a whole retry budget
+        // before the dirty pages are safe anywhere. Save them first (a stop
+        // timeout may come) and leave the one more try to the close below,
+        // which replaces or removes the file.
+        tracing::error!("storage is not answering; saving unflushed data to a recovery file first");
+        let saved = core
+            .save_unflushed_all("storage did not answer at unmount")
+            .await;
+        tracing::info!(files = saved.len(), "recovery files written");
+    }
+    let flush_errors = if outage {
+        Vec::new()
+    } else {
+        core.flush_all().await
+    };
     if !flush_errors.is_empty() {
         // The client already retried for its whole budget (or the lease is
         // gone): keeping the mount up would not help. Save the dirty pages

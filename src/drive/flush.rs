@@ -199,7 +199,10 @@ impl<'a> RunBuilder<'a> {
                     chunks: Vec::new(),
                 });
                 let bytes = c.page(slot);
-                let class = if bytes.iter().any(|&b| b != 0) {
+                // An encrypting store must send zero pages too (only their
+                // ciphertext reads back as zeros); discards still clear.
+                let class = if self.inner.store.writes_zero_pages() || bytes.iter().any(|&b| b != 0)
+                {
                     Class::Data
                 } else if has_data.get(slot) {
                     Class::ZeroHeld

@@ -13,6 +13,7 @@ mod cache;
 mod chunk;
 pub mod counters;
 pub mod disk_cache;
+pub mod encrypted;
 pub mod error;
 pub mod extents;
 mod fetch;
@@ -35,6 +36,7 @@ use tokio::task::{JoinHandle, JoinSet};
 pub use blob_store::BlobPageStore;
 pub use counters::Counters;
 pub use disk_cache::DiskCacheOptions;
+pub use encrypted::EncryptedStore;
 pub use error::{Error, Result};
 pub use extents::PageRange;
 pub use memory::MemoryStore;
@@ -384,8 +386,15 @@ impl Drive {
 
     /// The unflushed data as `(offset_bytes, bytes)` runs of whole pages, in
     /// order, for a recovery file.
+    /// For an encrypted drive they are the ciphertext the blob would hold,
+    /// so a recovery file never keeps plaintext and applies without a key.
     pub fn unflushed_data(&self) -> Vec<(u64, Bytes)> {
-        self.inner.unflushed_data()
+        let store = &self.inner.store;
+        self.inner
+            .unflushed_data()
+            .into_iter()
+            .map(|(offset, data)| (offset, store.as_stored(offset, data)))
+            .collect()
     }
 }
 

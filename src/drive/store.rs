@@ -27,6 +27,20 @@ pub trait PageStore: Send + Sync + 'static {
         None
     }
 
+    /// Whether all-zero pages the engine writes must be sent (as an
+    /// encrypting store needs: only their ciphertext reads back as zeros),
+    /// instead of being skipped or cleared. Discards still clear.
+    fn writes_zero_pages(&self) -> bool {
+        false
+    }
+
+    /// `data` (whole pages at `offset_bytes`) as this store would put it in
+    /// the blob: what a recovery file keeps, so it never holds more than the
+    /// blob would (an encrypting store gives ciphertext).
+    fn as_stored(&self, _offset_bytes: u64, data: Bytes) -> Bytes {
+        data
+    }
+
     /// The blob's ETag now (every write changes it). `None` when unknown,
     /// which keeps the disk cache off.
     async fn etag(&self) -> Result<Option<String>> {

@@ -19,7 +19,8 @@ use futures::stream::{self, StreamExt};
 use super::backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
 use super::rescue::{Rescuable, Rescue, Saved};
 use crate::blob::{self, BlobClient, BlobItem, BlobPath, BlobType, ListBlobsOptions};
-use crate::drive::{BlobPageStore, Drive, DriveOptions, Mode};
+use crate::crypt::{DataKey, KeySlots};
+use crate::drive::{BlobPageStore, Drive, DriveOptions, EncryptedStore, Mode, PageStore};
 use crate::units::{ByteRange, VHD_FOOTER_BYTES};
 use crate::vhd::Footer;
 
@@ -30,6 +31,9 @@ const CLASSIFY_PARALLELISM: usize = 16;
 pub struct AzureCatalog {
     client: BlobClient,
     drive_options: DriveOptions,
+    /// The data key of the one encrypted drive this catalog serves (an
+    /// attach given --key-file or --passphrase-file).
+    data_key: Option<Arc<DataKey>>,
     /// Kind of each blob version seen: (container, name, snapshot) → (etag, kind).
     kinds: Mutex<HashMap<BlobKey, (Option<String>, EntryKind)>>,
 }
@@ -43,8 +47,16 @@ impl AzureCatalog {
         AzureCatalog {
             client,
             drive_options,
+            data_key: None,
             kinds: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Open encrypted drives with `key` (checked against each drive's
+    /// encryption header before use).
+    pub fn with_data_key(mut self, key: Option<Arc<DataKey>>) -> Self {
+        self.data_key = key;
+        self
     }
 
     fn cached_kind(&self, key: &BlobKey, etag: &Option<String>) -> Option<EntryKind> {
@@ -224,7 +236,17 @@ impl Catalog for AzureCatalog {
                     target: blob.to_string(),
                     ..self.drive_options.clone()
                 };
-                let store = Arc::new(BlobPageStore::new(self.client.clone(), blob));
+                let plain = BlobPageStore::new(self.client.clone(), blob);
+                let store: Arc<dyn PageStore> =
+                    match encryption(&props.metadata, self.data_key.as_ref(), path)? {
+                        Some(key) => Arc::new(EncryptedStore::new(Arc::new(plain), key)),
+                        None if writable && KeySlots::is_encrypted(&props.metadata) => {
+                            return Err(FsError::read_only(format!(
+                            "{path} is encrypted and no key was given: its ciphertext is read-only"
+                        )))
+                        }
+                        None => Arc::new(plain),
+                    };
                 let drive = Drive::open(store, opts).await.map_err(drive_error)?;
                 let device = Arc::new(DriveDevice {
                     drive,
@@ -346,6 +368,10 @@ impl Device for DriveDevice {
         Err(fs_err)
     }
 
+    fn storage_unanswered(&self) -> bool {
+        self.drive.storage_unanswered()
+    }
+
     async fn save_unflushed(&self, reason: &str) -> FsResult<Option<std::path::PathBuf>> {
         self.rescue
             .save(self, reason)
@@ -407,5 +433,26 @@ impl Device for BlobReadDevice {
 
     fn stats(&self) -> serde_json::Value {
         serde_json::json!({ "target": self.path.to_string(), "retries": self.client.retries() })
+    }
+}
+
+/// The key to open `path` with: `Some` when the drive is encrypted and
+/// `key` is its data key; `None` for a plain drive, or an encrypted one
+/// without a key (served as ciphertext, read-only). A key that is not this
+/// drive's is refused: no page is ever read or written with a wrong key.
+fn encryption(
+    metadata: &std::collections::BTreeMap<String, String>,
+    key: Option<&Arc<DataKey>>,
+    path: &EntryPath,
+) -> FsResult<Option<Arc<DataKey>>> {
+    let slots = KeySlots::from_metadata(metadata)
+        .map_err(|e| FsError::new(libc::EACCES, format!("{path}: {e}")))?;
+    match (slots, key) {
+        (Some(slots), Some(key)) if slots.matches(key) => Ok(Some(key.clone())),
+        (Some(_), Some(_)) => Err(FsError::new(
+            libc::EACCES,
+            format!("{path}: the key given is not this drive's data key"),
+        )),
+        _ => Ok(None),
     }
 }

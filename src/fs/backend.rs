@@ -87,6 +87,12 @@ pub trait Device: Send + Sync {
     /// Flushes, then releases what the open took (the lease of a writable open).
     /// No other method is called after `close`.
     async fn close(&self) -> FsResult<()>;
+    /// True when the last flush found storage silent (an outage), so a
+    /// shutdown saves a recovery file first instead of waiting on another
+    /// flush.
+    fn storage_unanswered(&self) -> bool {
+        false
+    }
     /// Saves what is not durable yet (a recovery file) without trying to
     /// flush it, because a flush just failed; returns the file, if any was
     /// needed. A later `close` replaces or removes it.

@@ -470,6 +470,11 @@ impl FsCore {
         self.handles.flush_all().await
     }
 
+    /// True when a writable device's last flush found storage silent.
+    pub fn storage_unanswered(&self) -> bool {
+        self.handles.storage_unanswered()
+    }
+
     /// Saves the unflushed data of every writable device in a recovery file
     /// (after a failed flush, before anything else can block); returns the
     /// files written.

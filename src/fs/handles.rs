@@ -191,6 +191,14 @@ impl Handles {
         errors
     }
 
+    /// True when a writable open device's last flush found storage silent.
+    pub fn storage_unanswered(&self) -> bool {
+        self.open_files().iter().any(|file| {
+            file.current()
+                .is_some_and(|open| open.writable && open.device.storage_unanswered())
+        })
+    }
+
     /// Saves the unflushed data of every writable open device in a
     /// recovery file (after a failed flush); returns the files written.
     pub async fn save_unflushed_all(&self, reason: &str) -> Vec<std::path::PathBuf> {

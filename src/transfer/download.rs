@@ -39,6 +39,9 @@ pub struct DownloadOptions {
     pub overwrite: bool,
     /// Requests in flight (1 to [`MAX_PARALLEL`]).
     pub parallel: usize,
+    /// Decrypt the data area with this key (an encrypted drive's image in
+    /// plaintext); `None` writes the blob's bytes as they are.
+    pub decrypt: Option<Arc<crate::crypt::DataKey>>,
 }
 
 impl Default for DownloadOptions {
@@ -47,6 +50,7 @@ impl Default for DownloadOptions {
             raw: false,
             overwrite: false,
             parallel: DEFAULT_PARALLEL,
+            decrypt: None,
         }
     }
 }
@@ -174,8 +178,24 @@ pub async fn download(
     Progress::add(&progress.scanned_bytes, file_len - data);
     let pieces = ranges.iter().flat_map(|r| split(*r));
     let parallel = opts.parallel.clamp(1, MAX_PARALLEL);
+    // The footer, the last 512 bytes of the blob, is plaintext.
+    let decrypt = opts
+        .decrypt
+        .clone()
+        .map(|k| (k, blob_len.saturating_sub(VHD_FOOTER_BYTES)));
     let mut results = futures::stream::iter(pieces)
-        .map(|piece| fetch_and_write(client, blob, piece, file.clone(), &tmp_path, progress))
+        .map(|piece| {
+            let decrypt = decrypt.clone();
+            fetch_and_write(
+                client,
+                blob,
+                piece,
+                file.clone(),
+                &tmp_path,
+                progress,
+                decrypt,
+            )
+        })
         .buffer_unordered(parallel);
     while let Some(r) = results.next().await {
         r?;
@@ -221,8 +241,17 @@ async fn fetch_and_write(
     file: Arc<File>,
     path: &Path,
     progress: &Arc<Progress>,
+    decrypt: Option<(Arc<crate::crypt::DataKey>, u64)>,
 ) -> Result<()> {
-    let data: Bytes = client.get_blob_range(blob, piece).await?;
+    let mut data: Bytes = client.get_blob_range(blob, piece).await?;
+    if let Some((key, data_end)) = decrypt {
+        if piece.start < data_end {
+            let n = (data_end.min(piece.end) - piece.start) as usize;
+            let mut buf = data.to_vec();
+            key.decrypt_pages(piece.start / PAGE_SIZE, &mut buf[..n]);
+            data = Bytes::from(buf);
+        }
+    }
     Progress::add(&progress.requests, 1);
     Progress::add(&progress.transferred_bytes, data.len() as u64);
     let progress = progress.clone();

@@ -77,6 +77,10 @@ pub struct UploadOptions {
     /// Set to stop the upload (Ctrl-C): what is done is recorded, the lease
     /// released, and [`Error::Interrupted`] returned.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Encrypt the image with this data key, whose key slots go into the
+    /// blob's metadata (kept through the run and after it). Not with
+    /// `resume`: a resume compares the blob's bytes with the file's.
+    pub encrypt: Option<(Arc<crate::crypt::DataKey>, crate::crypt::KeySlots)>,
 }
 
 impl Default for UploadOptions {
@@ -90,6 +94,7 @@ impl Default for UploadOptions {
             record_every_bytes: 64 << 20,
             stop_after_chunks: None,
             stop: None,
+            encrypt: None,
         }
     }
 }
@@ -380,11 +385,21 @@ impl Uploader {
         self.client
             .set_metadata(
                 &self.blob,
-                &self.journal.to_metadata(),
+                &self.metadata(self.journal.to_metadata()),
                 Some(&self.lease_id),
             )
             .await?;
         Ok(())
+    }
+
+    /// `entries` plus the key slots of an encrypted upload.
+    fn metadata(&self, mut entries: Vec<(String, String)>) -> Vec<(String, String)> {
+        if let Some((_, slots)) = &self.opts.encrypt {
+            let mut md = std::collections::BTreeMap::new();
+            slots.apply_to(&mut md);
+            entries.extend(md);
+        }
+        entries
     }
 
     /// Clear the last page of a blob of `blob_size` bytes (where a footer lives).
@@ -433,7 +448,7 @@ impl Uploader {
             Progress::add(&self.progress.requests, 1);
             Progress::add(&self.progress.transferred_bytes, VHD_FOOTER_BYTES);
             self.client
-                .set_metadata(&self.blob, &[], Some(&self.lease_id))
+                .set_metadata(&self.blob, &self.metadata(Vec::new()), Some(&self.lease_id))
                 .await?;
         }
         Ok(std::mem::take(&mut self.report))
@@ -607,8 +622,17 @@ impl Uploader {
                         inflight.entry(chunk).or_default().outstanding += 1;
                         Progress::add(&self.progress.requests, 1);
                         let (client, blob, lease) = (self.client.clone(), self.blob.clone(), self.lease_id.clone());
+                        let key = self.opts.encrypt.as_ref().map(|(k, _)| k.clone());
                         puts.spawn(async move {
                             let _permit = permit;
+                            let data = match key {
+                                Some(key) => {
+                                    let mut buf = data.to_vec();
+                                    key.encrypt_pages(offset_bytes / crate::units::PAGE_SIZE, &mut buf);
+                                    Bytes::from(buf)
+                                }
+                                None => data,
+                            };
                             let n = data.len() as u64;
                             (chunk, n, client.put_pages(&blob, offset_bytes, data, Some(&lease)).await)
                         });

@@ -14,7 +14,7 @@ pub use crate::system::*;
 
 /// Exited daemons are reparented to init, which may reap them late: a
 /// zombie counts as gone.
-fn process_alive(pid: i32) -> bool {
+pub fn process_alive(pid: i32) -> bool {
     u32::try_from(pid).is_ok_and(blobdrive::daemon::registry::process_alive)
 }
 

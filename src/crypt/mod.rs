@@ -1,0 +1,146 @@
+//! Client-side encryption of a drive's data area: the data key, the page
+//! cipher, and the key slots that keep the data key in the blob's metadata.
+//!
+//! What it owns: AES-256-XTS over 512-byte pages with the page number as the
+//! tweak (16 bytes, little-endian: the layout of dm-crypt's `aes-xts-plain64`,
+//! so a downloaded image opens with standard tools and the dumped key), and
+//! the key slots (`slots.rs`) that wrap the random data key with a user's key
+//! file or a passphrase (Argon2id). It knows nothing of the drive engine or
+//! of HTTP.
+//!
+//! Invariants: an all-zero 512-byte page of ciphertext is never produced by
+//! encryption in practice (probability 2^-4096) and is what the service
+//! returns for a page that was never written or was cleared, so decryption
+//! leaves all-zero pages as zeros (they are holes, not data). Secret bytes
+//! (data key, key-encryption keys, passphrases) live in [`Secret`] buffers
+//! that are locked in memory where the system allows it and zeroed on drop;
+//! they have no `Debug` or `Display` that shows them.
+
+pub mod secret;
+pub mod slots;
+
+use aes::cipher::KeyInit;
+use aes::Aes256;
+use xts_mode::{get_tweak_default, Xts128};
+
+pub use secret::{Secret, UserKey};
+pub use slots::{KeySlots, SlotKind};
+
+use crate::units::PAGE_SIZE;
+
+const PAGE: usize = PAGE_SIZE as usize;
+
+/// Bytes of the data key: two AES-256 keys, as XTS-AES-256 takes them.
+pub const DATA_KEY_BYTES: usize = 64;
+
+/// The cipher name recorded in the metadata (dm-crypt's spelling).
+pub const CIPHER_NAME: &str = "aes-xts-plain64";
+
+/// The unwrapped data key of one drive and the page cipher built from it.
+pub struct DataKey {
+    key: Secret,
+    xts: Xts128<Aes256>,
+}
+
+impl std::fmt::Debug for DataKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DataKey(<secret>)")
+    }
+}
+
+impl DataKey {
+    /// A new random data key.
+    pub fn generate() -> DataKey {
+        let mut key = Secret::zeroed(DATA_KEY_BYTES);
+        aws_lc_rs::rand::fill(key.bytes_mut()).expect("the system random source works");
+        DataKey::from_secret(key)
+    }
+
+    /// The data key held in `key` (exactly [`DATA_KEY_BYTES`]).
+    pub fn from_secret(key: Secret) -> DataKey {
+        assert_eq!(key.len(), DATA_KEY_BYTES, "data keys are 64 bytes");
+        let k = key.bytes();
+        let xts = Xts128::new(
+            Aes256::new_from_slice(&k[..32]).expect("32-byte AES key"),
+            Aes256::new_from_slice(&k[32..]).expect("32-byte AES key"),
+        );
+        DataKey { key, xts }
+    }
+
+    /// The raw key bytes (for wrapping into a slot, or `key dump`).
+    pub fn bytes(&self) -> &[u8] {
+        self.key.bytes()
+    }
+
+    /// Encrypt whole pages in place; `buf` starts at page `first_page`.
+    pub fn encrypt_pages(&self, first_page: u64, buf: &mut [u8]) {
+        debug_assert_eq!(buf.len() % PAGE, 0, "whole pages only");
+        self.xts
+            .encrypt_area(buf, PAGE, u128::from(first_page), get_tweak_default);
+    }
+
+    /// Decrypt whole pages in place; `buf` starts at page `first_page`.
+    /// All-zero pages stay zero: they hold no data (never written, or
+    /// cleared), and decrypting them would make noise of a hole.
+    pub fn decrypt_pages(&self, first_page: u64, buf: &mut [u8]) {
+        debug_assert_eq!(buf.len() % PAGE, 0, "whole pages only");
+        for (i, page) in buf.chunks_exact_mut(PAGE).enumerate() {
+            if page.iter().all(|&b| b == 0) {
+                continue;
+            }
+            let tweak = get_tweak_default(u128::from(first_page + i as u64));
+            self.xts.decrypt_sector(page, tweak);
+        }
+    }
+}
+
+/// Stop the process from being dumped (core files, ptrace by other users)
+/// once it holds a data key. Best effort: failure is logged, not fatal.
+pub fn forbid_core_dumps() {
+    // SAFETY: prctl(PR_SET_DUMPABLE, 0) has no memory preconditions.
+    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if rc != 0 {
+        tracing::warn!("could not turn off core dumps for this process");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> DataKey {
+        let mut s = Secret::zeroed(DATA_KEY_BYTES);
+        for (i, b) in s.bytes_mut().iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        DataKey::from_secret(s)
+    }
+
+    #[test]
+    fn pages_round_trip_and_differ_by_page_number() {
+        let k = key();
+        let plain = vec![0x5au8; 2 * PAGE];
+        let mut c = plain.clone();
+        k.encrypt_pages(7, &mut c);
+        assert_ne!(c[..PAGE], plain[..PAGE]);
+        assert_ne!(c[..PAGE], c[PAGE..], "same plaintext, other tweak");
+        let mut one = plain[..PAGE].to_vec();
+        k.encrypt_pages(8, &mut one);
+        assert_eq!(one, c[PAGE..], "page 8 alone encrypts the same");
+        k.decrypt_pages(7, &mut c);
+        assert_eq!(c, plain);
+    }
+
+    #[test]
+    fn zero_plaintext_encrypts_to_noise_and_zero_ciphertext_is_a_hole() {
+        let k = key();
+        let mut c = vec![0u8; PAGE];
+        k.encrypt_pages(3, &mut c);
+        assert!(c.iter().any(|&b| b != 0));
+        k.decrypt_pages(3, &mut c);
+        assert_eq!(c, vec![0u8; PAGE]);
+        let mut hole = vec![0u8; PAGE];
+        k.decrypt_pages(3, &mut hole);
+        assert_eq!(hole, vec![0u8; PAGE]);
+    }
+}

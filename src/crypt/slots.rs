@@ -1,0 +1,479 @@
+//! Key slots: the data key of an encrypted drive, wrapped by each user key,
+//! kept in the blob's metadata (so it travels with Copy Blob and snapshots).
+//!
+//! Metadata entries (values are printable ASCII, as the service requires):
+//! - `blobdrivecrypt`: `v1 cipher=aes-xts-plain64 keybytes=64 page=512
+//!   check=HEX`, where the check value is the first 16 bytes of
+//!   HMAC-SHA256(data key, "blobdrive data key check"): it proves that an
+//!   unwrapped key is this drive's before a page is read or written.
+//! - `blobdrivekey0` .. `blobdrivekey7`: one slot each, `v1 kind=keyfile
+//!   nonce=B64 wrapped=B64`, or `v1 kind=passphrase kdf=argon2id m=KIB t=N
+//!   p=N salt=B64 nonce=B64 wrapped=B64`. `wrapped` is the data key sealed
+//!   with AES-256-GCM under the key-encryption key (the key file's 32 bytes,
+//!   or Argon2id of the passphrase with the recorded parameters); the slot's
+//!   other fields are its associated data, so changing a parameter or the
+//!   salt makes the slot fail to open rather than open to something else.
+//!
+//! A wrong key and an altered slot look the same to GCM: both are refused.
+
+use std::collections::BTreeMap;
+
+use anyhow::{anyhow, bail};
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+
+use super::secret::{Secret, UserKey};
+use super::{DataKey, CIPHER_NAME, DATA_KEY_BYTES};
+use crate::units::PAGE_SIZE;
+
+/// Metadata name of the encryption header.
+pub const HEADER_KEY: &str = "blobdrivecrypt";
+/// Prefix of the slots' metadata names.
+pub const SLOT_PREFIX: &str = "blobdrivekey";
+/// Most key slots a drive has.
+pub const MAX_SLOTS: u8 = 8;
+
+/// Argon2id memory in KiB, passes and lanes for new passphrase slots
+/// (RFC 9106's second recommended setting: 64 MiB, 3 passes, 4 lanes).
+const ARGON2_M_KIB: u32 = 64 * 1024;
+const ARGON2_T: u32 = 3;
+const ARGON2_P: u32 = 4;
+/// Upper bounds accepted when opening a slot (a tampered slot must not make
+/// the unlock allocate gigabytes).
+const ARGON2_MAX_M_KIB: u32 = 4 * 1024 * 1024;
+const ARGON2_MAX_T: u32 = 64;
+const SALT_BYTES: usize = 16;
+const CHECK_BYTES: usize = 16;
+
+/// What protects a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotKind {
+    /// A 32-byte key file.
+    KeyFile,
+    /// A passphrase (Argon2id).
+    Passphrase,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Argon2Params {
+    m_kib: u32,
+    t: u32,
+    p: u32,
+    salt: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Slot {
+    kdf: Option<Argon2Params>,
+    nonce: [u8; NONCE_LEN],
+    wrapped: Vec<u8>,
+}
+
+impl Slot {
+    fn kind(&self) -> SlotKind {
+        if self.kdf.is_some() {
+            SlotKind::Passphrase
+        } else {
+            SlotKind::KeyFile
+        }
+    }
+
+    /// The fields GCM authenticates (everything but nonce and ciphertext).
+    fn aad(&self) -> String {
+        match &self.kdf {
+            None => "v1 kind=keyfile".to_string(),
+            Some(a) => format!(
+                "v1 kind=passphrase kdf=argon2id m={} t={} p={} salt={}",
+                a.m_kib,
+                a.t,
+                a.p,
+                B64.encode(&a.salt)
+            ),
+        }
+    }
+
+    fn encode(&self) -> String {
+        format!(
+            "{} nonce={} wrapped={}",
+            self.aad(),
+            B64.encode(self.nonce),
+            B64.encode(&self.wrapped)
+        )
+    }
+
+    fn decode(s: &str) -> anyhow::Result<Slot> {
+        let mut words = s.split_whitespace();
+        if words.next() != Some("v1") {
+            bail!("unknown slot version");
+        }
+        let fields: BTreeMap<&str, &str> = words.filter_map(|w| w.split_once('=')).collect();
+        let get = |k: &str| fields.get(k).copied().ok_or_else(|| anyhow!("no {k}"));
+        let b64 = |k: &str| -> anyhow::Result<Vec<u8>> {
+            B64.decode(get(k)?).map_err(|_| anyhow!("bad {k}"))
+        };
+        let num =
+            |k: &str| -> anyhow::Result<u32> { get(k)?.parse().map_err(|_| anyhow!("bad {k}")) };
+        let kdf = match get("kind")? {
+            "keyfile" => None,
+            "passphrase" => {
+                if get("kdf")? != "argon2id" {
+                    bail!("unknown kdf");
+                }
+                let a = Argon2Params {
+                    m_kib: num("m")?,
+                    t: num("t")?,
+                    p: num("p")?,
+                    salt: b64("salt")?,
+                };
+                if a.m_kib > ARGON2_MAX_M_KIB || a.t > ARGON2_MAX_T || a.p == 0 || a.p > 64 {
+                    bail!("argon2 parameters out of range");
+                }
+                Some(a)
+            }
+            _ => bail!("unknown kind"),
+        };
+        let nonce: [u8; NONCE_LEN] = b64("nonce")?
+            .try_into()
+            .map_err(|_| anyhow!("bad nonce length"))?;
+        let wrapped = b64("wrapped")?;
+        if wrapped.len() != DATA_KEY_BYTES + AES_256_GCM.tag_len() {
+            bail!("bad wrapped key length");
+        }
+        Ok(Slot {
+            kdf,
+            nonce,
+            wrapped,
+        })
+    }
+
+    /// The key-encryption key for `user`, or `None` when `user` is not of
+    /// this slot's kind.
+    fn kek(&self, user: &UserKey) -> anyhow::Result<Option<Secret>> {
+        match (&self.kdf, user) {
+            (None, UserKey::KeyFile(k)) => Ok(Some(Secret::copy_of(k.bytes()))),
+            (Some(a), UserKey::Passphrase(p)) => derive(a, p).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn seal(data_key: &DataKey, user: &UserKey) -> Slot {
+        let kdf = match user {
+            UserKey::KeyFile(_) => None,
+            UserKey::Passphrase(_) => {
+                let mut salt = vec![0u8; SALT_BYTES];
+                aws_lc_rs::rand::fill(&mut salt).expect("the system random source works");
+                Some(Argon2Params {
+                    m_kib: ARGON2_M_KIB,
+                    t: ARGON2_T,
+                    p: ARGON2_P,
+                    salt,
+                })
+            }
+        };
+        let mut nonce = [0u8; NONCE_LEN];
+        aws_lc_rs::rand::fill(&mut nonce).expect("the system random source works");
+        let mut slot = Slot {
+            kdf,
+            nonce,
+            wrapped: Vec::new(),
+        };
+        let kek = slot
+            .kek(user)
+            .expect("our own Argon2 parameters are valid")
+            .expect("the slot's kind follows the user key");
+        let mut buf = data_key.bytes().to_vec();
+        aead_key(&kek)
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(slot.aad().as_bytes()),
+                &mut buf,
+            )
+            .expect("sealing 64 bytes cannot fail");
+        slot.wrapped = buf;
+        slot
+    }
+
+    /// The data key, when `user` opens this slot.
+    fn open(&self, user: &UserKey) -> anyhow::Result<Option<Secret>> {
+        let Some(kek) = self.kek(user)? else {
+            return Ok(None);
+        };
+        let mut buf = Secret::copy_of(&self.wrapped);
+        let opened = aead_key(&kek).open_in_place(
+            Nonce::assume_unique_for_key(self.nonce),
+            Aad::from(self.aad().as_bytes()),
+            buf.bytes_mut(),
+        );
+        Ok(match opened {
+            Ok(plain) => Some(Secret::copy_of(plain)),
+            Err(_) => None,
+        })
+    }
+}
+
+fn aead_key(kek: &Secret) -> LessSafeKey {
+    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, kek.bytes()).expect("32-byte key"))
+}
+
+fn derive(a: &Argon2Params, pass: &Secret) -> anyhow::Result<Secret> {
+    let params = argon2::Params::new(a.m_kib, a.t, a.p, Some(32))
+        .map_err(|_| anyhow!("argon2 parameters out of range"))?;
+    let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+    let mut out = Secret::zeroed(32);
+    argon
+        .hash_password_into(pass.bytes(), &a.salt, out.bytes_mut())
+        .map_err(|_| anyhow!("argon2 parameters out of range"))?;
+    Ok(out)
+}
+
+fn check_value(data_key: &DataKey) -> [u8; CHECK_BYTES] {
+    let k = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, data_key.bytes());
+    let tag = aws_lc_rs::hmac::sign(&k, b"blobdrive data key check");
+    let mut out = [0u8; CHECK_BYTES];
+    out.copy_from_slice(&tag.as_ref()[..CHECK_BYTES]);
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The encryption header and key slots of one drive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySlots {
+    check: [u8; CHECK_BYTES],
+    slots: BTreeMap<u8, Slot>,
+}
+
+impl KeySlots {
+    /// Whether `metadata` says the drive is encrypted.
+    pub fn is_encrypted(metadata: &BTreeMap<String, String>) -> bool {
+        metadata.contains_key(HEADER_KEY)
+    }
+
+    /// The slots recorded in `metadata`; `Ok(None)` for a drive that is not
+    /// encrypted. A malformed header or slot is an error naming it.
+    pub fn from_metadata(metadata: &BTreeMap<String, String>) -> anyhow::Result<Option<KeySlots>> {
+        let Some(header) = metadata.get(HEADER_KEY) else {
+            return Ok(None);
+        };
+        let bad = || anyhow!("its encryption header (metadata {HEADER_KEY}) is malformed");
+        let mut words = header.split_whitespace();
+        if words.next() != Some("v1") {
+            return Err(bad());
+        }
+        let fields: BTreeMap<&str, &str> = words.filter_map(|w| w.split_once('=')).collect();
+        let page = PAGE_SIZE.to_string();
+        let bytes = DATA_KEY_BYTES.to_string();
+        if fields.get("cipher") != Some(&CIPHER_NAME)
+            || fields.get("keybytes") != Some(&bytes.as_str())
+            || fields.get("page") != Some(&page.as_str())
+        {
+            bail!("it is encrypted with a cipher this version does not know ({header})");
+        }
+        let check_hex = fields.get("check").ok_or_else(bad)?;
+        if check_hex.len() != 2 * CHECK_BYTES {
+            return Err(bad());
+        }
+        let mut check = [0u8; CHECK_BYTES];
+        for (i, b) in check.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&check_hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        let mut slots = BTreeMap::new();
+        for (name, value) in metadata {
+            let Some(n) = name.strip_prefix(SLOT_PREFIX) else {
+                continue;
+            };
+            let index: u8 =
+                n.parse().ok().filter(|i| *i < MAX_SLOTS).ok_or_else(|| {
+                    anyhow!("metadata {name} is not a key slot this version knows")
+                })?;
+            let slot = Slot::decode(value)
+                .map_err(|e| anyhow!("its key slot {index} is malformed ({e})"))?;
+            slots.insert(index, slot);
+        }
+        Ok(Some(KeySlots { check, slots }))
+    }
+
+    /// The header and one slot (0) for a new drive.
+    pub fn new(data_key: &DataKey, user: &UserKey) -> KeySlots {
+        let mut slots = BTreeMap::new();
+        slots.insert(0, Slot::seal(data_key, user));
+        KeySlots {
+            check: check_value(data_key),
+            slots,
+        }
+    }
+
+    /// Open the data key with `user`: the first slot it opens whose key
+    /// matches the check value. Returns the key and that slot's index.
+    pub fn unlock(&self, user: &UserKey) -> anyhow::Result<(DataKey, u8)> {
+        let want = match user {
+            UserKey::KeyFile(_) => SlotKind::KeyFile,
+            UserKey::Passphrase(_) => SlotKind::Passphrase,
+        };
+        if !self.slots.values().any(|s| s.kind() == want) {
+            bail!(
+                "it has no {} slot (its slots: {})",
+                kind_name(want),
+                self.describe()
+            );
+        }
+        for (&i, slot) in &self.slots {
+            if let Some(raw) = slot.open(user)? {
+                if raw.len() != DATA_KEY_BYTES {
+                    continue;
+                }
+                let key = DataKey::from_secret(raw);
+                if check_value(&key) == self.check {
+                    return Ok((key, i));
+                }
+            }
+        }
+        bail!(
+            "the {} does not open it (wrong key, or its key slots were altered)",
+            kind_name(want)
+        )
+    }
+
+    /// Whether `key` is this drive's data key (its check value matches).
+    pub fn matches(&self, key: &DataKey) -> bool {
+        check_value(key) == self.check
+    }
+
+    /// Add a slot for `user`; returns its index.
+    pub fn add(&mut self, data_key: &DataKey, user: &UserKey) -> anyhow::Result<u8> {
+        let Some(index) = (0..MAX_SLOTS).find(|i| !self.slots.contains_key(i)) else {
+            bail!("all {MAX_SLOTS} key slots are in use; remove one first");
+        };
+        self.slots.insert(index, Slot::seal(data_key, user));
+        Ok(index)
+    }
+
+    /// Replace slot `index` with one for `user`.
+    pub fn replace(&mut self, index: u8, data_key: &DataKey, user: &UserKey) {
+        self.slots.insert(index, Slot::seal(data_key, user));
+    }
+
+    /// Remove slot `index`; the last slot is never removed (the data would
+    /// be lost for good).
+    pub fn remove(&mut self, index: u8) -> anyhow::Result<()> {
+        if self.slots.len() <= 1 {
+            bail!("that is its last key slot: without it the data could never be read again; add another key first");
+        }
+        self.slots.remove(&index);
+        Ok(())
+    }
+
+    /// Indices and kinds of the slots in use.
+    pub fn list(&self) -> Vec<(u8, SlotKind)> {
+        self.slots.iter().map(|(&i, s)| (i, s.kind())).collect()
+    }
+
+    fn describe(&self) -> String {
+        let v: Vec<String> = self
+            .list()
+            .iter()
+            .map(|(i, k)| format!("{i} {}", kind_name(*k)))
+            .collect();
+        if v.is_empty() {
+            "none".into()
+        } else {
+            v.join(", ")
+        }
+    }
+
+    /// Write the header and slots into `metadata`, replacing any there.
+    pub fn apply_to(&self, metadata: &mut BTreeMap<String, String>) {
+        metadata.retain(|k, _| k != HEADER_KEY && !k.starts_with(SLOT_PREFIX));
+        metadata.insert(
+            HEADER_KEY.into(),
+            format!(
+                "v1 cipher={CIPHER_NAME} keybytes={DATA_KEY_BYTES} page={PAGE_SIZE} check={}",
+                hex(&self.check)
+            ),
+        );
+        for (i, s) in &self.slots {
+            metadata.insert(format!("{SLOT_PREFIX}{i}"), s.encode());
+        }
+    }
+}
+
+fn kind_name(k: SlotKind) -> &'static str {
+    match k {
+        SlotKind::KeyFile => "key file",
+        SlotKind::Passphrase => "passphrase",
+    }
+}
+
+/// The data key as lower-case hex (for `key dump`), in a secret buffer.
+pub fn key_hex(key: &DataKey) -> Secret {
+    Secret::copy_of(hex(key.bytes()).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_file(b: u8) -> UserKey {
+        UserKey::KeyFile(Secret::copy_of(&[b; 32]))
+    }
+
+    fn round_trip(s: &KeySlots) -> KeySlots {
+        let mut md = BTreeMap::new();
+        md.insert("other".to_string(), "kept".to_string());
+        s.apply_to(&mut md);
+        assert_eq!(md.get("other").map(String::as_str), Some("kept"));
+        KeySlots::from_metadata(&md).unwrap().unwrap()
+    }
+
+    #[test]
+    fn slots_open_with_their_key_only() {
+        let dk = DataKey::generate();
+        let mut s = KeySlots::new(&dk, &key_file(1));
+        let pass = UserKey::Passphrase(Secret::copy_of(b"correct horse"));
+        assert_eq!(s.add(&dk, &pass).unwrap(), 1);
+        let s = round_trip(&s);
+        let (k, i) = s.unlock(&key_file(1)).unwrap();
+        assert_eq!((k.bytes(), i), (dk.bytes(), 0));
+        let (k, i) = s.unlock(&pass).unwrap();
+        assert_eq!((k.bytes(), i), (dk.bytes(), 1));
+        let e = s.unlock(&key_file(2)).unwrap_err().to_string();
+        assert!(e.contains("does not open"), "{e}");
+        let wrong = UserKey::Passphrase(Secret::copy_of(b"wrong"));
+        assert!(s.unlock(&wrong).is_err());
+    }
+
+    #[test]
+    fn altered_slot_or_header_is_refused() {
+        let dk = DataKey::generate();
+        let s = KeySlots::new(&dk, &key_file(1));
+        let mut md = BTreeMap::new();
+        s.apply_to(&mut md);
+        // Another valid-looking key wrapped under the same key file: the
+        // check value refuses it.
+        let other = KeySlots::new(&DataKey::generate(), &key_file(1));
+        let mut md2 = md.clone();
+        let mut omd = BTreeMap::new();
+        other.apply_to(&mut omd);
+        md2.insert("blobdrivekey0".into(), omd["blobdrivekey0"].clone());
+        let s2 = KeySlots::from_metadata(&md2).unwrap().unwrap();
+        assert!(s2.unlock(&key_file(1)).is_err());
+        // A garbled slot is named.
+        md.insert("blobdrivekey0".into(), "v1 kind=keyfile nonce=x".into());
+        let e = KeySlots::from_metadata(&md).unwrap_err().to_string();
+        assert!(e.contains("key slot 0 is malformed"), "{e}");
+    }
+
+    #[test]
+    fn the_last_slot_stays() {
+        let dk = DataKey::generate();
+        let mut s = KeySlots::new(&dk, &key_file(1));
+        assert!(s.remove(0).is_err());
+        s.add(&dk, &key_file(2)).unwrap();
+        s.remove(0).unwrap();
+        assert_eq!(s.list(), vec![(1, SlotKind::KeyFile)]);
+    }
+}

@@ -1,0 +1,217 @@
+//! `EncryptedStore`: a [`PageStore`] that encrypts every page written to the
+//! store below it and decrypts every page read, for client-side encrypted
+//! drives (AES-256-XTS, page number as the tweak; see `crate::crypt`).
+//!
+//! Clear Pages, page ranges, leases and the ETag pass through unchanged, so
+//! the sparse map and discard work as on a plain drive: a page never written
+//! or cleared reads as zeros without a request (the engine does not ask) and
+//! without decryption (an all-zero page of ciphertext is a hole, so one read
+//! along with data by a coalesced Get stays zero). The VHD footer, the last
+//! 512 bytes of the blob, stays plaintext so the blob remains a valid VHD:
+//! only pages below the data area's end are encrypted or decrypted.
+//! Invariant: the engine must send all-zero plaintext pages it writes
+//! (`writes_zero_pages`), since only their ciphertext reads back as zeros.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+
+use super::store::PageStore;
+use crate::blob::error::Result;
+use crate::crypt::DataKey;
+use crate::units::{ByteRange, PAGE_SIZE, VHD_FOOTER_BYTES};
+
+/// Data area end not yet known (set by the first `size_bytes`).
+const UNKNOWN: u64 = u64::MAX;
+
+/// Encrypts the pages of the store below it.
+pub struct EncryptedStore<S: PageStore + ?Sized> {
+    inner: Arc<S>,
+    key: Arc<DataKey>,
+    /// End of the data area in bytes (blob size minus the footer).
+    data_end_bytes: AtomicU64,
+}
+
+impl<S: PageStore + ?Sized> EncryptedStore<S> {
+    /// `inner`'s pages encrypted with `key`.
+    pub fn new(inner: Arc<S>, key: Arc<DataKey>) -> Self {
+        EncryptedStore {
+            inner,
+            key,
+            data_end_bytes: AtomicU64::new(UNKNOWN),
+        }
+    }
+
+    /// The store below.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    async fn data_end(&self) -> Result<u64> {
+        match self.data_end_bytes.load(Ordering::Acquire) {
+            UNKNOWN => self.size_bytes().await.map(|b| b - VHD_FOOTER_BYTES),
+            end => Ok(end),
+        }
+    }
+}
+
+#[async_trait]
+impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
+    async fn size_bytes(&self) -> Result<u64> {
+        let b = self.inner.size_bytes().await?;
+        self.data_end_bytes
+            .store(b.saturating_sub(VHD_FOOTER_BYTES), Ordering::Release);
+        Ok(b)
+    }
+
+    fn cache_identity(&self) -> Option<String> {
+        self.inner.cache_identity()
+    }
+
+    fn writes_zero_pages(&self) -> bool {
+        true
+    }
+
+    fn as_stored(&self, offset_bytes: u64, data: Bytes) -> Bytes {
+        let data_end = self.data_end_bytes.load(Ordering::Acquire);
+        let mut buf = BytesMut::from(data.as_ref());
+        let n = (data_end.saturating_sub(offset_bytes) as usize).min(buf.len());
+        self.key
+            .encrypt_pages(offset_bytes / PAGE_SIZE, &mut buf[..n]);
+        buf.freeze()
+    }
+
+    async fn etag(&self) -> Result<Option<String>> {
+        self.inner.etag().await
+    }
+
+    async fn page_ranges(&self, within: ByteRange) -> Result<Vec<ByteRange>> {
+        self.inner.page_ranges(within).await
+    }
+
+    async fn read(&self, range: ByteRange) -> Result<Bytes> {
+        let data_end = self.data_end().await?;
+        if range.start >= data_end {
+            return self.inner.read(range).await; // the footer: plaintext
+        }
+        // Whole pages of the data area, decrypted, then cut to `range`.
+        let start = range.start - range.start % PAGE_SIZE;
+        let end = range.end.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let crypt_end = end.min(data_end);
+        let raw = self.inner.read(ByteRange::new(start, end)).await?;
+        let mut buf = BytesMut::from(raw.as_ref());
+        let n = (crypt_end - start) as usize;
+        self.key.decrypt_pages(start / PAGE_SIZE, &mut buf[..n]);
+        let buf = buf.freeze();
+        Ok(buf.slice((range.start - start) as usize..(range.end - start) as usize))
+    }
+
+    async fn write_pages(
+        &self,
+        offset_bytes: u64,
+        data: Bytes,
+        lease_id: Option<&str>,
+    ) -> Result<()> {
+        let data_end = self.data_end().await?;
+        let mut buf = BytesMut::from(data.as_ref());
+        let n = (data_end.saturating_sub(offset_bytes) as usize).min(buf.len());
+        self.key
+            .encrypt_pages(offset_bytes / PAGE_SIZE, &mut buf[..n]);
+        self.inner
+            .write_pages(offset_bytes, buf.freeze(), lease_id)
+            .await
+    }
+
+    async fn clear_pages(&self, range: ByteRange, lease_id: Option<&str>) -> Result<()> {
+        self.inner.clear_pages(range, lease_id).await
+    }
+
+    async fn acquire_lease(&self, proposed_id: &str) -> Result<()> {
+        self.inner.acquire_lease(proposed_id).await
+    }
+
+    async fn release_lease(&self, lease_id: &str) -> Result<()> {
+        self.inner.release_lease(lease_id).await
+    }
+
+    fn retry_budget(&self) -> std::time::Duration {
+        self.inner.retry_budget()
+    }
+
+    async fn break_lease(&self) -> Result<()> {
+        self.inner.break_lease().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drive::{Drive, DriveOptions, MemoryStore};
+    use crate::vhd::Footer;
+
+    const DATA: u64 = 4 << 20;
+
+    async fn open() -> (Arc<MemoryStore>, Arc<DataKey>, Drive) {
+        let mem = Arc::new(MemoryStore::new(DATA + VHD_FOOTER_BYTES));
+        mem.poke(DATA, &Footer::new_fixed(DATA).to_bytes());
+        let key = Arc::new(DataKey::generate());
+        let store = Arc::new(EncryptedStore::new(mem.clone(), key.clone()));
+        let drive = Drive::open(store, DriveOptions::default()).await.unwrap();
+        (mem, key, drive)
+    }
+
+    #[tokio::test]
+    async fn written_zero_pages_are_sent_as_ciphertext_and_discards_read_as_zeros_without_a_get() {
+        let (mem, key, drive) = open().await;
+        let mut data = vec![0u8; 4096];
+        data[..7].copy_from_slice(b"MARKER!");
+        drive.write_at(0, &data).await.unwrap();
+        drive.write_at(8192, &[0u8; 1024]).await.unwrap();
+        drive.flush().await.unwrap();
+        // Every written page is stored, the zero ones included, as ciphertext.
+        assert_eq!(mem.stored_bytes(), 4096 + 1024 + VHD_FOOTER_BYTES);
+        let raw = mem.contents(ByteRange::new(0, 9216));
+        assert!(!raw.windows(7).any(|w| w == b"MARKER!"));
+        assert!(
+            raw[8192..].iter().any(|&b| b != 0),
+            "a zero page is encrypted, not elided"
+        );
+        let mut plain = raw.clone();
+        key.decrypt_pages(0, &mut plain);
+        assert_eq!(&plain[..4096], &data[..]);
+        assert!(plain[4096..].iter().all(|&b| b == 0));
+        // The footer stays plaintext.
+        assert_eq!(
+            &mem.contents(ByteRange::new(DATA, DATA + 8))[..],
+            b"conectix"
+        );
+
+        // Unflushed pages (for a recovery file) come out as ciphertext.
+        drive.write_at(0, &data).await.unwrap();
+        let unflushed = drive.unflushed_data();
+        assert_eq!(unflushed.len(), 1);
+        let (at, bytes) = &unflushed[0];
+        assert!(!bytes.windows(7).any(|w| w == b"MARKER!"));
+        let mut back = bytes.to_vec();
+        key.decrypt_pages(at / PAGE_SIZE, &mut back);
+        assert_eq!(&back[..7], b"MARKER!");
+
+        // A discard clears; the pages read back as zeros with no Get.
+        drive.discard(0, 4096).await.unwrap();
+        drive.close().await.unwrap();
+        let store = Arc::new(EncryptedStore::new(mem.clone(), key.clone()));
+        let drive = Drive::open(store, DriveOptions::default()).await.unwrap();
+        let gets = drive.counters().get;
+        assert_eq!(&drive.read_at(0, 4096).await.unwrap()[..], &[0u8; 4096][..]);
+        assert_eq!(
+            drive.counters().get,
+            gets,
+            "a cleared range needs no request"
+        );
+        let back = drive.read_at(8192, 1024).await.unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+        drive.close().await.unwrap();
+    }
+}

@@ -1,0 +1,456 @@
+//! Client-side encryption end to end: the built binary against Azurite,
+//! with real FUSE, loop devices and ext4, and Python's `cryptography`
+//! (AES-XTS) as the independent implementation that must read what blobdrive
+//! wrote: the blob's bytes, fetched with the official SDK and decrypted with
+//! the key from `key dump` (page number as the 16-byte little-endian tweak),
+//! are exactly the plaintext that `download --decrypt` gives and that the
+//! mount shows. Also: key slots (add, change, remove, dump), wrong or
+//! missing keys refused with one line and nothing written, a snapshot
+//! attached read-only with the key.
+
+mod common;
+mod system;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::ContainerGuard;
+use system::is_mounted;
+
+const BIN: &str = env!("CARGO_BIN_EXE_blobdrive");
+const MARKER: &str = "BLOBDRIVE-KNOWN-PLAINTEXT-MARKER";
+
+/// Decrypts a blob read with the SDK: every non-zero 512-byte page of the
+/// data area with AES-XTS (tweak = page number, little-endian), zero pages
+/// stay zero (holes); the footer is dropped. Writes the plaintext to argv[3].
+const PY_DECRYPT: &str = r#"
+import os, sys
+from azure.storage.blob import BlobServiceClient
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+blob = BlobServiceClient.from_connection_string(os.environ["CS"]).get_blob_client(sys.argv[1], sys.argv[2])
+raw = blob.download_blob().readall()
+key = bytes.fromhex(sys.argv[4])
+data = raw[:-512]
+out = bytearray(len(data))
+zero = bytes(512)
+for i in range(0, len(data), 512):
+    page = data[i:i+512]
+    if page == zero:
+        continue
+    d = Cipher(algorithms.AES(key), modes.XTS((i // 512).to_bytes(16, "little"))).decryptor()
+    out[i:i+512] = d.update(page) + d.finalize()
+open(sys.argv[3], "wb").write(out)
+print("marker-in-ciphertext" if b"BLOBDRIVE-KNOWN-PLAINTEXT-MARKER" in raw else "clean")
+"#;
+
+/// Runs the built binary in its own run directory; unmounts what it mounted.
+struct Site {
+    run_dir: tempfile::TempDir,
+    root: tempfile::TempDir,
+    mounted: std::cell::RefCell<Vec<PathBuf>>,
+}
+
+impl Site {
+    fn new() -> Site {
+        Site {
+            run_dir: tempfile::Builder::new()
+                .prefix("blobdrive-crypt-run-")
+                .tempdir()
+                .expect("temp dir"),
+            root: tempfile::Builder::new()
+                .prefix("blobdrive-crypt-")
+                .tempdir()
+                .expect("temp dir"),
+            mounted: Default::default(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.root.path().join(name)
+    }
+
+    fn dir(&self, name: &str) -> PathBuf {
+        let d = self.path(name);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        d
+    }
+
+    fn blobdrive(&self, args: &[&str]) -> Output {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("BLOBDRIVE_RUN_DIR", self.run_dir.path())
+            .env(
+                "AZURE_STORAGE_CONNECTION_STRING",
+                common::connection_string(),
+            )
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run blobdrive");
+        if args.first() == Some(&"mount") && out.status.success() {
+            if let Some(dir) = args.iter().skip(1).find(|a| a.starts_with('/')) {
+                self.mounted.borrow_mut().push(PathBuf::from(dir));
+            }
+        }
+        out
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.blobdrive(args);
+        assert!(
+            out.status.success(),
+            "blobdrive {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Runs a command that must fail with exactly one line; returns it.
+    fn fails(&self, args: &[&str]) -> String {
+        let out = self.blobdrive(args);
+        assert!(!out.status.success(), "blobdrive {args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(err.starts_with("blobdrive: "), "{err}");
+        err
+    }
+
+    fn unmount(&self, dir: &Path) {
+        self.ok(&["unmount", dir.to_str().unwrap()]);
+        self.mounted.borrow_mut().retain(|d| d != dir);
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        for dir in self.mounted.borrow().iter() {
+            if is_mounted(dir) {
+                let _ = self.blobdrive(&["unmount", dir.to_str().unwrap()]);
+            }
+        }
+    }
+}
+
+fn write_key(path: &Path, byte: u8) {
+    let key: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(31) ^ byte).collect();
+    std::fs::write(path, key).expect("write key file");
+}
+
+fn etag(guard: &ContainerGuard, blob: &str) -> Option<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(guard.client.get_properties(&guard.path(blob)))
+        .expect("properties")
+        .etag
+}
+
+#[test]
+fn encrypted_ext4_drive_is_opaque_to_the_account_and_decrypts_with_an_independent_aes_xts() {
+    if !system::can_run("encrypted ext4 drive", true) {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("crypt"));
+    let site = Site::new();
+    let drive = format!("{}/secret.vhd", guard.name);
+    let key = site.path("key");
+    let wrong = site.path("wrong");
+    write_key(&key, 1);
+    write_key(&wrong, 2);
+    let key_s = key.to_str().unwrap();
+    let out = site.ok(&[
+        "create",
+        &drive,
+        "--size",
+        "64M",
+        "--encrypt",
+        "--key-file",
+        key_s,
+        "--mkfs",
+        "ext4",
+    ]);
+    assert!(out.contains("encrypted"), "{out}");
+
+    // Write through the mount: a file full of the marker, and a zero file.
+    let mnt = site.dir("mnt");
+    let mnt_s = mnt.to_str().unwrap();
+    site.ok(&["mount", &drive, mnt_s, "--key-file", key_s]);
+    let text = MARKER.repeat(4096);
+    std::fs::write(mnt.join("notes.txt"), &text).unwrap();
+    std::fs::write(mnt.join("zeros"), vec![0u8; 1 << 20]).unwrap();
+    site.unmount(&mnt);
+
+    // Without the key, or with a wrong one: one line, nothing mounted or
+    // written (the blob's ETag stays).
+    let before = etag(&guard, "secret.vhd");
+    let e = site.fails(&["mount", &drive, mnt_s]);
+    assert!(e.contains("is encrypted"), "{e}");
+    let e = site.fails(&[
+        "mount",
+        &drive,
+        mnt_s,
+        "--key-file",
+        wrong.to_str().unwrap(),
+    ]);
+    assert!(e.contains("does not open"), "{e}");
+    assert!(!is_mounted(&mnt));
+    assert_eq!(etag(&guard, "secret.vhd"), before, "nothing written");
+
+    // The account sees ciphertext; Python's AES-XTS with the dumped key
+    // decrypts it to exactly what `download --decrypt` writes.
+    let hex = site.ok(&["key", "dump", &drive, "--key-file", key_s]);
+    assert_eq!(hex.len(), 128, "a 512-bit key in hex");
+    let py_plain = site.path("py.img");
+    let verdict = common::python(
+        PY_DECRYPT,
+        &[&guard.name, "secret.vhd", py_plain.to_str().unwrap(), &hex],
+    );
+    assert_eq!(verdict, "clean", "the known plaintext is not in the blob");
+    let ours = site.path("ours.img");
+    site.ok(&[
+        "download",
+        &drive,
+        ours.to_str().unwrap(),
+        "--raw",
+        "--decrypt",
+        "--key-file",
+        key_s,
+    ]);
+    let py = std::fs::read(&py_plain).unwrap();
+    assert!(
+        py == std::fs::read(&ours).unwrap(),
+        "independent decryption differs"
+    );
+    assert!(
+        py.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
+        "the plaintext holds the file"
+    );
+    // The default download is the ciphertext as stored.
+    let cipher = site.path("cipher.img");
+    site.ok(&["download", &drive, cipher.to_str().unwrap(), "--raw"]);
+    let c = std::fs::read(&cipher).unwrap();
+    assert!(!c.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()));
+
+    // Remount read-write with the key; a snapshot attaches read-only with it.
+    let time = site.ok(&["snapshot", &drive]);
+    site.ok(&["mount", &drive, mnt_s, "--key-file", key_s]);
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("notes.txt")).unwrap(),
+        text
+    );
+    let snap = site.dir("snap");
+    let snap_s = snap.to_str().unwrap();
+    site.ok(&[
+        "mount",
+        &drive,
+        snap_s,
+        "--snapshot",
+        &time,
+        "--key-file",
+        key_s,
+    ]);
+    assert_eq!(
+        std::fs::read_to_string(snap.join("notes.txt")).unwrap(),
+        text
+    );
+    assert!(std::fs::write(snap.join("new"), b"x").is_err(), "read-only");
+    site.unmount(&snap);
+    site.unmount(&mnt);
+
+    // A namespace mount shows the drive as its ciphertext, read-only.
+    let ns = site.dir("ns");
+    site.ok(&["mount", &guard.name, ns.to_str().unwrap()]);
+    let file = ns.join("secret.vhd");
+    let shown = std::fs::read(&file).unwrap();
+    let stored = site.path("now.img");
+    site.ok(&["download", &drive, stored.to_str().unwrap(), "--raw"]);
+    assert!(
+        shown == std::fs::read(&stored).unwrap(),
+        "the file is the ciphertext"
+    );
+    assert!(std::fs::OpenOptions::new().write(true).open(&file).is_err());
+    site.unmount(&ns);
+}
+
+#[test]
+fn key_slots_add_change_remove_and_dump_without_touching_the_data() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("cryptkeys"));
+    let site = Site::new();
+    let drive = format!("{}/k.vhd", guard.name);
+    let (k1, k2, pass) = (site.path("k1"), site.path("k2"), site.path("pass"));
+    write_key(&k1, 1);
+    write_key(&k2, 2);
+    std::fs::write(&pass, "correct horse battery staple\n").unwrap();
+    let (k1, k2, pass) = (
+        k1.to_str().unwrap(),
+        k2.to_str().unwrap(),
+        pass.to_str().unwrap(),
+    );
+
+    // Bad input, each one line: missing key file, wrong length, no key.
+    let e = site.fails(&[
+        "create",
+        &drive,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        "/nonexistent/k",
+    ]);
+    assert!(e.contains("cannot read key file"), "{e}");
+    let short = site.path("short");
+    std::fs::write(&short, b"0123456789").unwrap();
+    let e = site.fails(&[
+        "create",
+        &drive,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        short.to_str().unwrap(),
+    ]);
+    assert!(e.contains("holds 10 bytes"), "{e}");
+    assert!(!e.contains("0123456789"), "no secret in messages");
+    site.fails(&["create", &drive, "--size", "16M", "--encrypt"]);
+    site.fails(&["info", &drive]); // nothing was created
+
+    site.ok(&[
+        "create",
+        &drive,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        k1,
+    ]);
+    let data_key = site.ok(&["key", "dump", &drive, "--key-file", k1]);
+    let etag_before = etag(&guard, "k.vhd");
+
+    site.ok(&[
+        "key",
+        "add",
+        &drive,
+        "--key-file",
+        k1,
+        "--new-passphrase-file",
+        pass,
+    ]);
+    assert_eq!(
+        site.ok(&["key", "dump", &drive, "--passphrase-file", pass]),
+        data_key
+    );
+    site.ok(&[
+        "key",
+        "change",
+        &drive,
+        "--passphrase-file",
+        pass,
+        "--new-key-file",
+        k2,
+    ]);
+    assert_eq!(
+        site.ok(&["key", "dump", &drive, "--key-file", k2]),
+        data_key
+    );
+    let e = site.fails(&["key", "dump", &drive, "--passphrase-file", pass]);
+    assert!(e.contains("no passphrase slot"), "{e}");
+    site.ok(&["key", "remove", &drive, "--key-file", k1]);
+    let e = site.fails(&["key", "dump", &drive, "--key-file", k1]);
+    assert!(e.contains("does not open"), "{e}");
+    let e = site.fails(&["key", "remove", &drive, "--key-file", k2]);
+    assert!(e.contains("last key slot"), "{e}");
+    assert_eq!(
+        site.ok(&["key", "dump", &drive, "--key-file", k2]),
+        data_key
+    );
+    assert_ne!(etag(&guard, "k.vhd"), None);
+    let _ = etag_before;
+
+    // A tampered slot: one line, before anything is opened.
+    let path = guard.path("k.vhd");
+    let mut md = rt
+        .block_on(guard.client.get_properties(&path))
+        .unwrap()
+        .metadata;
+    let slot = md
+        .keys()
+        .find(|k| k.starts_with("blobdrivekey"))
+        .unwrap()
+        .clone();
+    let v = md[&slot].replace("wrapped=", "wrapped=AAAA");
+    md.insert(slot, v);
+    let pairs: Vec<(String, String)> = md.into_iter().collect();
+    rt.block_on(guard.client.set_metadata(&path, &pairs, None))
+        .unwrap();
+    let e = site.fails(&["key", "dump", &drive, "--key-file", k2]);
+    assert!(e.contains("malformed"), "{e}");
+}
+
+#[test]
+fn upload_encrypt_of_a_plain_image_decrypts_with_an_independent_aes_xts() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("cryptup"));
+    let site = Site::new();
+    let drive = format!("{}/up.vhd", guard.name);
+    let key = site.path("key");
+    write_key(&key, 7);
+    let key_s = key.to_str().unwrap();
+    // A 16 MiB raw image: the marker in a few places, zeros elsewhere.
+    let mut image = vec![0u8; 16 << 20];
+    for at in [0usize, 4096, 5 << 20, (16 << 20) - 4096] {
+        image[at..at + MARKER.len()].copy_from_slice(MARKER.as_bytes());
+    }
+    let img = site.path("plain.img");
+    std::fs::write(&img, &image).unwrap();
+    let img_s = img.to_str().unwrap();
+
+    let e = site.fails(&[
+        "upload",
+        img_s,
+        &drive,
+        "--resume",
+        "--encrypt",
+        "--key-file",
+        key_s,
+    ]);
+    assert!(e.contains("--resume"), "{e}");
+    site.ok(&["upload", img_s, &drive, "--encrypt", "--key-file", key_s]);
+
+    let hex = site.ok(&["key", "dump", &drive, "--key-file", key_s]);
+    let py = site.path("py.img");
+    let verdict = common::python(
+        PY_DECRYPT,
+        &[&guard.name, "up.vhd", py.to_str().unwrap(), &hex],
+    );
+    assert_eq!(verdict, "clean");
+    assert!(
+        std::fs::read(&py).unwrap() == image,
+        "Python's decryption is the image"
+    );
+    let back = site.path("back.img");
+    site.ok(&[
+        "download",
+        &drive,
+        back.to_str().unwrap(),
+        "--raw",
+        "--decrypt",
+        "--key-file",
+        key_s,
+    ]);
+    assert!(
+        std::fs::read(&back).unwrap() == image,
+        "download --decrypt is the image"
+    );
+}
