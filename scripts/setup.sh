@@ -3,7 +3,7 @@
 # the kernel-side tools (fuse3, util-linux, e2fsprogs, xfsprogs, and fdisk's
 # sfdisk for --partition-table), npm for Azurite, and for tests also dosfstools
 # and cryptsetup-bin (partitioned test images), fio, qemu-utils (and Debian 12's
-# qemu-img 7.2, unpacked into .tools/), iproute2, tar, the Python
+# qemu-img 7.2, unpacked into .tools/), iproute2, tar, man-db, zsh, promtool, the Python
 # azure-storage-blob SDK and rustfmt/clippy. Used by scripts/test.sh and scripts/demo.sh.
 #
 #   scripts/setup.sh          everything the tests need
@@ -24,7 +24,7 @@ say() { echo "setup.sh: $*" >&2; }
 tools=(fusermount3:fuse3 losetup:util-linux nsenter:util-linux mkfs.ext4:e2fsprogs
   e2fsck:e2fsprogs mkfs.xfs:xfsprogs xfs_repair:xfsprogs ip:iproute2 tar:tar
   sfdisk:fdisk mkfs.vfat:dosfstools cryptsetup:cryptsetup-bin
-  fio:fio qemu-img:qemu-utils npm:npm)
+  fio:fio qemu-img:qemu-utils npm:npm man:man-db zsh:zsh)
 
 have_tool() {
   PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null
@@ -63,6 +63,24 @@ install_python_sdk() {
   say "installing the Python azure-storage-blob SDK and cryptography (AES-XTS for the encryption tests)"
   python3 -m pip install --quiet azure-storage-blob cryptography 2>/dev/null ||
     python3 -m pip install --quiet --break-system-packages azure-storage-blob cryptography
+}
+
+# promtool (tests check the metrics text with it) comes from Debian's
+# prometheus package, which would also install and start a whole Prometheus
+# server: take only the promtool binary out of the package instead.
+install_promtool() {
+  have_tool promtool && return 0
+  command -v apt-get >/dev/null || { say "install promtool (Prometheus) yourself"; exit 1; }
+  say "installing promtool from the prometheus package"
+  local tmp
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1) || {
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    (cd "$tmp" && apt-get download prometheus >/dev/null)
+  }
+  dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -O ./usr/bin/promtool >"$tmp/promtool"
+  as_root install -m 0755 "$tmp/promtool" /usr/local/bin/promtool
+  rm -rf "$tmp"
 }
 
 install_rust_components() {
@@ -130,6 +148,7 @@ if [ "${1:-}" = "--run" ]; then
   exit 0
 fi
 install_system_packages
+install_promtool
 install_python_sdk
 install_rust_components
 fetch_old_qemu

@@ -3,8 +3,9 @@
 //! Layers, each knowing only those below: `cli` → `lifecycle` (resize, copy,
 //! restore, diff) → `daemon` → `fs` → `drive` → `blob`, with `vhd` (the VHD formats), `partition` (partition tables and
 //! superblocks, read before an attach), `attach` (loop devices and
-//! filesystems), `transfer` (upload, download), `recovery` (recovery files)
-//! and `units` (page arithmetic) beside them. ARCHITECTURE.md at the top of the
+//! filesystems), `transfer` (upload, download), `recovery` (recovery files),
+//! `metrics` (latency histograms and event counts for Prometheus, fed by every
+//! layer) and `units` (page arithmetic) beside them. ARCHITECTURE.md at the top of the
 //! repository describes them and the life of a request; docs/ holds the facts
 //! the code relies on, with their sources.
 
@@ -16,6 +17,7 @@ pub mod daemon;
 pub mod drive;
 pub mod fs;
 pub mod lifecycle;
+pub mod metrics;
 pub mod partition;
 pub mod recovery;
 pub mod transfer;

@@ -1188,9 +1188,11 @@ fn keys_and_sas_signatures_never_reach_logs_or_errors() {
     });
     let log = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
     assert!(
-        log.contains("op=\"get properties\""),
+        log.contains("operation=\"get properties\""),
         "debug logging is on: {log}"
     );
+    // Each answered request's line names the service's request id.
+    assert!(log.contains("request_id="), "{log}");
     assert!(log.contains("retrying"), "{log}");
     for e in &errors {
         let text = format!("{e} {e:?}");

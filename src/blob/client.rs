@@ -352,7 +352,7 @@ impl BlobClient {
             // revoked token): drop it and try once more with a fresh one.
             if let (Err(f), Some(used), Some(cache)) = (&outcome, &bearer, &self.inner.tokens) {
                 if !token_renewed && f.error.is_stale_token() {
-                    debug!(op = req.op, target = %target, code = ?f.error.code(), "access token refused; fetching a new one");
+                    debug!(operation = req.op, target = %target, code = ?f.error.code(), "access token refused; fetching a new one");
                     cache.invalidate(used);
                     token_renewed = true;
                     attempt -= 1;
@@ -365,7 +365,7 @@ impl BlobClient {
                 if f.error.code() == Some("SequenceNumberConditionNotMet") && fence_refusals < 3 {
                     fence_refusals += 1;
                     let raised = fence.refused(seq);
-                    debug!(op = req.op, target = %target, seq, raised, "write refused by the sequence-number fence; sending again");
+                    debug!(operation = req.op, target = %target, seq, raised, "write refused by the sequence-number fence; sending again");
                     attempt -= 1;
                     continue;
                 }
@@ -393,8 +393,9 @@ impl BlobClient {
                 }
                 return (Err(err), attempt);
             }
-            debug!(op = req.op, target = %target, attempt, delay_ms = delay.as_millis() as u64, error = %err, "retrying");
+            debug!(operation = req.op, target = %target, attempt, delay_ms = delay.as_millis() as u64, error = %err, "retrying");
             self.inner.retries.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::count_retry(&target, err.status, err.code.as_deref());
             tokio::time::sleep(delay).await;
         }
     }
@@ -525,7 +526,7 @@ impl BlobClient {
                 // failure may have reached the service.
                 let may_have_landed = !e.is_connect();
                 let error = self.transport(req.op, target, e);
-                debug!(method = %req.method, op = req.op, target, error = %error.message, "request failed");
+                debug!(method = %req.method, operation = req.op, target, error = %error.message, "request failed");
                 return Err(Failed {
                     error,
                     short_body: false,
@@ -539,16 +540,20 @@ impl BlobClient {
             Ok(b) => b,
             Err(e) => {
                 let err = self.transport(req.op, target, e);
-                debug!(method = %req.method, op = req.op, target, status, error = %err.message, "body read failed");
+                debug!(method = %req.method, operation = req.op, target, status, error = %err.message, "body read failed");
                 // The status came: the service decided the request.
                 return Err(Failed::answered(err));
             }
         };
+        // The service's id of the request (`x-ms-request-id`), which Azure
+        // support asks for; absent from answers that did not come from it.
+        let request_id = headers.get("x-ms-request-id").and_then(|v| v.to_str().ok());
         debug!(
             method = %req.method,
-            op = req.op,
+            operation = req.op,
             target,
             status,
+            request_id,
             bytes_out = req.body.len(),
             bytes_in = body.len(),
             ms = started.elapsed().as_millis() as u64,

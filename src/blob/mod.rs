@@ -14,6 +14,7 @@ pub mod error;
 pub mod fence;
 mod lease;
 pub mod path;
+pub mod probe;
 pub mod retry;
 pub mod token;
 pub mod types;

@@ -15,16 +15,21 @@ use crate::blob;
 
 pub mod break_lease;
 pub mod cache;
+pub mod completions;
 pub mod copy;
 pub mod create;
 pub mod delete;
 pub mod diff;
+pub mod doctor;
 pub mod download;
 pub mod drives;
 pub mod info;
+pub mod journal;
 pub mod key;
 pub mod layout;
 pub mod list;
+pub mod man;
+pub mod manpages;
 pub mod mount;
 pub mod mount_helper;
 pub mod output;
@@ -125,6 +130,12 @@ pub enum Command {
     Restore(restore::RestoreArgs),
     /// Ranges written and cleared between two states of a drive.
     Diff(diff::DiffArgs),
+    /// Check whether a mount can work on this host, and what to fix.
+    Doctor(doctor::DoctorArgs),
+    /// Print a shell completion script (bash, zsh, fish).
+    Completions(completions::CompletionsArgs),
+    /// Write the manual pages into a directory.
+    Man(man::ManArgs),
     /// Key slots of an encrypted drive: add, change, remove, dump.
     Key(key::KeyArgs),
 }
@@ -150,6 +161,9 @@ impl Command {
             Command::Copy(_) => "copy",
             Command::Restore(_) => "restore",
             Command::Diff(_) => "diff",
+            Command::Doctor(_) => "doctor",
+            Command::Completions(_) => "completions",
+            Command::Man(_) => "man",
             Command::Key(_) => "key",
         }
     }
@@ -229,7 +243,7 @@ where
         Ok(cli) => cli,
         Err(err) => return report_clap_error(&err),
     };
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, journal::drive_of(&cli.command).as_deref());
     let ctx = Context {
         connection_string: cli.connection_string.clone(),
         account_options: blob::AccountOptions {
@@ -258,6 +272,9 @@ where
         Command::Copy(a) => copy::run(&ctx, a),
         Command::Restore(a) => restore::run(&ctx, a),
         Command::Diff(a) => diff::run(&ctx, a),
+        Command::Doctor(a) => doctor::run(&ctx, a),
+        Command::Completions(a) => completions::run(&ctx, a),
+        Command::Man(a) => man::run(&ctx, a),
         Command::Key(a) => key::run(&ctx, a),
     };
     match result {
@@ -341,9 +358,12 @@ fn print_error_line(message: &str) {
     let _ = writeln!(std::io::stderr(), "blobdrive: {one_line}");
 }
 
-/// Logs go to stderr: warnings by default, more with each `-v`; `RUST_LOG`
-/// overrides. Calling it twice (tests) keeps the first setup.
-fn init_logging(verbose: u8) {
+/// Logs go to stderr (or to the journal under systemd, see [`journal`]):
+/// warnings by default, more with each `-v`; `RUST_LOG` overrides. Calling
+/// it twice (tests) keeps the first setup.
+fn init_logging(verbose: u8, drive: Option<&str>) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::EnvFilter;
     // rustls-platform-verifier logs a refused certificate as an ERROR of its
     // own (the command's error line already says it, and what to do); fuser
@@ -356,6 +376,13 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    if let Some(journal) = journal::layer(drive) {
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(journal)
+            .try_init();
+        return;
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

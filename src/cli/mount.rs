@@ -11,7 +11,7 @@ use clap::Args;
 
 use super::{values, CmdResult, CodedError, Context};
 use crate::blob::{self, BlobClient, BlobPath, BlobType, LeaseState};
-use crate::daemon::{run_mount, AttachOptions, MountOptions, PartitionArea};
+use crate::daemon::{run_mount, AttachOptions, MetricsOptions, MountOptions, PartitionArea};
 use crate::drive::disk_cache::DEFAULT_CACHE_DIR;
 use crate::drive::{DiskCacheOptions, DriveOptions};
 
@@ -79,6 +79,17 @@ pub struct MountArgs {
     /// holding a filesystem, else the largest Linux one; it says which).
     #[arg(long, value_name = "N|auto")]
     pub partition: Option<Selector>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (a bare PORT
+    /// means 127.0.0.1; default: off).
+    #[arg(long, value_name = "[ADDR:]PORT")]
+    pub metrics_listen: Option<String>,
+    /// Let --metrics-listen bind an address other than loopback.
+    #[arg(long, requires = "metrics_listen")]
+    pub metrics_allow_remote: bool,
+    /// Write the metrics every 15 s to DIR/blobdrive_<key>.prom for
+    /// node_exporter's textfile collector (removed at unmount).
+    #[arg(long, value_name = "DIR")]
+    pub metrics_textfile: Option<PathBuf>,
     /// The key of an encrypted drive (a passphrase is asked for on a
     /// terminal when neither flag is given).
     #[command(flatten)]
@@ -104,6 +115,35 @@ impl MountArgs {
         }
     }
 
+    /// Where the metrics go; a bad or non-loopback `--metrics-listen` is a
+    /// usage error.
+    pub fn metrics_options(&self) -> anyhow::Result<MetricsOptions> {
+        let listen = match &self.metrics_listen {
+            Some(v) => Some(
+                crate::metrics::export::parse_listen(v, self.metrics_allow_remote)
+                    .map_err(|e| CodedError::usage(format!("{e:#}")))?,
+            ),
+            None => None,
+        };
+        if let Some(dir) = &self.metrics_textfile {
+            if !dir.is_dir() {
+                return Err(CodedError::usage(format!(
+                    "--metrics-textfile {} is not a directory (node_exporter's \
+                     --collector.textfile.directory)",
+                    dir.display()
+                ))
+                .into());
+            }
+        }
+        Ok(MetricsOptions {
+            listen,
+            textfile_dir: self
+                .metrics_textfile
+                .as_ref()
+                .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone())),
+        })
+    }
+
     /// The source (`C/B`, `C`, or none for the account) and the mount point.
     pub fn source_and_dir(&self) -> (Option<&str>, PathBuf) {
         match self.operands.as_slice() {
@@ -117,6 +157,8 @@ impl MountArgs {
 
 /// Run `mount`.
 pub fn run(ctx: &Context, args: &MountArgs) -> CmdResult {
+    // Usage errors first, before any request or privilege check.
+    args.metrics_options()?;
     let (source, dir) = args.source_and_dir();
     match source {
         Some(s) if s.contains('/') => mount_drive(ctx, s, &dir, args),
@@ -188,6 +230,7 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
             fs_options,
             partition,
         }),
+        metrics: args.metrics_options()?,
     };
     let drive_options = args.drive_options();
     // Unlocked here, before the fork: a missing or wrong key fails in the
@@ -391,6 +434,7 @@ fn mount_namespace(
             None => account.name.clone(),
         }),
         attach: None,
+        metrics: args.metrics_options()?,
     };
     let drive_options = args.drive_options();
     let container = container.map(str::to_string);

@@ -4,7 +4,8 @@
 //!
 //! mount(8) calls `mount.blobdrive SOURCE DIR [-sfnv] [-o OPTIONS]`. Options:
 //! - blobdrive's own: `ro`/`rw`, `snapshot=T`, `cache-size=S`, `flush-delay=D`, `break-lease`,
-//!   `log-file=PATH`, `partition=N|auto`, `credentials=PATH` (a file of `AZURE_STORAGE_*=...` lines,
+//!   `log-file=PATH`, `partition=N|auto`, `metrics-listen=[ADDR:]PORT`, `metrics-textfile=DIR`,
+//!   `metrics-allow-remote`, `credentials=PATH` (a file of `AZURE_STORAGE_*=...` lines,
 //!   so no secret sits in fstab);
 //! - fstab and systemd ones, which concern mount(8) or systemd and are ignored
 //!   here: `defaults`, `auto`, `noauto`, `user`, `users`, `nouser`, `owner`,
@@ -117,11 +118,16 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
             ("break-lease" | "break_lease", None) => out.push("--break-lease".into()),
             ("partition", Some(n)) => out.extend(["--partition".into(), n.to_string()]),
             ("log-file" | "log_file", Some(p)) => out.extend(["--log-file".into(), p.to_string()]),
+            ("metrics-listen", Some(a)) => out.extend(["--metrics-listen".into(), a.to_string()]),
+            ("metrics-textfile", Some(d)) => {
+                out.extend(["--metrics-textfile".into(), d.to_string()])
+            }
+            ("metrics-allow-remote", None) => out.push("--metrics-allow-remote".into()),
             ("credentials", Some(p)) => credentials = Some(p.to_string()),
             (
                 "snapshot" | "cache-size" | "cache_size" | "log-file" | "log_file" | "cache-dir"
                 | "cache_dir" | "disk-cache-size" | "disk_cache_size" | "flush-delay"
-                | "flush_delay",
+                | "flush_delay" | "metrics-listen" | "metrics-textfile",
                 None,
             )
             | ("credentials" | "partition", None) => {

@@ -1,5 +1,7 @@
-//! `blobdrive stats DIR [--json]`: live counters of a mount (requests by kind,
-//! bytes, cache hits, pages elided, retries, dirty bytes).
+//! `blobdrive stats DIR [--json|--prometheus]`: live counters of a mount
+//! (requests by kind, bytes, cache hits, pages elided, retries, dirty bytes);
+//! with `--prometheus` also the latency histograms, in the Prometheus text
+//! format.
 
 use std::path::PathBuf;
 
@@ -16,12 +18,20 @@ pub struct StatsArgs {
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
     /// Print JSON for scripts instead of text.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prometheus")]
     pub json: bool,
+    /// Print the counters and latency histograms in the Prometheus text
+    /// format (what --metrics-listen serves).
+    #[arg(long)]
+    pub prometheus: bool,
 }
 
 /// Run `stats`: ask the mount's daemon for its counters and print them.
 pub fn run(_ctx: &Context, args: &StatsArgs) -> CmdResult {
+    if args.prometheus {
+        output::print_text(&crate::daemon::request_metrics(&args.dir)?);
+        return Ok(());
+    }
     let stats = crate::daemon::request_stats(&args.dir)?;
     if args.json {
         output::print_json(&stats);

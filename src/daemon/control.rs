@@ -98,6 +98,9 @@ pub(crate) fn socket_path_of_canonical(canonical: &Path) -> PathBuf {
 pub enum Command {
     /// Counters of all open devices, as JSON.
     Stats,
+    /// The same counters and the latency histograms in the Prometheus text
+    /// format, as one JSON string.
+    Metrics,
     /// Make every write accepted so far durable (`blobdrive snapshot`).
     Flush,
     /// Grow the drive opened read-write to this many bytes (`blobdrive resize`).
@@ -111,6 +114,7 @@ impl Command {
     pub fn parse(line: &str) -> Option<Self> {
         match line.trim() {
             "stats" => Some(Command::Stats),
+            "metrics" => Some(Command::Metrics),
             "flush" => Some(Command::Flush),
             "unmount" => Some(Command::Unmount),
             other => other
@@ -172,6 +176,12 @@ fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyho
 pub fn request_stats(mountpoint: &Path) -> anyhow::Result<serde_json::Value> {
     let line = request(mountpoint, "stats", Some(STATS_TIMEOUT))?;
     serde_json::from_str(&line).with_context(|| format!("bad stats answer: {line}"))
+}
+
+/// The metrics of the mount at `mountpoint` in the Prometheus text format.
+pub fn request_metrics(mountpoint: &Path) -> anyhow::Result<String> {
+    let line = request(mountpoint, "metrics", Some(STATS_TIMEOUT))?;
+    serde_json::from_str(&line).with_context(|| format!("bad metrics answer: {line}"))
 }
 
 /// Asks the daemon of `mountpoint` to make every write accepted so far durable
@@ -273,6 +283,15 @@ fn run_dir_denied(socket: &Path) -> String {
     )
 }
 
+/// The mount's metrics in the Prometheus text format: its devices' counters
+/// and this process's histograms.
+pub(crate) fn metrics_text(core: &crate::fs::FsCore) -> String {
+    let stats = core.stats();
+    let empty = serde_json::Map::new();
+    let devices = stats.as_object().unwrap_or(&empty);
+    crate::metrics::text::render(devices, &crate::metrics::registry().snapshot())
+}
+
 /// Answers control connections until the task is aborted.
 pub(crate) async fn serve(
     listener: tokio::net::UnixListener,
@@ -310,6 +329,9 @@ pub(crate) async fn serve(
                     "devices": core.stats(),
                 })
                 .to_string(),
+                Some(Command::Metrics) => {
+                    serde_json::Value::String(metrics_text(&core)).to_string()
+                }
                 Some(Command::Unmount) => {
                     let request = UnmountRequest { stream: write };
                     if let Err(refused) = unmounts.send(request).await {

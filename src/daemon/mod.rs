@@ -23,6 +23,7 @@
 
 pub mod attach;
 pub mod control;
+mod exporter;
 pub mod format;
 pub mod freeze;
 pub mod mountpoint;
@@ -43,7 +44,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use attach::Attachment;
 pub use attach::{AttachOptions, PartitionArea};
-pub use control::{request_flush, request_stats, request_unmount};
+pub use control::{request_flush, request_metrics, request_stats, request_unmount};
+pub use exporter::MetricsOptions;
 use readiness::{ParentView, Readiness};
 
 use crate::fs::{BlobFs, Catalog, FsConfig, FsCore};
@@ -69,6 +71,8 @@ pub struct MountOptions {
     /// Attach one drive: the mountpoint is where its filesystem goes, and the
     /// FUSE mount is private (the catalog should show just that drive).
     pub attach: Option<AttachOptions>,
+    /// Metrics exporters (`--metrics-listen`, `--metrics-textfile`).
+    pub metrics: MetricsOptions,
 }
 
 /// Mounts the namespace of the catalog that `make_catalog` builds at `mountpoint`
@@ -317,9 +321,16 @@ where
     };
     let catalog = runtime.block_on(make_catalog())?;
     let socket_path = control::socket_path_of_canonical(mountpoint);
-    let listener = {
+    let (listener, metrics_listener) = {
         let _entered = runtime.enter();
-        control::bind(&socket_path)?
+        let listener = control::bind(&socket_path)?;
+        match exporter::bind(&opts.metrics) {
+            Ok(metrics) => (listener, metrics),
+            Err(err) => {
+                let _ = std::fs::remove_file(&socket_path);
+                return Err(err);
+            }
+        }
     };
     let fuse_mountpoint = match &opts.attach {
         None => mountpoint.to_path_buf(),
@@ -389,6 +400,13 @@ where
     }
 
     tracing::info!(mountpoint = %mountpoint.display(), "mounted");
+    let exporters = exporter::Exporters::start(
+        &runtime,
+        metrics_listener,
+        &opts.metrics,
+        core.clone(),
+        mountpoint,
+    );
     ready.ready();
     let result = runtime.block_on(run_until_shutdown(
         core,
@@ -403,6 +421,7 @@ where
         &mut attachment,
     ));
     readiness::notify_systemd("STOPPING=1");
+    exporters.stop();
     if let Some(att) = attachment.as_mut() {
         att.finish();
     }

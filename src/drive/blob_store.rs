@@ -19,6 +19,7 @@ use bytes::Bytes;
 
 use super::store::PageStore;
 use crate::blob::{BlobClient, BlobPath, Error, ErrorKind, Result, WriteFence};
+use crate::metrics;
 use crate::units::ByteRange;
 
 /// First Get Page Ranges segment.
@@ -55,6 +56,12 @@ impl BlobPageStore {
     /// The client (for counters such as `retries`).
     pub fn client(&self) -> &BlobClient {
         &self.client
+    }
+
+    /// The `drive` label of this store's metrics (the blob's name, as the
+    /// drive and the client's retry counts name it).
+    fn label(&self) -> String {
+        self.path.to_string()
     }
 
     fn writable(&self, op: &'static str) -> Result<()> {
@@ -159,7 +166,10 @@ impl PageStore for BlobPageStore {
     }
 
     async fn read(&self, range: ByteRange) -> Result<Bytes> {
-        self.client.get_blob_range(&self.path, range).await
+        let started = std::time::Instant::now();
+        let out = self.client.get_blob_range(&self.path, range).await;
+        metrics::observe(&self.label(), metrics::Operation::Get, started.elapsed());
+        out
     }
 
     async fn write_pages(
@@ -169,9 +179,17 @@ impl PageStore for BlobPageStore {
         lease_id: Option<&str>,
     ) -> Result<()> {
         self.writable("put page")?;
-        self.client
+        let started = std::time::Instant::now();
+        let out = self
+            .client
             .put_pages_fenced(&self.path, offset_bytes, data, lease_id, Some(&self.fence))
-            .await
+            .await;
+        metrics::observe(
+            &self.label(),
+            metrics::Operation::PutPage,
+            started.elapsed(),
+        );
+        out
     }
 
     async fn clear_pages(&self, range: ByteRange, lease_id: Option<&str>) -> Result<()> {

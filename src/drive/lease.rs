@@ -107,6 +107,7 @@ impl Lease {
     /// Record that the service refused our lease; logs loudly the first time.
     pub fn mark_lost(&self, cause: &crate::blob::Error) {
         if !self.lost.swap(true, Ordering::AcqRel) {
+            crate::metrics::count_lease_lost(&self.target);
             tracing::error!(
                 target = %self.target,
                 error = %cause,

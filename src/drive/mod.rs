@@ -301,7 +301,15 @@ impl Drive {
         if self.inner.mode != Mode::ReadWrite {
             return Ok(());
         }
-        self.inner.flush_pass().await
+        let started = std::time::Instant::now();
+        let out = self.inner.flush_pass().await;
+        let elapsed = started.elapsed();
+        crate::metrics::observe(
+            &self.inner.target,
+            crate::metrics::Operation::Fsync,
+            elapsed,
+        );
+        out
     }
 
     /// Flush, stop the background flusher and release the lease. When the

@@ -111,6 +111,7 @@ impl Rescue {
         let result = crate::recovery::save_drive(drive, owner.account(), reason).await;
         match &result {
             Ok(Some(file)) => {
+                crate::metrics::count_recovery_file(drive.target());
                 tracing::error!(
                     drive = %drive.target(),
                     file = %file.display(),
