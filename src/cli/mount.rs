@@ -211,7 +211,7 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
     let account = ctx.account_for(source)?;
     // Read before the fork, so what the drive holds, and which partition was
     // chosen, is said in the user's terminal.
-    let partition = choose_area(&account, &path, selector)?;
+    let partition = choose_area(&account, &path, selector, !read_only)?;
     let drive = EntryPath {
         container: path.container.clone(),
         blob: path.name.clone(),
@@ -295,9 +295,15 @@ fn choose_area(
     account: &crate::blob::Account,
     path: &BlobPath,
     selector: Selector,
+    read_write: bool,
 ) -> anyhow::Result<Option<PartitionArea>> {
     let client = BlobClient::new(account.clone())?;
     let size_bytes = super::drives::block_on_value(drive_size(&client, path))?;
+    if read_write {
+        // Credentials that may not write fail here, as they would at the
+        // lease, before anything is said about what the drive holds.
+        super::drives::block_on_value(require_write(&client, path))?;
+    }
     let base = path.base().to_string();
     let layout = super::layout::read_layout(&client, path, size_bytes)?
         .map_err(|e| anyhow!("drive {path}: {e}; nothing was attached or changed"))?;
@@ -353,6 +359,34 @@ async fn break_stale_lease(client: &BlobClient, path: &BlobPath) -> anyhow::Resu
 
 /// The disk size of drive `path`, after checking it is one (page blob with a
 /// valid fixed VHD footer).
+/// Fails with one line when the credentials may not write `path` (asked
+/// with a probe that changes nothing: `blob::probe::may_write`).
+async fn require_write(client: &BlobClient, path: &BlobPath) -> anyhow::Result<()> {
+    let blob_bytes = client
+        .get_properties(path)
+        .await
+        .map_err(|e| not_found_or(e, path))?
+        .content_length;
+    let allowed = blob::probe::may_write(client, path, blob_bytes)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    if allowed {
+        return Ok(());
+    }
+    let name = &client.account().name;
+    Err(match client.account().credential {
+        blob::Credential::Sas(_) => anyhow!(
+            "the SAS token for account '{name}' does not allow this operation (writing \
+             {path}): a read-write mount needs write permission; with a read-only SAS, \
+             mount with --read-only"
+        ),
+        _ => anyhow!(
+            "the credentials for account '{name}' may not write {path}: a read-write mount \
+             needs write permission; mount it with --read-only"
+        ),
+    })
+}
+
 async fn drive_size(client: &BlobClient, path: &BlobPath) -> anyhow::Result<u64> {
     let props = client
         .get_properties(path)

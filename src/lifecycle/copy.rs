@@ -124,7 +124,8 @@ async fn copy_pages(
 ) -> crate::blob::Result<()> {
     use crate::drive::{BlobPageStore, PageStore};
     use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES};
-    let size = client.get_properties(source).await?.content_length;
+    let props = client.get_properties(source).await?;
+    let size = props.content_length;
     let ranges = BlobPageStore::new(client.clone(), source.clone())
         .page_ranges(ByteRange::new(0, size))
         .await?;
@@ -139,7 +140,10 @@ async fn copy_pages(
             at = end;
         }
     }
-    Ok(())
+    // As Copy Blob does: the metadata travels too (an encrypted drive's key
+    // slots live there).
+    let metadata: Vec<(String, String)> = props.metadata.into_iter().collect();
+    client.set_metadata(dest, &metadata, lease_id).await
 }
 
 /// Copies `source` into the new drive `dest` on the service's side.

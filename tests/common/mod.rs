@@ -5,6 +5,7 @@
 
 pub mod fault_proxy;
 pub mod https_azurite;
+pub mod private_azurite;
 pub mod qemu;
 pub mod token_server;
 
@@ -95,6 +96,14 @@ impl ContainerGuard {
     /// Create a fresh container with `prefix`.
     pub async fn new(prefix: &str) -> ContainerGuard {
         let client = client().await;
+        let name = fresh_container(&client, prefix).await;
+        ContainerGuard { client, name }
+    }
+
+    /// Create a fresh container with `prefix` in `account`.
+    pub async fn new_in(account: &Account, prefix: &str) -> ContainerGuard {
+        let _ = client().await; // sets up test logging
+        let client = BlobClient::new(account.clone()).expect("client builds");
         let name = fresh_container(&client, prefix).await;
         ContainerGuard { client, name }
     }
