@@ -16,7 +16,6 @@ use blobdrive::blob::Account;
 pub struct PrivateAzurite {
     child: Child,
     port: u16,
-    _dir: tempfile::TempDir,
 }
 
 /// `$BLOBDRIVE_AZURITE_BIN`, else the pinned Azurite that
@@ -42,7 +41,7 @@ impl PrivateAzurite {
             .local_addr()
             .ok()?
             .port();
-        let dir = tempfile::tempdir().ok()?;
+        // In memory (Azurite refuses --location with it): nothing on disk.
         let child = Command::new(bin)
             .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
             .args([
@@ -51,25 +50,24 @@ impl PrivateAzurite {
                 "--silent",
                 "--inMemoryPersistence",
             ])
-            .arg("--location")
-            .arg(dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .ok()?;
-        let me = PrivateAzurite {
-            child,
-            port,
-            _dir: dir,
-        };
+        let mut me = PrivateAzurite { child, port };
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if started.elapsed() > Duration::from_secs(30) {
+            // Exited (a bad flag, a taken port) or too slow: use the shared one.
+            if me.child.try_wait().ok().flatten().is_some()
+                || started.elapsed() > Duration::from_secs(30)
+            {
+                println!("private Azurite did not start; using the shared one");
                 return None;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        println!("private Azurite on 127.0.0.1:{port}");
         Some(me)
     }
 
