@@ -19,7 +19,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use blobdrive::blob::{BlobClient, BlobPath, LeaseState};
+use blobdrive::blob::{Account, BlobClient, BlobPath, LeaseState};
 use blobdrive::units::ByteRange;
 use blobdrive::vhd::Footer;
 use common::{make_drive, ContainerGuard};
@@ -80,7 +80,7 @@ fn file_sha256(path: &Path) -> String {
 }
 
 /// SHA-256 of bytes `0..len` of a blob, read by the Azure Python SDK.
-fn python_blob_sha256(container: &str, blob: &str, len: u64) -> String {
+fn python_blob_sha256(account: &Account, container: &str, blob: &str, len: u64) -> String {
     let script = r#"
 import hashlib, os, sys
 from azure.storage.blob import BlobServiceClient
@@ -96,7 +96,11 @@ for off in range(0, length, step):
     h.update(data)
 print(h.hexdigest())
 "#;
-    common::python(script, &[container, blob, &len.to_string()])
+    common::python_with(
+        &account.connection_string(),
+        script,
+        &[container, blob, &len.to_string()],
+    )
 }
 
 /// Wall-clock time of each step of a test, for the TIMING lines.
@@ -215,7 +219,7 @@ fn ext4_on_a_drive_file_survives_unmount_and_remount_byte_for_byte() {
 
     // The blob, read by an independent client, is the disk image, and its
     // footer is still a valid fixed VHD footer.
-    let by_sdk = python_blob_sha256(&guard.name, "disks/d.vhd", size);
+    let by_sdk = python_blob_sha256(&common::account(), &guard.name, "disks/d.vhd", size);
     let footer = rt
         .block_on(
             guard
@@ -593,7 +597,7 @@ fn writing_2_gib_with_a_64_mib_cache_stays_within_the_bound() {
     );
     let expect = format!("{:x}", hasher.finalize());
     assert_eq!(
-        python_blob_sha256(&guard.name, "big.vhd", total),
+        python_blob_sha256(&account, &guard.name, "big.vhd", total),
         expect,
         "the blob holds what was written"
     );

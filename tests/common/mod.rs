@@ -158,11 +158,17 @@ pub async fn make_drive(client: &BlobClient, path: &BlobPath, size_bytes: u64) {
 /// connection string in `CS`, for the official `azure-storage-blob` SDK as
 /// an independent client; returns its trimmed stdout.
 pub fn python(script: &str, args: &[&str]) -> String {
+    python_with(&connection_string(), script, args)
+}
+
+/// [`python`] against the account of `connection_string` (a private
+/// emulator, say) instead of the shared one.
+pub fn python_with(connection_string: &str, script: &str, args: &[&str]) -> String {
     let out = std::process::Command::new("python3")
         .arg("-c")
         .arg(script)
         .args(args)
-        .env("CS", connection_string())
+        .env("CS", connection_string)
         .output()
         .expect("python3 runs (the azure-storage-blob SDK is required for this test)");
     assert!(
