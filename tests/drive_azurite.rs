@@ -257,7 +257,7 @@ async fn concurrent_tasks_on_azurite_match_the_model_and_the_sdk_sees_them() {
         .unwrap_or_else(|| rand::rng().random());
     println!("seed {seed} (BLOBDRIVE_DRIVE_SEED reproduces it)");
     let opts = DriveOptions {
-        max_dirty_bytes: MIB,
+        max_dirty_bytes: Some(MIB),
         flush_delay: std::time::Duration::from_millis(5),
         ..options(Mode::ReadWrite, 2 * MIB)
     };

@@ -867,3 +867,122 @@ fn unmount_after_the_daemon_was_killed_removes_the_dead_mount() {
     );
     again.unmount();
 }
+
+/// The bytes of scattered block `i` and where it goes: every other chunk
+/// (256 KiB), at a different 4 KiB block in each, so no two writes are
+/// adjacent and none can share a Put Page. Shared by the writer and the
+/// checker below.
+const PY_BLOCKS: &str = r#"
+import hashlib
+def block(i):
+    return hashlib.sha256(b"%d" % i).digest() * 128
+def offset(i):
+    return 2 * i * 262144 + (i * 37 % 64) * 4096
+"#;
+
+/// Writes blocks `0..argv[2]` into the file `argv[1]`, says `written`, waits
+/// for a line, fsyncs, says `synced`, waits for a line, closes. The test
+/// reads the daemon's stats in between: from a process of its own, since a
+/// process that forks while holding the file open closes a copy of it in
+/// the child, and FUSE turns every close into a flush.
+const PY_SCATTER_WRITER: &str = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY)
+for i in range(int(sys.argv[2])):
+    os.pwrite(fd, block(i), offset(i))
+print("written", flush=True)
+sys.stdin.readline()
+os.fsync(fd)
+print("synced", flush=True)
+sys.stdin.readline()
+os.close(fd)
+"#;
+
+/// Checks, with the official SDK, that the data area of blob `argv[2]`
+/// (`argv[4]` bytes) holds data exactly at blocks `0..argv[3]`, and that
+/// every 16th holds its bytes.
+const PY_CHECK_BLOCKS: &str = r#"
+import os, sys
+from azure.storage.blob import BlobServiceClient
+svc = BlobServiceClient.from_connection_string(os.environ["CS"])
+blob = svc.get_blob_client(sys.argv[1], sys.argv[2])
+n, size = int(sys.argv[3]), int(sys.argv[4])
+ranges, _ = blob.get_page_ranges()
+got = sorted((r["start"], r["end"] + 1 - r["start"]) for r in ranges if r["start"] < size)
+expect = sorted((offset(i), 4096) for i in range(n))
+assert got == expect, ("page ranges differ", len(got), len(expect), got[:4], expect[:4])
+# Every 16th block's bytes (each download costs the SDK tens of ms).
+for i in range(0, n, 16):
+    data = blob.download_blob(offset=offset(i), length=4096).readall()
+    assert data == block(i), i
+print(n)
+"#;
+
+/// Scattered 4 KiB writes (a database's, a journal's) are absorbed by the
+/// cache: 2,048 of them, each in a chunk of its own, make no Put Page until
+/// fsync (the old budget, counted in pinned 256 KiB chunks, held 256), and
+/// fsync sends exactly one Put Page each. An independent client then finds
+/// exactly those blocks in the blob, each with its bytes.
+#[test]
+fn scattered_4_kib_writes_are_absorbed_and_fsync_sends_one_put_page_each() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    if !can_run(
+        "scattered_4_kib_writes_are_absorbed_and_fsync_sends_one_put_page_each",
+        false,
+    ) {
+        return;
+    }
+    const WRITES: u64 = 2048;
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("e2e-scatter"));
+    let path = guard.path("d.vhd");
+    let size = 1024 * MIB;
+    rt.block_on(make_drive(&guard.client, &path, size));
+    let sandbox = Sandbox::new(common::connection_string());
+    // No background flush during the test: only fsync sends.
+    let mount = sandbox.mount("ns", Some(&guard.name), &["--flush-delay", "1h"]);
+    let mut writer = Command::new("python3")
+        .arg("-c")
+        .arg(format!("{PY_BLOCKS}{PY_SCATTER_WRITER}"))
+        .arg(mount.path("d.vhd"))
+        .arg(WRITES.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut said = BufReader::new(writer.stdout.take().expect("piped stdout")).lines();
+    let mut tell = writer.stdin.take().expect("piped stdin");
+    let mut next = |expect: &str| {
+        let line = said.next().and_then(|l| l.ok()).unwrap_or_default();
+        assert_eq!(line, expect, "the writer stopped early");
+    };
+    next("written");
+    let key = format!("{}/d.vhd", guard.name);
+    let before = sandbox.stats(&mount.dir);
+    let device = &before["devices"][&key];
+    assert_eq!(
+        device["put_page"].as_u64(),
+        Some(0),
+        "writes were sent before fsync: {before}"
+    );
+    assert_eq!(
+        device["dirty_bytes"].as_u64(),
+        Some(WRITES * 4096),
+        "{before}"
+    );
+    writeln!(tell, "fsync").expect("tell the writer");
+    next("synced");
+    let after = sandbox.stats(&mount.dir);
+    let device = &after["devices"][&key];
+    assert_eq!(device["put_page"].as_u64(), Some(WRITES), "{after}");
+    assert_eq!(device["dirty_bytes"].as_u64(), Some(0), "{after}");
+    writeln!(tell, "close").expect("tell the writer");
+    assert!(writer.wait().expect("wait for the writer").success());
+    mount.unmount();
+    let checked = common::python(
+        &format!("{PY_BLOCKS}{PY_CHECK_BLOCKS}"),
+        &[&guard.name, "d.vhd", &WRITES.to_string(), &size.to_string()],
+    );
+    assert_eq!(checked, WRITES.to_string());
+}

@@ -41,7 +41,7 @@ async fn open(client: &BlobClient, path: &BlobPath, flush_delay: Duration) -> Dr
             // Room for 256 scattered writes (a 256 KiB chunk each) without
             // a writer having to flush.
             cache_bytes: 256 * MIB,
-            max_dirty_bytes: 128 * MIB,
+            max_dirty_bytes: Some(128 * MIB),
             flush_delay,
             target: path.to_string(),
             ..DriveOptions::default()

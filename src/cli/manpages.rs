@@ -323,6 +323,11 @@ fn mount_helper_page() -> String {
                 Item::Term("ro, rw", "Attach read-only (no lease) or read-write (the default)."),
                 Item::Term("snapshot=TIME", "Attach a snapshot (always read-only)."),
                 Item::Term("cache-size=SIZE", "Memory for the drive's page cache (default 512M)."),
+                Item::Term(
+                    "max-dirty=SIZE",
+                    "Memory written data may hold before writers wait for room \
+                     (default a quarter of cache-size).",
+                ),
                 Item::Term("cache-dir=DIR, disk-cache-size=SIZE", "Turn the local disk tier on."),
                 Item::Term(
                     "flush-delay=DURATION",

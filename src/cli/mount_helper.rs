@@ -3,7 +3,7 @@
 //! name (a symlink installed by `scripts/install.sh`).
 //!
 //! mount(8) calls `mount.blobdrive SOURCE DIR [-sfnv] [-o OPTIONS]`. Options:
-//! - blobdrive's own: `ro`/`rw`, `snapshot=T`, `cache-size=S`, `flush-delay=D`, `break-lease`,
+//! - blobdrive's own: `ro`/`rw`, `snapshot=T`, `cache-size=S`, `max-dirty=S`, `flush-delay=D`, `break-lease`,
 //!   `log-file=PATH`, `partition=N|auto`, `metrics-listen=[ADDR:]PORT`, `metrics-textfile=DIR`,
 //!   `metrics-allow-remote`, `credentials=PATH` (a file of `AZURE_STORAGE_*=...` lines,
 //!   so no secret sits in fstab);
@@ -106,6 +106,9 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
             ("cache-size" | "cache_size", Some(s)) => {
                 out.extend(["--cache-size".into(), s.to_string()])
             }
+            ("max-dirty" | "max_dirty", Some(s)) => {
+                out.extend(["--max-dirty".into(), s.to_string()])
+            }
             ("cache-dir" | "cache_dir", Some(d)) => {
                 out.extend(["--cache-dir".into(), d.to_string()])
             }
@@ -125,9 +128,9 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
             ("metrics-allow-remote", None) => out.push("--metrics-allow-remote".into()),
             ("credentials", Some(p)) => credentials = Some(p.to_string()),
             (
-                "snapshot" | "cache-size" | "cache_size" | "log-file" | "log_file" | "cache-dir"
-                | "cache_dir" | "disk-cache-size" | "disk_cache_size" | "flush-delay"
-                | "flush_delay" | "metrics-listen" | "metrics-textfile",
+                "snapshot" | "cache-size" | "cache_size" | "max-dirty" | "max_dirty" | "log-file"
+                | "log_file" | "cache-dir" | "cache_dir" | "disk-cache-size" | "disk_cache_size"
+                | "flush-delay" | "flush_delay" | "metrics-listen" | "metrics-textfile",
                 None,
             )
             | ("credentials" | "partition", None) => {

@@ -1,23 +1,94 @@
 //! The page cache's chunk table: which chunks are in memory, LRU order,
-//! pinning, and the drive-wide dirty index.
+//! pinning, the memory bound, and the drive-wide dirty index.
 //!
-//! Invariants: at most `max_chunks` chunks are in memory, so cache memory never
-//! exceeds the configured bound; a chunk is evicted only when it is clean and
-//! unpinned (no [`ChunkRef`] outside the table). A caller obtains all the chunks
-//! it needs for one step at once, so no one holds some chunks while waiting for
-//! room for more (no deadlock). Lock order: a chunk's mutex before the dirty
-//! index; the table's mutex only ever `try_lock`s a chunk.
+//! Memory is counted in the chunks' 4 KiB blocks plus a fixed cost per chunk
+//! (`chunk.rs` says why). Pinning reserves the blocks an operation will
+//! touch before anything is allocated: `try_pin_all` is told the pages the
+//! caller works on, counts the blocks missing there (from each chunk's
+//! allocation mask, readable without its lock), evicts clean unpinned chunks
+//! until they fit, and allocates them. So the bound holds with any number of
+//! operations at once, and a chunk that holds a few scattered pages costs a
+//! few blocks, not 256 KiB.
+//!
+//! Invariants: the blocks in use plus the blocks reserved plus the chunks'
+//! fixed cost never exceed the bound (but for the zero pages of a failed
+//! clear, allocated without a reservation); a chunk is evicted only when it
+//! is clean and unpinned (no [`ChunkRef`] outside the table). A caller
+//! obtains all the chunks it needs for one step at once, so no one holds
+//! some chunks while waiting for room for more (no deadlock). Lock order: a
+//! chunk's mutex before the dirty index; the table's mutex only ever
+//! `try_lock`s a chunk.
 
 use std::collections::BTreeSet;
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use lru::LruCache;
 use tokio::sync::Notify;
 
-use super::chunk::{BufferPool, Chunk, DirtyDelta, CHUNK_BYTES};
+use super::chunk::{
+    block_mask, BlockPool, Chunk, DirtyDelta, BLOCK_BYTES, CHUNK_BYTES, CHUNK_OVERHEAD_BYTES,
+};
+use super::extents::PageRange;
 
-type Cell = Mutex<Chunk>;
+/// A chunk and a copy of its allocation mask that the table reads without
+/// taking the chunk's lock (updated whenever the lock is released; a stale
+/// copy only ever shows fewer blocks, so estimates from it err on the safe
+/// side).
+pub(crate) struct Cell {
+    alloc: AtomicU64,
+    chunk: Mutex<Chunk>,
+}
+
+impl Cell {
+    fn new(chunk: Chunk) -> Self {
+        Cell {
+            alloc: AtomicU64::new(chunk.allocated()),
+            chunk: Mutex::new(chunk),
+        }
+    }
+
+    fn lock(&self) -> ChunkGuard<'_> {
+        ChunkGuard {
+            guard: self
+                .chunk
+                .lock()
+                .expect("chunk mutex poisoned: a panic happened while a chunk was locked"),
+            alloc: &self.alloc,
+        }
+    }
+
+    /// Bytes the chunk costs now, as the bound counts them.
+    fn bytes(&self) -> u64 {
+        CHUNK_OVERHEAD_BYTES + self.alloc.load(Ordering::Acquire).count_ones() as u64 * BLOCK_BYTES
+    }
+}
+
+/// A locked chunk. Releasing it publishes the chunk's allocation mask.
+pub(crate) struct ChunkGuard<'a> {
+    guard: MutexGuard<'a, Chunk>,
+    alloc: &'a AtomicU64,
+}
+
+impl Deref for ChunkGuard<'_> {
+    type Target = Chunk;
+    fn deref(&self) -> &Chunk {
+        &self.guard
+    }
+}
+
+impl DerefMut for ChunkGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Chunk {
+        &mut self.guard
+    }
+}
+
+impl Drop for ChunkGuard<'_> {
+    fn drop(&mut self) {
+        self.alloc.store(self.guard.allocated(), Ordering::Release);
+    }
+}
 
 /// A pinned chunk: while it lives the chunk stays in memory.
 pub(crate) struct ChunkRef {
@@ -29,17 +100,11 @@ pub(crate) struct ChunkRef {
 
 impl ChunkRef {
     /// Lock the chunk (never held across an await).
-    pub fn lock(&self) -> MutexGuard<'_, Chunk> {
-        self.deref()
+    pub fn lock(&self) -> ChunkGuard<'_> {
+        self.cell
+            .as_ref()
+            .expect("cell is present until drop")
             .lock()
-            .expect("chunk mutex poisoned: a panic happened while a chunk was locked")
-    }
-}
-
-impl Deref for ChunkRef {
-    type Target = Cell;
-    fn deref(&self) -> &Cell {
-        self.cell.as_ref().expect("cell is present until drop")
     }
 }
 
@@ -64,30 +129,39 @@ impl Drop for ChunkRef {
 struct DirtyIndex {
     chunks: BTreeSet<u64>,
     pages: u64,
+    blocks: u64,
 }
 
 /// The chunk table.
 pub(crate) struct Cache {
     table: Mutex<LruCache<u64, Arc<Cell>>>,
-    max_chunks: usize,
-    buffers: Arc<BufferPool>,
+    /// The memory bound, in bytes.
+    max_bytes: u64,
+    blocks: Arc<BlockPool>,
+    /// Blocks reserved by pins whose blocks are not allocated yet.
+    reserved: AtomicU64,
     dirty: Mutex<DirtyIndex>,
     /// Signalled whenever a pin is dropped.
     pub unpinned: Arc<Notify>,
     /// Signalled whenever a fetch ends (pages filled or marks cleared).
     pub filled: Arc<Notify>,
+    /// Signalled whenever dirty pages become clean.
+    pub cleaned: Notify,
 }
 
 impl Cache {
-    /// A cache of at most `max_chunks` chunks.
-    pub fn new(max_chunks: usize) -> Self {
+    /// A cache of at most `max_bytes` of memory (at least one chunk's worth).
+    pub fn new(max_bytes: u64) -> Self {
+        let max_bytes = max_bytes.max(CHUNK_BYTES + CHUNK_OVERHEAD_BYTES);
         Cache {
             table: Mutex::new(LruCache::unbounded()),
-            max_chunks,
-            buffers: BufferPool::new(max_chunks),
+            max_bytes,
+            blocks: BlockPool::new((max_bytes / BLOCK_BYTES) as usize),
+            reserved: AtomicU64::new(0),
             dirty: Mutex::new(DirtyIndex::default()),
             unpinned: Arc::new(Notify::new()),
             filled: Arc::new(Notify::new()),
+            cleaned: Notify::new(),
         }
     }
 
@@ -99,9 +173,10 @@ impl Cache {
         self.dirty.lock().expect("dirty index mutex poisoned")
     }
 
-    /// Most chunks one caller may pin at once.
+    /// Most chunks one caller may pin at once: a quarter of the memory in
+    /// whole chunks.
     pub fn max_pins(&self) -> usize {
-        (self.max_chunks / 4).max(1)
+        ((self.max_bytes / (CHUNK_BYTES + CHUNK_OVERHEAD_BYTES)) / 4).max(1) as usize
     }
 
     fn pin(&self, index: u64, cell: &Arc<Cell>) -> ChunkRef {
@@ -137,44 +212,84 @@ impl Cache {
         }
     }
 
-    /// Pin every chunk of `indices`, allocating the missing ones and evicting
-    /// clean unpinned chunks to make room. `None` when there is no room now
-    /// (then nothing was changed).
-    pub fn try_pin_all(&self, indices: &[u64]) -> Option<Vec<ChunkRef>> {
-        let mut table = self.table();
-        let missing = indices.iter().filter(|i| !table.contains(i)).count();
-        let free = self.max_chunks.saturating_sub(table.len());
-        if missing > free {
-            let need = missing - free;
-            let victims: Vec<u64> = table
-                .iter()
-                .rev()
-                .filter(|(i, cell)| {
-                    !indices.contains(i)
+    /// Memory counted against the bound: blocks in use and reserved, and
+    /// the chunks' fixed cost (`chunks` of them).
+    fn used(&self, chunks: usize) -> u64 {
+        (self.blocks.in_use() + self.reserved.load(Ordering::Acquire)) * BLOCK_BYTES
+            + chunks as u64 * CHUNK_OVERHEAD_BYTES
+    }
+
+    /// Pin every chunk of `indices` with blocks for the pages of `pages`
+    /// (the pages the caller will read, fill or write), allocating missing
+    /// chunks and blocks and evicting clean unpinned chunks to make room.
+    /// `None` when there is no room now (then nothing was changed).
+    pub fn try_pin_all(&self, indices: &[u64], pages: PageRange) -> Option<Vec<ChunkRef>> {
+        let (refs, masks, reserved) = {
+            let mut table = self.table();
+            let mut masks = Vec::with_capacity(indices.len());
+            let mut blocks = 0u64;
+            let mut new_chunks = 0usize;
+            for &i in indices {
+                let want = block_mask(i, pages);
+                let have = match table.peek(&i) {
+                    Some(cell) => cell.alloc.load(Ordering::Acquire),
+                    None => {
+                        new_chunks += 1;
+                        0
+                    }
+                };
+                masks.push(want);
+                blocks += (want & !have).count_ones() as u64;
+            }
+            let need = blocks * BLOCK_BYTES + new_chunks as u64 * CHUNK_OVERHEAD_BYTES;
+            let used = self.used(table.len());
+            if used + need > self.max_bytes {
+                let mut short = used + need - self.max_bytes;
+                let mut victims = Vec::new();
+                for (i, cell) in table.iter().rev() {
+                    if short == 0 {
+                        break;
+                    }
+                    let evictable = !indices.contains(i)
                         && Arc::strong_count(cell) == 1
                         && cell
+                            .chunk
                             .try_lock()
                             .map(|c| c.dirty_pages() == 0)
-                            .unwrap_or(false)
+                            .unwrap_or(false);
+                    if evictable {
+                        short = short.saturating_sub(cell.bytes());
+                        victims.push(*i);
+                    }
+                }
+                if short > 0 {
+                    return None;
+                }
+                for v in victims {
+                    // The chunk (the table held its only reference) goes
+                    // now, and its blocks back to the pool.
+                    table.pop(&v);
+                }
+            }
+            self.reserved.fetch_add(blocks, Ordering::AcqRel);
+            let refs: Vec<ChunkRef> = indices
+                .iter()
+                .map(|&i| {
+                    let cell =
+                        table.get_or_insert(i, || Arc::new(Cell::new(Chunk::new(&self.blocks))));
+                    self.pin(i, cell)
                 })
-                .map(|(i, _)| *i)
-                .take(need)
                 .collect();
-            if victims.len() < need {
-                return None;
-            }
-            for v in victims {
-                table.pop(&v);
-            }
+            (refs, masks, blocks)
+        };
+        // Allocation takes the chunks' locks, so it happens outside the
+        // table's. The reservation is released only after the blocks are
+        // counted as in use; a block someone else allocated meanwhile was
+        // reserved twice, and that spare goes back too.
+        for (r, mask) in refs.iter().zip(masks) {
+            r.lock().allocate(mask);
         }
-        let refs = indices
-            .iter()
-            .map(|&i| {
-                let cell =
-                    table.get_or_insert(i, || Arc::new(Mutex::new(Chunk::new(&self.buffers))));
-                self.pin(i, cell)
-            })
-            .collect();
+        self.reserved.fetch_sub(reserved, Ordering::AcqRel);
         Some(refs)
     }
 
@@ -184,12 +299,18 @@ impl Cache {
         if delta == DirtyDelta::default() {
             return;
         }
-        let mut d = self.dirty();
-        d.pages = d.pages.wrapping_add_signed(delta.pages);
-        if delta.chunk > 0 {
-            d.chunks.insert(index);
-        } else if delta.chunk < 0 {
-            d.chunks.remove(&index);
+        {
+            let mut d = self.dirty();
+            d.pages = d.pages.wrapping_add_signed(delta.pages);
+            d.blocks = d.blocks.wrapping_add_signed(delta.blocks);
+            if delta.chunk > 0 {
+                d.chunks.insert(index);
+            } else if delta.chunk < 0 {
+                d.chunks.remove(&index);
+            }
+        }
+        if delta.pages < 0 {
+            self.cleaned.notify_waiters();
         }
     }
 
@@ -203,25 +324,42 @@ impl Cache {
         self.dirty().pages * crate::units::PAGE_SIZE
     }
 
-    /// Memory pinned by chunks that hold dirty pages.
-    pub fn dirty_chunk_bytes(&self) -> u64 {
-        self.dirty().chunks.len() as u64 * CHUNK_BYTES
+    /// Memory dirty data holds: the blocks holding dirty pages and the
+    /// fixed cost of their chunks. This is what the dirty budget counts.
+    pub fn dirty_memory(&self) -> u64 {
+        let d = self.dirty();
+        d.blocks * BLOCK_BYTES + d.chunks.len() as u64 * CHUNK_OVERHEAD_BYTES
     }
 
     /// Memory held by the cache.
     pub fn cache_bytes(&self) -> u64 {
-        self.table().len() as u64 * CHUNK_BYTES
+        let chunks = self.table().len();
+        self.used(chunks)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::drive::chunk::chunk_pages;
+
+    const WHOLE: u64 = CHUNK_BYTES + CHUNK_OVERHEAD_BYTES;
+
+    /// All pages of chunks `indices`.
+    fn all(indices: &[u64]) -> PageRange {
+        let first = indices.iter().min().copied().unwrap_or(0);
+        let last = indices.iter().max().copied().unwrap_or(0);
+        PageRange::new(chunk_pages(first).start, chunk_pages(last).end)
+    }
+
+    fn pin(cache: &Cache, indices: &[u64]) -> Option<Vec<ChunkRef>> {
+        cache.try_pin_all(indices, all(indices))
+    }
 
     #[test]
     fn eviction_takes_only_clean_unpinned_chunks_in_lru_order() {
-        let cache = Cache::new(3);
-        let pins = cache.try_pin_all(&[0, 1, 2]).expect("room for three");
+        let cache = Cache::new(3 * WHOLE);
+        let pins = pin(&cache, &[0, 1, 2]).expect("room for three");
         // Chunk 1 becomes dirty; chunk 2 stays pinned.
         {
             let mut c = pins[1].lock();
@@ -232,22 +370,59 @@ mod tests {
         drop(pins);
         assert_eq!(cache.dirty_chunks(), vec![1]);
         // Only chunk 0 can go: it is clean and unpinned.
-        let p3 = cache.try_pin_all(&[3]).expect("chunk 0 is evictable");
+        let p3 = pin(&cache, &[3]).expect("chunk 0 is evictable");
         assert!(!cache.contains(0) && cache.contains(1) && cache.contains(2));
         // Now nothing is evictable: 1 dirty, 2 and 3 pinned.
-        assert!(cache.try_pin_all(&[4]).is_none());
-        assert_eq!(cache.cache_bytes(), 3 * CHUNK_BYTES);
+        assert!(pin(&cache, &[4]).is_none());
+        assert_eq!(cache.cache_bytes(), 3 * WHOLE);
         drop(keep2);
         drop(p3);
-        let p = cache.try_pin_all(&[4, 5]).expect("2 and 3 are clean now");
+        let p = pin(&cache, &[4, 5]).expect("2 and 3 are clean now");
         assert_eq!(p.len(), 2);
         assert!(cache.contains(1), "the dirty chunk is never evicted");
     }
 
     #[test]
+    fn scattered_pages_cost_blocks_not_chunks() {
+        // Room for two whole chunks: 64 chunks with one 4 KiB block each fit.
+        let cache = Cache::new(2 * WHOLE);
+        let mut pins = Vec::new();
+        for i in 0..64u64 {
+            let page = chunk_pages(i).start + 8;
+            let r = cache
+                .try_pin_all(&[i], PageRange::new(page, page + 8))
+                .expect("a block fits");
+            {
+                let mut c = r[0].lock();
+                let d = c.write(8 * 512, &[i as u8; 4096]);
+                cache.note(i, d);
+            }
+            pins.push(r);
+        }
+        assert_eq!(cache.dirty_bytes(), 64 * 4096);
+        assert_eq!(
+            cache.dirty_memory(),
+            64 * (BLOCK_BYTES + CHUNK_OVERHEAD_BYTES)
+        );
+        assert!(cache.cache_bytes() <= 2 * WHOLE);
+        // A whole chunk does not fit any more, and none can be evicted.
+        assert!(pin(&cache, &[100]).is_none());
+        // The blocks are counted once, however often they are pinned.
+        let again = cache.try_pin_all(
+            &[3],
+            PageRange::new(chunk_pages(3).start + 8, chunk_pages(3).start + 16),
+        );
+        assert!(again.is_some());
+        assert_eq!(
+            cache.cache_bytes(),
+            64 * (BLOCK_BYTES + CHUNK_OVERHEAD_BYTES)
+        );
+    }
+
+    #[test]
     fn a_page_rewritten_after_its_copy_does_not_settle() {
-        let cache = Cache::new(1);
-        let pins = cache.try_pin_all(&[0]).unwrap();
+        let cache = Cache::new(WHOLE);
+        let pins = pin(&cache, &[0]).unwrap();
         let mut c = pins[0].lock();
         // Partly covered pages are filled first (here: never-written zeros).
         c.fill(0, None);
@@ -266,6 +441,7 @@ mod tests {
         let g = c.generation(0);
         cache.note(0, c.settle(0, g));
         assert_eq!(cache.dirty_bytes(), 0);
+        assert_eq!(cache.dirty_memory(), 0);
         assert!(cache.dirty_chunks().is_empty());
     }
 }

@@ -311,7 +311,7 @@ impl Inner {
         if indices.is_empty() {
             return Ok(None);
         }
-        let refs = self.cache.try_pin_all(&indices).ok_or(NoRoom)?;
+        let refs = self.cache.try_pin_all(&indices, window).ok_or(NoRoom)?;
         let (job, _, _) = self.reserve(&refs, &[window], PageRange::new(0, 0));
         Ok((!job.is_empty()).then_some(job))
     }

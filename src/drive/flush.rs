@@ -189,14 +189,26 @@ impl<'a> RunBuilder<'a> {
                         return span;
                     }
                 }
-                let s = span.get_or_insert_with(|| Span {
-                    start: page,
-                    classes: Vec::new(),
-                    gens: Vec::new(),
-                    // One allocation of the largest span: growing by doubling
+                let s = span.get_or_insert_with(|| {
+                    // One allocation of the span's size: growing by doubling
                     // would hold two copies at once and fragment the heap.
-                    data: Vec::with_capacity((SPAN_PAGES * PAGE_SIZE) as usize),
-                    chunks: Vec::new(),
+                    // A span that reaches the chunk's end may go on into the
+                    // next chunk: it gets the largest size; a scattered one
+                    // only its own pages (4 MiB for each 4 KiB write was
+                    // most of a random-write flush's cost).
+                    let run = (slot..CHUNK_PAGES).take_while(|&p| c.is_dirty(p)).count();
+                    let pages = if slot + run == CHUNK_PAGES {
+                        SPAN_PAGES
+                    } else {
+                        (run as u64).min(SPAN_PAGES)
+                    };
+                    Span {
+                        start: page,
+                        classes: Vec::with_capacity(pages as usize),
+                        gens: Vec::with_capacity(pages as usize),
+                        data: Vec::with_capacity((pages * PAGE_SIZE) as usize),
+                        chunks: Vec::new(),
+                    }
                 });
                 let bytes = c.page(slot);
                 // An encrypting store must send zero pages too (only their
@@ -513,6 +525,8 @@ impl StreamMarks {
 #[derive(Default)]
 pub(crate) struct PassLog {
     state: Mutex<(u64, Option<Error>)>,
+    /// Signalled whenever a pass ends.
+    pub(crate) ended: tokio::sync::Notify,
 }
 
 impl PassLog {
@@ -526,9 +540,12 @@ impl PassLog {
     }
 
     fn record(&self, result: &Result<u64>) {
-        let mut s = self.lock();
-        s.0 += 1;
-        s.1 = result.as_ref().err().cloned();
+        {
+            let mut s = self.lock();
+            s.0 += 1;
+            s.1 = result.as_ref().err().cloned();
+        }
+        self.ended.notify_waiters();
     }
 
     /// The failure of the last pass, when it ended after `seen` passes.
@@ -546,23 +563,36 @@ impl PassLog {
 }
 
 /// Start the background flusher: after a write, wait `flush_delay`, then
-/// run a pass (and again after a failed one, unless the lease is lost). It stops when `close` signals `stop` (the drive awaits it).
+/// run a pass (and again after a failed one, unless the lease is lost). A
+/// writer waiting for room asks for a drain: a full pass at once, without
+/// the delay. It stops when `close` signals `stop` (the drive awaits it).
 pub(super) fn spawn_background(inner: &Arc<Inner>) -> JoinHandle<()> {
     let me = inner.clone();
     tokio::spawn(async move {
         loop {
-            tokio::select! {
-                _ = me.kick.notified() => {}
-                _ = me.stop.notified() => return,
+            if !me.drain_wanted.load(Ordering::Acquire) {
+                tokio::select! {
+                    _ = me.kick.notified() => {}
+                    _ = me.drain.notified() => {}
+                    _ = me.stop.notified() => return,
+                }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(me.flush_delay) => {}
-                _ = me.stop.notified() => return,
+            if !me.drain_wanted.load(Ordering::Acquire) {
+                tokio::select! {
+                    _ = tokio::time::sleep(me.flush_delay) => {}
+                    _ = me.drain.notified() => {}
+                    _ = me.stop.notified() => return,
+                }
             }
             if me.stopping.load(Ordering::Acquire) {
                 return;
             }
-            match me.background_pass().await {
+            let pass = if me.drain_wanted.swap(false, Ordering::AcqRel) {
+                me.drain_pass().await
+            } else {
+                me.background_pass().await
+            };
+            match pass {
                 Ok(false) => {}
                 Ok(true) => me.kick.notify_one(),
                 // Logged at error level already; retrying cannot help.
@@ -575,6 +605,21 @@ pub(super) fn spawn_background(inner: &Arc<Inner>) -> JoinHandle<()> {
             }
         }
     })
+}
+
+impl Inner {
+    /// Ask the background flusher for a full pass now (writers waiting for
+    /// room).
+    pub(crate) fn request_drain(&self) {
+        self.drain_wanted.store(true, Ordering::Release);
+        self.drain.notify_one();
+    }
+
+    /// A full pass for writers waiting for room: nothing held back.
+    async fn drain_pass(&self) -> Result<bool> {
+        let _g = self.flush_lock.lock().await;
+        self.run_pass(None).await.map(|_| false)
+    }
 }
 
 #[cfg(test)]

@@ -31,17 +31,18 @@ const SEQUENTIAL_SLACK_BYTES: u64 = 2 * 1024 * 1024;
 const SEQUENTIAL_STREAK: u32 = 3;
 
 impl Inner {
-    /// Pin `indices`, waiting (and flushing, when dirty chunks fill the
-    /// cache) until there is room. Never called while holding pins.
-    pub(crate) async fn pin_all(&self, indices: &[u64]) -> Result<Vec<ChunkRef>> {
+    /// Pin `indices` with blocks for `pages`, waiting (and flushing, when
+    /// dirty chunks fill the cache) until there is room. Never called while
+    /// holding pins.
+    pub(crate) async fn pin_all(&self, indices: &[u64], pages: PageRange) -> Result<Vec<ChunkRef>> {
         loop {
             let notified = self.cache.unpinned.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(refs) = self.cache.try_pin_all(indices) {
+            if let Some(refs) = self.cache.try_pin_all(indices, pages) {
                 return Ok(refs);
             }
-            if self.mode == super::Mode::ReadWrite && self.cache.dirty_chunk_bytes() > 0 {
+            if self.mode == super::Mode::ReadWrite && self.cache.dirty_bytes() > 0 {
                 // In an outage, fail now rather than spend another budget.
                 if let Some(e) = self.passes.last_failure() {
                     return Err(e);
@@ -53,27 +54,36 @@ impl Inner {
         }
     }
 
-    /// Writers wait here while dirty chunks pin too much memory: they run a
-    /// flush pass themselves, so a failing flush surfaces as their error
-    /// instead of a hang. While the last pass failed (an outage), a writer
-    /// that finds no room fails at once: the background flusher keeps
-    /// trying, and each writer waiting a budget of its own would stall a
-    /// filesystem's writeback for many budgets in a row.
+    /// Writers wait here while dirty data fills its budget (`max_dirty`),
+    /// and only for room: the flusher is told to drain at once, and a writer
+    /// goes on as soon as enough pages are clean, not when a whole pass
+    /// ends. A failed pass is the waiting writers' answer. While the last
+    /// pass failed (an outage), a writer that finds no room fails at once:
+    /// the background flusher keeps trying, and each writer waiting a
+    /// budget of its own would stall a filesystem's writeback for many
+    /// budgets in a row.
     async fn throttle(&self) -> Result<()> {
-        while self.cache.dirty_chunk_bytes() >= self.max_dirty_bytes {
+        let seen = self.passes.finished();
+        loop {
+            let cleaned = self.cache.cleaned.notified();
+            let passed = self.passes.ended.notified();
+            tokio::pin!(cleaned, passed);
+            cleaned.as_mut().enable();
+            passed.as_mut().enable();
+            if self.cache.dirty_memory() < self.max_dirty_bytes {
+                return Ok(());
+            }
             if let Some(e) = self.passes.last_failure() {
                 return Err(e);
             }
-            let seen = self.passes.finished();
-            let _g = self.flush_lock.lock().await;
-            if self.cache.dirty_chunk_bytes() < self.max_dirty_bytes {
-                break;
-            }
-            // A pass that failed while this writer waited is its answer.
             self.passes.failed_since(seen)?;
-            self.flush_pass_locked().await?;
+            self.lease.check()?;
+            self.request_drain();
+            tokio::select! {
+                _ = cleaned => {}
+                _ = passed => {}
+            }
         }
-        Ok(())
     }
 
     /// The read-ahead window to start after a read of `[start, end)`, given
@@ -158,7 +168,7 @@ impl Inner {
             let refs = if need.is_empty() {
                 Vec::new()
             } else {
-                let refs = self.pin_all(&need).await?;
+                let refs = self.pin_all(&need, want).await?;
                 let stats = self.fill(&refs, &[want], want).await?;
                 add(&self.meters.cache_misses, stats.misses);
                 add(&self.meters.cache_hits, stats.hits);
@@ -172,10 +182,8 @@ impl Inner {
                 match refs.iter().find(|r| r.index == idx) {
                     Some(r) => {
                         let base = span.start * PAGE_SIZE;
-                        let c = r.lock();
-                        out.extend_from_slice(
-                            c.bytes((from - base) as usize, (to - base) as usize),
-                        );
+                        r.lock()
+                            .copy_out((from - base) as usize, (to - base) as usize, &mut out);
                     }
                     None => out.resize(out.len() + (to - from) as usize, 0),
                 }
@@ -207,9 +215,11 @@ impl Inner {
         for batch in all.chunks(self.cache.max_pins()) {
             self.throttle().await?;
             self.check_writable()?;
-            let refs = self.pin_all(batch).await?;
             let b_start = offset_bytes.max(batch[0] * CHUNK_BYTES);
             let b_end = end.min((batch[batch.len() - 1] + 1) * CHUNK_BYTES);
+            let refs = self
+                .pin_all(batch, PageRange::covering(ByteRange::new(b_start, b_end)))
+                .await?;
             // Pages only partly covered must be filled before the bytes land.
             let mut partial = Vec::new();
             let first = b_start / PAGE_SIZE;

@@ -1,7 +1,7 @@
 //! The drive engine: a block device over one page blob, with no FUSE knowledge.
 //!
-//! [`Drive`] owns a page cache (512-byte pages in 256 KiB chunks, LRU-evicted,
-//! bounded), an optional disk tier below it (`disk_cache`, `tier.rs`), a sparse map of the pages that hold data, the lease that is the
+//! [`Drive`] owns a page cache (512-byte pages in 256 KiB chunks whose memory
+//! comes in 4 KiB blocks, LRU-evicted, bounded, with a dirty budget), an optional disk tier below it (`disk_cache`, `tier.rs`), a sparse map of the pages that hold data, the lease that is the
 //! mount lock, and a background flusher. The blob is reached only through the
 //! [`PageStore`] trait. Invariants that matter: only the data area (blob size
 //! minus the VHD footer) is reachable; `flush` returns only once every write
@@ -68,9 +68,11 @@ pub struct DriveOptions {
     /// requests in flight hold (an eighth of it, at most `flush_parallelism`
     /// Put Pages of 4 MiB). At least 2 MiB of chunks are used.
     pub cache_bytes: u64,
-    /// Memory that chunks holding dirty pages may pin before writers wait
-    /// for a flush (clamped to half the cache).
-    pub max_dirty_bytes: u64,
+    /// Memory dirty data may hold (4 KiB blocks holding dirty pages, and
+    /// their chunks' bookkeeping) before writers wait for room
+    /// (`--max-dirty`). `None`: a quarter of the cache. Clamped to half the
+    /// cache.
+    pub max_dirty_bytes: Option<u64>,
     /// How long written data may stay dirty before the background flush.
     pub flush_delay: Duration,
     /// Put Page / Clear Pages requests in flight during a flush (fewer when
@@ -92,7 +94,7 @@ impl Default for DriveOptions {
         DriveOptions {
             mode: Mode::ReadWrite,
             cache_bytes: 512 * 1024 * 1024,
-            max_dirty_bytes: 64 * 1024 * 1024,
+            max_dirty_bytes: None,
             flush_delay: Duration::from_secs(1),
             flush_parallelism: 8,
             read_ahead_bytes: 32 * 1024 * 1024,
@@ -148,6 +150,10 @@ pub(crate) struct Inner {
     writes_accepted: std::sync::atomic::AtomicU64,
     /// Wakes the background flusher after a write (or to stop it).
     kick: Notify,
+    /// Writers are waiting for room: the flusher runs a full pass at once.
+    drain_wanted: AtomicBool,
+    /// Wakes the flusher for a drain, even during its delay.
+    drain: Notify,
     /// Tells the background flusher to stop.
     stop: Notify,
     stopping: AtomicBool,

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::cache::Cache;
-use super::chunk::CHUNK_BYTES;
+use super::chunk::{CHUNK_BYTES, CHUNK_OVERHEAD_BYTES};
 use super::counters::{add, Meters};
 use super::error::Result;
 use super::extents::{Extents, PageRange};
@@ -78,22 +78,31 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         .min(opts.cache_bytes / 8)
         .max(MAX_PUT_PAGE_BYTES);
     let flush_parallelism = (in_flight / MAX_PUT_PAGE_BYTES) as usize;
-    let max_chunks =
-        (opts.cache_bytes.saturating_sub(in_flight) / CHUNK_BYTES).max(MIN_CACHE_CHUNKS);
-    let cache_bytes = max_chunks * CHUNK_BYTES;
-    let mut max_dirty_bytes = opts.max_dirty_bytes.clamp(CHUNK_BYTES, cache_bytes / 2);
+    let cache_bytes = opts
+        .cache_bytes
+        .saturating_sub(in_flight)
+        .max(MIN_CACHE_CHUNKS * CHUNK_BYTES);
+    // By default a quarter of the cache, but at least one Put Page.
+    let mut max_dirty_bytes = opts
+        .max_dirty_bytes
+        .unwrap_or((cache_bytes / 4).max(MAX_PUT_PAGE_BYTES))
+        .clamp(CHUNK_BYTES, cache_bytes / 2);
     // Whole Put Pages: a pass that writers wait for then sends full 4 MiB
     // requests of a sequential stream, not a 4 MiB and a 2 MiB one.
     if max_dirty_bytes >= MAX_PUT_PAGE_BYTES {
         max_dirty_bytes -= max_dirty_bytes % MAX_PUT_PAGE_BYTES;
     }
+    // The budget counts the bookkeeping of the chunks holding dirty pages
+    // too; whole chunks of dirty data get theirs on top, so the data part
+    // of the budget stays whole Put Pages.
+    let max_dirty_bytes = max_dirty_bytes + max_dirty_bytes / CHUNK_BYTES * CHUNK_OVERHEAD_BYTES;
     Ok(Inner {
         store,
         mode: opts.mode,
         target,
         size_bytes: std::sync::atomic::AtomicU64::new(size_bytes),
         lease,
-        cache: Cache::new(max_chunks as usize),
+        cache: Cache::new(cache_bytes),
         disk,
         extents: Mutex::new(extents),
         meters,
@@ -111,6 +120,8 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         closed: AtomicBool::new(false),
         writes_accepted: Default::default(),
         kick: Notify::new(),
+        drain_wanted: AtomicBool::new(false),
+        drain: Notify::new(),
         stop: Notify::new(),
         stopping: AtomicBool::new(false),
     })
