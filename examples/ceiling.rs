@@ -1,6 +1,7 @@
 //! The backend's own ceiling, for `scripts/bench.sh`: the project's REST client
-//! alone (no FUSE, no cache) doing 4 MiB Put Page, 4 MiB Get Blob and 4 KiB Get
-//! Blob against the configured account, at several parallelism levels.
+//! alone (no FUSE, no cache) doing 4 MiB Put Page, 4 KiB Put Page at random
+//! offsets, 4 MiB Get Blob and 4 KiB Get Blob against the configured account,
+//! at several parallelism levels.
 //!
 //!   cargo run --release --example ceiling -- [--seconds S] [--blob-mib N]
 //!   cargo run --release --example ceiling -- --read C/B [--seconds S] [--blob-mib N]
@@ -29,6 +30,9 @@ const SMALL_BYTES: u64 = 4096;
 #[derive(Clone, Copy)]
 enum Op {
     Put4M,
+    /// Put Page of 4 KiB at a random 4 KiB slot: what a flush of scattered
+    /// writes sends.
+    Put4K,
     Get4M,
     Get4K,
 }
@@ -37,7 +41,7 @@ impl Op {
     fn bytes(self) -> u64 {
         match self {
             Op::Put4M | Op::Get4M => MAX_PUT_PAGE_BYTES,
-            Op::Get4K => SMALL_BYTES,
+            Op::Get4K | Op::Put4K => SMALL_BYTES,
         }
     }
 }
@@ -90,13 +94,13 @@ async fn measure(
             let mut i = worker as u64;
             while Instant::now() < deadline {
                 let slot = match op {
-                    Op::Get4K => rand::rng().random_range(0..slots),
+                    Op::Get4K | Op::Put4K => rand::rng().random_range(0..slots),
                     _ => i % slots,
                 };
                 let offset = slot * op.bytes();
                 let range = ByteRange::new(offset, offset + op.bytes());
                 match op {
-                    Op::Put4M => {
+                    Op::Put4M | Op::Put4K => {
                         client
                             .put_pages(&path, offset, payload.clone(), None)
                             .await?
@@ -130,7 +134,7 @@ async fn best(
         let (ops, elapsed) = measure(client, path, op, p, args.seconds, args.blob_bytes).await?;
         let per_sec = ops as f64 / elapsed.as_secs_f64();
         let rate = match op {
-            Op::Get4K => per_sec,
+            Op::Get4K | Op::Put4K => per_sec,
             _ => per_sec * op.bytes() as f64 / (1 << 20) as f64,
         };
         levels.insert(
@@ -145,7 +149,7 @@ async fn best(
         }
     }
     Ok(serde_json::json!({
-        "unit": if matches!(op, Op::Get4K) { "IOPS" } else { "MiB/s" },
+        "unit": if matches!(op, Op::Get4K | Op::Put4K) { "IOPS" } else { "MiB/s" },
         "best": (best_rate * 10.0).round() / 10.0,
         "best_parallelism": best_level,
         "at_32": (qd32 * 10.0).round() / 10.0,
@@ -195,11 +199,13 @@ async fn main() -> anyhow::Result<()> {
     let result = async {
         client.create_page_blob(&path, args.blob_bytes).await?;
         let put = best(&client, &path, Op::Put4M, &args).await?;
+        let put_small = best(&client, &path, Op::Put4K, &args).await?;
         fill(&client, &path, args.blob_bytes).await?;
         let get = best(&client, &path, Op::Get4M, &args).await?;
         let small = best(&client, &path, Op::Get4K, &args).await?;
         anyhow::Ok(serde_json::json!({
             "put_4m": put,
+            "put_4k": put_small,
             "get_4m": get,
             "get_4k": small,
             "seconds_per_level": args.seconds,

@@ -11,6 +11,7 @@
 
 pub mod attach;
 pub mod blob;
+pub mod buffers;
 pub mod cli;
 pub mod crypt;
 pub mod daemon;

@@ -536,7 +536,7 @@ impl BlobClient {
         };
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        let body = match resp.bytes().await {
+        let body = match read_body(resp).await {
             Ok(b) => b,
             Err(e) => {
                 let err = self.transport(req.op, target, e);
@@ -738,4 +738,19 @@ fn is_certificate_problem(msg: &str) -> bool {
     ]
     .iter()
     .any(|needle| msg.contains(needle))
+}
+
+/// The whole body of `resp`. A large one is gathered into a pooled buffer
+/// (`crate::buffers`), so a stream of 4 MiB Gets reuses warm memory instead
+/// of faulting in fresh pages for each body.
+async fn read_body(mut resp: reqwest::Response) -> reqwest::Result<Bytes> {
+    let len = resp.content_length().unwrap_or(0) as usize;
+    if len < crate::buffers::MIN_POOLED_BYTES {
+        return resp.bytes().await;
+    }
+    let mut buf = crate::buffers::take(len);
+    while let Some(chunk) = resp.chunk().await? {
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(crate::buffers::freeze(buf))
 }

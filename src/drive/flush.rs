@@ -206,7 +206,9 @@ impl<'a> RunBuilder<'a> {
                         start: page,
                         classes: Vec::with_capacity(pages as usize),
                         gens: Vec::with_capacity(pages as usize),
-                        data: Vec::with_capacity((pages * PAGE_SIZE) as usize),
+                        // Pooled: a fresh 4 MiB per span faulted in new
+                        // pages for every Put Page of a sequential write.
+                        data: crate::buffers::take((pages * PAGE_SIZE) as usize),
                         chunks: Vec::new(),
                     }
                 });
@@ -240,7 +242,7 @@ impl<'a> RunBuilder<'a> {
     fn cut(&mut self, span: Span) {
         let mut classes = span.classes;
         absorb_zero_islands(&mut classes);
-        let data = Bytes::from(span.data);
+        let data = crate::buffers::freeze(span.data);
         let n = classes.len();
         let mut i = 0;
         while i < n {

@@ -150,7 +150,7 @@ impl Inner {
         let want = PageRange::covering(ByteRange::new(offset_bytes, end));
         // Filled in order, chunk by chunk: zeroing it first would cost one
         // more pass over every byte read.
-        let mut out = Vec::with_capacity((end - offset_bytes) as usize);
+        let mut out = crate::buffers::take((end - offset_bytes) as usize);
         let all: Vec<u64> = chunks_of(offset_bytes, end).collect();
         for batch in all.chunks(self.cache.max_pins()) {
             // Chunks not in memory whose pages hold no data read as zeros
@@ -191,7 +191,7 @@ impl Inner {
         }
         debug_assert_eq!(out.len() as u64, end - offset_bytes);
         let ahead = self.read_ahead_window(offset_bytes, end);
-        Ok((Bytes::from(out), ahead))
+        Ok((crate::buffers::freeze(out), ahead))
     }
 
     fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<u64> {
