@@ -318,11 +318,15 @@ mount_drive "$c-wb" "$work/wb" --max-dirty 8M
 put sustained_write_iops "$(fio_run sustained "$wb" randwrite 1024)"
 unmount "$work/wb"
 
-say "write-back: peak RSS of a burst of scattered 512-byte writes, --cache-size 256M"
-mount_drive "$c-wb" "$work/wb" --cache-size 256M --flush-delay 1h
+# 8,192 writes of 512 bytes: more than the budget of a 128 MiB cache holds
+# (28 MiB, about 5,600 4 KiB blocks with their bookkeeping). Not more: every
+# one becomes a page range of its own in the blob, and Azurite's cost per
+# Put Page grows with the number of ranges (at 50,000 it stopped answering).
+say "write-back: peak RSS of a burst of scattered 512-byte writes, --cache-size 128M"
+mount_drive "$c-wb" "$work/wb" --cache-size 128M --flush-delay 1h
 exec 8<"$wb"
 fio --name=tiny --filename="$wb" --rw=randwrite --bs=512 --direct=1 --ioengine=libaio \
-  --iodepth=32 --size=1024M --io_size=32M --output-format=json >"$work/fio-tiny.json"
+  --iodepth=32 --size=1024M --io_size=4M --output-format=json >"$work/fio-tiny.json"
 put tiny_burst_iops "$(fio_iops "$work/fio-tiny.json")"
 put tiny_peak_rss_mib "$(awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$(daemon_pid "$work/wb")/status")"
 exec 8<&-
@@ -440,7 +444,7 @@ absolute = [
     ("rand 4k write burst, 32 MiB, qd32", r["burst_iops"], "IOPS", ">= 20000", r["burst_iops"] >= 20000),
     ("daemon CPU, seq write", r["daemon_cpu_seq_write"], "s/GiB", "<= 2.0", r["daemon_cpu_seq_write"] <= 2.0),
     ("daemon CPU, cold seq read", r["daemon_cpu_seq_read"], "s/GiB", "<= 2.0", r["daemon_cpu_seq_read"] <= 2.0),
-    ("peak RSS, 512-byte burst, 256 MiB cache", r["tiny_peak_rss_mib"], "MiB", "<= 320", r["tiny_peak_rss_mib"] <= 320),
+    ("peak RSS, 512-byte burst, 128 MiB cache", r["tiny_peak_rss_mib"], "MiB", "<= 192", r["tiny_peak_rss_mib"] <= 192),
     ("Put Page per GiB written", r["put_page_per_gib"], "requests", "<= 300", r["put_page_per_gib"] <= 300),
     ("Gets of the read from the tier", r["tier_warm_gets"], "requests", "0", r["tier_warm_gets"] == 0),
     ("disk tier size after the reads", r["tier_bytes"] / 2**20, "MiB", "-", None),

@@ -1365,3 +1365,33 @@ async fn scattered_small_writes_are_absorbed_until_the_flush() {
         assert!(stored == pattern(i as u8, 4096), "block {i}");
     }
 }
+
+/// A pass that keeps finishing runs is not cut short however long it takes:
+/// 2,048 scattered pages at one second per Put Page and 8 in flight take 256
+/// seconds, twice the retry budget, and the flush succeeds. (Only a pass in
+/// which nothing finishes for a whole budget is an outage.)
+#[tokio::test(start_paused = true)]
+async fn a_long_flush_that_keeps_finishing_runs_is_not_a_stall() {
+    let store = new_store(1024 * MIB);
+    let o = DriveOptions {
+        flush_delay: Duration::from_secs(3600),
+        ..opts(Mode::ReadWrite)
+    };
+    let drive = open(&store, o).await;
+    for i in 0..2048u64 {
+        drive
+            .write_at(2 * i * 256 * KIB, &pattern(i as u8, 4096))
+            .await
+            .unwrap();
+    }
+    store.set_write_delay(Duration::from_secs(1));
+    let began = tokio::time::Instant::now();
+    drive.flush().await.expect("a slow flush is not an outage");
+    assert!(
+        began.elapsed() > Duration::from_secs(200),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(drive.counters().dirty_bytes, 0);
+    drive.close().await.unwrap();
+}

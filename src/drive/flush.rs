@@ -11,7 +11,9 @@
 //! fsync, a close or a writer waiting for room) leaves the head of a write
 //! stream still going, back to its last 4 MiB boundary of the drive, for its
 //! next pass, so a long sequential write goes out in full, aligned 4 MiB
-//! requests. Invariants: every request carries
+//! requests. A writer that finds the dirty budget full asks for a drain:
+//! the flusher runs a full pass at once, and the writer goes on as soon as
+//! enough pages are clean. Invariants: every request carries
 //! the lease id; one pass at a time (so a page is never in two uploads at once); a page
 //! written again after it was copied keeps its dirty bit (its generation
 //! moved); the sparse map gains pages before an update is sent and loses them
@@ -360,22 +362,15 @@ impl Inner {
         Ok(self.run_pass(hold).await? > 0)
     }
 
-    /// Send every dirty page (but a held-back stream head, `hold`); returns the pages held back. The pass takes no new
-    /// run after one fails (the rest stay dirty) and gives up after one
-    /// retry budget of the store, so an outage costs one budget per pass
-    /// however many runs are dirty. Its result is recorded for
-    /// [`Self::flush_pass`].
+    /// Send every dirty page (but a held-back stream head, `hold`); returns
+    /// the pages held back. The pass takes no new run after one fails (the
+    /// rest stay dirty) and gives up when no run has finished for one retry
+    /// budget of the store, so an outage costs one budget per pass however
+    /// many runs are dirty, while a long pass that keeps finishing runs (tens
+    /// of thousands of scattered pages) is never cut short. Its result is
+    /// recorded for [`Self::flush_pass`].
     async fn run_pass(&self, hold: Option<Hold>) -> Result<u64> {
-        let budget = self.store.retry_budget();
-        let result = match tokio::time::timeout(budget, self.send_dirty(hold)).await {
-            Ok(r) => r,
-            // In-flight requests are dropped here: their pages stay dirty,
-            // and the store fences whatever of them may still land.
-            Err(_) => Err(Error::Stalled {
-                target: self.target.clone(),
-                secs: budget.as_secs(),
-            }),
-        };
+        let result = self.send_dirty(hold).await;
         self.passes.record(&result);
         result
     }
@@ -393,6 +388,7 @@ impl Inner {
         let failed = AtomicBool::new(false);
         let mut first_err = None;
         let mut runs = 0u64;
+        let budget = self.store.retry_budget();
         {
             // After the first failure no new run starts: in an outage every
             // one would spend its own retry budget.
@@ -402,7 +398,22 @@ impl Inner {
             let mut sends = futures::stream::iter(runs_to_send)
                 .map(|run| self.send_run(run))
                 .buffer_unordered(self.flush_parallelism);
-            while let Some(r) = sends.next().await {
+            loop {
+                let r = match tokio::time::timeout(budget, sends.next()).await {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    // Nothing finished for a whole budget: storage does not
+                    // answer. The requests in flight are dropped here; their
+                    // pages stay dirty, and the store fences whatever of
+                    // them may still land.
+                    Err(_) => {
+                        first_err.get_or_insert(Error::Stalled {
+                            target: self.target.clone(),
+                            secs: budget.as_secs(),
+                        });
+                        break;
+                    }
+                };
                 runs += 1;
                 if let Err(e) = r {
                     failed.store(true, Ordering::Release);
