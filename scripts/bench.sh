@@ -73,6 +73,8 @@ cleanup() {
     fi
   done
   [ "$azurite_started" = 1 ] && scripts/azurite.sh stop >/dev/null 2>&1
+  # What was measured before a failure stays readable.
+  mkdir -p "$(dirname "$out")" && cp "$res" "$(dirname "$out")/results.txt" 2>/dev/null
   rm -rf "$shm"
   rm -rf "$work" 2>/dev/null
   exit $rc
@@ -151,13 +153,9 @@ azurite_cpu_end() { # KEY
 say "random source: $seq_mib MiB in $shm"
 head -c $((seq_mib << 20)) /dev/urandom >"$shm/random"
 
-# The daemon serving mount DIR.
+# The daemon serving mount DIR (attached drive or namespace mount).
 daemon_pid() { # DIR
-  "$bin" list --mounted --json | python3 -c '
-import json, os, sys
-for e in json.load(sys.stdin):
-    if os.path.realpath(e["dir"]) == os.path.realpath(sys.argv[1]):
-        print(e["pid"])' "$1"
+  "$bin" stats "$1" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])'
 }
 # The daemon's CPU seconds per GiB over a step: daemon_cpu_begin DIR, the
 # step, daemon_cpu_end KEY MIB.
@@ -402,6 +400,8 @@ unmount "$work/rss"
 # --- report --------------------------------------------------------------------------
 
 mkdir -p "$(dirname "$out")"
+# The raw figures survive a failed report.
+cp "$res" "$(dirname "$out")/results.txt"
 python3 - "$work/ceiling.keep" "$res" "$out" "$quick" <<'PY'
 import json, sys
 ceiling = json.load(open(sys.argv[1]))
