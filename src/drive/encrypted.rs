@@ -229,4 +229,32 @@ mod tests {
         assert!(back.iter().all(|&b| b == 0));
         drive.close().await.unwrap();
     }
+
+    #[tokio::test]
+    async fn an_encrypted_drive_grows_with_a_plaintext_footer_and_encrypted_new_pages() {
+        let (mem, key, drive) = open().await;
+        // A grow cut after the blob grew: the old footer (plaintext) is found
+        // inside what is now the data area.
+        drive.close().await.unwrap();
+        mem.resize(2 * DATA + VHD_FOOTER_BYTES, None).await.unwrap();
+        let store = Arc::new(EncryptedStore::new(mem.clone(), key.clone()));
+        let drive = Drive::open(store, DriveOptions::default()).await.unwrap();
+        assert_eq!(drive.size_bytes(), DATA, "opens at its old size");
+        drive.grow(2 * DATA).await.unwrap();
+        drive.write_at(DATA, b"NEWAREA!").await.unwrap();
+        drive.close().await.unwrap();
+        let footer = mem.contents(ByteRange::new(2 * DATA, 2 * DATA + VHD_FOOTER_BYTES));
+        let footer: [u8; 512] = footer.try_into().unwrap();
+        assert!(Footer::parse(&footer, 2 * DATA + VHD_FOOTER_BYTES).is_ok());
+        let raw = mem.contents(ByteRange::new(DATA, DATA + 512));
+        assert!(
+            !raw.windows(8).any(|w| w == b"NEWAREA!"),
+            "new pages are encrypted"
+        );
+        let store = Arc::new(EncryptedStore::new(mem.clone(), key.clone()));
+        let again = Drive::open(store, DriveOptions::default()).await.unwrap();
+        assert_eq!(again.size_bytes(), 2 * DATA);
+        assert_eq!(&again.read_at(DATA, 8).await.unwrap()[..], b"NEWAREA!");
+        again.close().await.unwrap();
+    }
 }
