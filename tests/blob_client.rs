@@ -347,6 +347,25 @@ async fn resize_and_metadata_and_block_blobs() {
     g.client.set_metadata(&p, &md, None).await.unwrap();
     let props = g.client.get_properties(&p).await.unwrap();
     assert_eq!(props.metadata.len(), 5, "{:?}", props.metadata);
+    // A read-modify-write of the metadata: only at the ETag it was read at.
+    let read_at = props.etag.clone().expect("an ETag");
+    g.client
+        .set_metadata_if_unchanged(&p, &[("first".into(), "1".into())], &read_at)
+        .await
+        .expect("unchanged since it was read");
+    let e = g
+        .client
+        .set_metadata_if_unchanged(&p, &[("second".into(), "2".into())], &read_at)
+        .await
+        .expect_err("the first write changed the ETag");
+    assert_eq!(e.code(), Some("ConditionNotMet"), "{e}");
+    let props = g.client.get_properties(&p).await.unwrap();
+    assert_eq!(
+        props.metadata.get("first").map(String::as_str),
+        Some("1"),
+        "the overtaken write changed nothing"
+    );
+    g.client.set_metadata(&p, &md, None).await.unwrap();
     let e = g
         .client
         .set_metadata(&p, &[("bad-name".into(), "x".into())], None)

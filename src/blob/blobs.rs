@@ -406,6 +406,25 @@ impl BlobClient {
         self.execute(req).await.0.map(|_| ())
     }
 
+    /// [`Self::set_metadata`], only if the blob's ETag is still `etag` (the
+    /// one read with the metadata being replaced): a read-modify-write that
+    /// another writer overtook fails with `ConditionNotMet` (412) instead of
+    /// undoing that writer's change.
+    pub async fn set_metadata_if_unchanged(
+        &self,
+        path: &BlobPath,
+        metadata: &[(String, String)],
+        etag: &str,
+    ) -> Result<()> {
+        const OP: &str = "set metadata";
+        no_snapshot(OP, path)?;
+        let mut req = Request::new(OP, Method::PUT, Resource::Blob(path))
+            .query("comp", "metadata")
+            .header("if-match", etag);
+        req.headers.extend(metadata_headers(OP, path, metadata)?);
+        self.execute(req).await.0.map(|_| ())
+    }
+
     /// Delete a blob (with its snapshots when `include_snapshots`), or just
     /// the snapshot `path` names.
     pub async fn delete_blob(

@@ -52,11 +52,24 @@ impl KeyFlags {
 async fn read_slots(
     client: &BlobClient,
     path: &BlobPath,
-) -> anyhow::Result<(Option<KeySlots>, BTreeMap<String, String>)> {
+) -> anyhow::Result<(Option<KeySlots>, Metadata)> {
     let props = client.get_properties(path).await.map_err(blob_err)?;
     let slots = KeySlots::from_metadata(&props.metadata)
         .map_err(|e| anyhow!("cannot open encrypted drive {path}: {e}"))?;
-    Ok((slots, props.metadata))
+    Ok((
+        slots,
+        Metadata {
+            entries: props.metadata,
+            etag: props.etag,
+        },
+    ))
+}
+
+/// A drive's metadata as read, with the ETag it was read at, so writing it
+/// back cannot undo a change made in between.
+struct Metadata {
+    entries: BTreeMap<String, String>,
+    etag: Option<String>,
 }
 
 /// Read the user's key for `path` (a prompt when no flag and a terminal).
@@ -175,7 +188,7 @@ async fn open_slots(
     client: &BlobClient,
     path: &BlobPath,
     flags: &KeyFlags,
-) -> anyhow::Result<(KeySlots, BTreeMap<String, String>, DataKey, u8)> {
+) -> anyhow::Result<(KeySlots, Metadata, DataKey, u8)> {
     let (slots, metadata) = read_slots(client, path).await?;
     let slots = slots.ok_or_else(|| anyhow!("drive {path} is not encrypted"))?;
     let user = user_key(&flags.source(), path, &format!("Passphrase for {path}: "))?;
@@ -185,21 +198,29 @@ async fn open_slots(
     Ok((slots, metadata, key, slot))
 }
 
-/// Write `slots` into the drive's metadata (keeping the other entries).
+/// Write `slots` into the drive's metadata (keeping the other entries), only
+/// if nothing changed the blob since the metadata was read: two `key`
+/// commands at once must not drop each other's slot.
 async fn save_slots(
     client: &BlobClient,
     path: &BlobPath,
     slots: &KeySlots,
-    mut metadata: BTreeMap<String, String>,
+    metadata: Metadata,
 ) -> anyhow::Result<()> {
-    slots.apply_to(&mut metadata);
-    let pairs: Vec<(String, String)> = metadata.into_iter().collect();
-    client.set_metadata(path, &pairs, None).await.map_err(|e| {
-        if e.code() == Some("LeaseIdMissing") {
-            anyhow!(drives::mounted_elsewhere(&path.to_string()))
-        } else {
-            blob_err(e)
-        }
+    let Metadata { mut entries, etag } = metadata;
+    slots.apply_to(&mut entries);
+    let pairs: Vec<(String, String)> = entries.into_iter().collect();
+    let saved = match &etag {
+        Some(etag) => client.set_metadata_if_unchanged(path, &pairs, etag).await,
+        None => client.set_metadata(path, &pairs, None).await,
+    };
+    saved.map_err(|e| match e.code() {
+        Some("LeaseIdMissing") => anyhow!(drives::mounted_elsewhere(&path.to_string())),
+        Some("ConditionNotMet") => anyhow!(
+            "drive {path} changed while its key slots were being updated (another \
+             'blobdrive key' at the same time?); nothing was written: run the command again"
+        ),
+        _ => blob_err(e),
     })
 }
 
