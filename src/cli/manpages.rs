@@ -324,6 +324,11 @@ fn mount_helper_page() -> String {
                 Item::Term("snapshot=TIME", "Attach a snapshot (always read-only)."),
                 Item::Term("cache-size=SIZE", "Memory for the drive's page cache (default 512M)."),
                 Item::Term(
+                    "key-file=FILE, passphrase-file=FILE",
+                    "The key of an encrypted drive, from a file (a mount at boot has no \
+                     terminal to ask on).",
+                ),
+                Item::Term(
                     "max-dirty=SIZE",
                     "Memory written data may hold before writers wait for room \
                      (default a quarter of cache-size).",

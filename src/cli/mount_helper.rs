@@ -3,7 +3,7 @@
 //! name (a symlink installed by `scripts/install.sh`).
 //!
 //! mount(8) calls `mount.blobdrive SOURCE DIR [-sfnv] [-o OPTIONS]`. Options:
-//! - blobdrive's own: `ro`/`rw`, `snapshot=T`, `cache-size=S`, `max-dirty=S`, `flush-delay=D`, `break-lease`,
+//! - blobdrive's own: `ro`/`rw`, `snapshot=T`, `cache-size=S`, `max-dirty=S`, `key-file=F`, `passphrase-file=F`, `flush-delay=D`, `break-lease`,
 //!   `log-file=PATH`, `partition=N|auto`, `metrics-listen=[ADDR:]PORT`, `metrics-textfile=DIR`,
 //!   `metrics-allow-remote`, `credentials=PATH` (a file of `AZURE_STORAGE_*=...` lines,
 //!   so no secret sits in fstab);
@@ -106,6 +106,10 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
             ("cache-size" | "cache_size", Some(s)) => {
                 out.extend(["--cache-size".into(), s.to_string()])
             }
+            ("key-file" | "key_file", Some(f)) => out.extend(["--key-file".into(), f.to_string()]),
+            ("passphrase-file" | "passphrase_file", Some(f)) => {
+                out.extend(["--passphrase-file".into(), f.to_string()])
+            }
             ("max-dirty" | "max_dirty", Some(s)) => {
                 out.extend(["--max-dirty".into(), s.to_string()])
             }
@@ -128,9 +132,10 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
             ("metrics-allow-remote", None) => out.push("--metrics-allow-remote".into()),
             ("credentials", Some(p)) => credentials = Some(p.to_string()),
             (
-                "snapshot" | "cache-size" | "cache_size" | "max-dirty" | "max_dirty" | "log-file"
-                | "log_file" | "cache-dir" | "cache_dir" | "disk-cache-size" | "disk_cache_size"
-                | "flush-delay" | "flush_delay" | "metrics-listen" | "metrics-textfile",
+                "snapshot" | "cache-size" | "cache_size" | "max-dirty" | "max_dirty" | "key-file"
+                | "key_file" | "passphrase-file" | "passphrase_file" | "log-file" | "log_file"
+                | "cache-dir" | "cache_dir" | "disk-cache-size" | "disk_cache_size" | "flush-delay"
+                | "flush_delay" | "metrics-listen" | "metrics-textfile",
                 None,
             )
             | ("credentials" | "partition", None) => {
@@ -242,6 +247,21 @@ mod tests {
         let r = parse(&args("c/d.vhd /mnt/d -f -obreak-lease")).unwrap();
         assert!(r.fake);
         assert_eq!(r.blobdrive_args, args("mount c/d.vhd /mnt/d --break-lease"));
+        // An encrypted drive's key comes from a file (no prompt at boot).
+        let r = parse(&args(
+            "c/d.vhd /mnt/d -o key-file=/etc/blobdrive/d.key,max-dirty=64M",
+        ))
+        .unwrap();
+        assert_eq!(
+            r.blobdrive_args,
+            args("mount c/d.vhd /mnt/d --key-file /etc/blobdrive/d.key --max-dirty 64M")
+        );
+        let r = parse(&args("c/d.vhd /mnt/d -o passphrase-file=/etc/p")).unwrap();
+        assert_eq!(
+            r.blobdrive_args,
+            args("mount c/d.vhd /mnt/d --passphrase-file /etc/p")
+        );
+        assert!(parse(&args("c/d.vhd /mnt/d -o key-file")).is_err());
         let r = parse(&args("c/d.vhd /mnt/d -o flush-delay=30s")).unwrap();
         assert_eq!(
             r.blobdrive_args,
