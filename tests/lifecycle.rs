@@ -139,7 +139,19 @@ impl Drop for Site {
 }
 
 fn df_bytes(dir: &Path) -> u64 {
-    let out = system::run("df", &["-B1", "--output=size", &dir.to_string_lossy()]);
+    df_field(dir, "size")
+}
+
+/// Bytes still free on the filesystem at `dir`.
+fn df_avail_bytes(dir: &Path) -> u64 {
+    df_field(dir, "avail")
+}
+
+fn df_field(dir: &Path, field: &str) -> u64 {
+    let out = system::run(
+        "df",
+        &["-B1", &format!("--output={field}"), &dir.to_string_lossy()],
+    );
     out.lines()
         .nth(1)
         .expect("df line")
@@ -150,11 +162,23 @@ fn df_bytes(dir: &Path) -> u64 {
 
 /// Writes 64 KiB records, each fsynced, until stopped; returns how many
 /// records were fsynced (all of them must read back) or the first error.
-fn writer(file: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Result<u64, String>> {
+/// At most `max` records: where the filesystem cannot grow (ext4 without
+/// CAP_SYS_RESOURCE) the writer must not fill what was left of the old size
+/// (with writes absorbed by the cache, 134 records did within the test's
+/// second); after `max` it waits for the stop.
+fn writer(
+    file: PathBuf,
+    stop: Arc<AtomicBool>,
+    max: u64,
+) -> std::thread::JoinHandle<Result<u64, String>> {
     std::thread::spawn(move || {
         let mut f = std::fs::File::create(&file).map_err(|e| e.to_string())?;
         let mut n = 0u64;
         while !stop.load(Ordering::Acquire) || n < 8 {
+            if n >= max {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
             f.write_all(&record(n))
                 .map_err(|e| format!("write {n}: {e}"))?;
             f.sync_all().map_err(|e| format!("fsync {n}: {e}"))?;
@@ -208,7 +232,13 @@ fn online_grow(fs: &str, size_mib: u64, new_mib: u64) {
         ],
     );
     let stop = Arc::new(AtomicBool::new(false));
-    let w = writer(dir.join("log"), stop.clone());
+    // Half of the room left, in records (at least the 8 it always writes).
+    let room = df_avail_bytes(&dir);
+    let w = writer(
+        dir.join("log"),
+        stop.clone(),
+        (room / 2 / (64 * 1024)).max(8),
+    );
     std::thread::sleep(Duration::from_millis(500));
     let out = site.blobdrive(&["resize", &drive, "--size", &format!("{new_mib}M"), "--json"]);
     let cap = blobdrive::attach::filesystem::has_cap_sys_resource();
