@@ -476,9 +476,7 @@ fn random_operations_match_a_model_across_fsyncs_and_remounts() {
     // An emulator of its own: the shared one slows down under the suite's
     // accumulated data, and 100,000 operations would time out behind it.
     let azurite = common::private_azurite::PrivateAzurite::start();
-    let account = azurite
-        .as_ref()
-        .map_or_else(common::account, |a| a.account());
+    let account = common::private_azurite::account_or_shared(&azurite);
     let guard = rt.block_on(ContainerGuard::new_in(&account, "faults-fsx"));
     let sandbox = Sandbox::new(account.connection_string());
     let size = 8 * MIB;

@@ -548,9 +548,7 @@ fn writing_2_gib_with_a_64_mib_cache_stays_within_the_bound() {
     let rt = runtime();
     // 2 GiB in an emulator of its own, not in the one every test shares.
     let azurite = common::private_azurite::PrivateAzurite::start();
-    let account = azurite
-        .as_ref()
-        .map_or_else(common::account, |a| a.account());
+    let account = common::private_azurite::account_or_shared(&azurite);
     let guard = rt.block_on(ContainerGuard::new_in(&account, "e2e-memory"));
     let path = guard.path("big.vhd");
     let total = 2048 * MIB;
@@ -938,9 +936,7 @@ fn scattered_4_kib_writes_are_absorbed_and_fsync_sends_one_put_page_each() {
     // Each write becomes a page range of its own, and Azurite's cost per
     // request on a blob grows with its ranges: an emulator of its own.
     let azurite = common::private_azurite::PrivateAzurite::start();
-    let account = azurite
-        .as_ref()
-        .map_or_else(common::account, |a| a.account());
+    let account = common::private_azurite::account_or_shared(&azurite);
     let guard = rt.block_on(ContainerGuard::new_in(&account, "e2e-scatter"));
     let path = guard.path("d.vhd");
     let size = 1024 * MIB;

@@ -145,7 +145,8 @@ pub(crate) struct Cache {
     pub unpinned: Arc<Notify>,
     /// Signalled whenever a fetch ends (pages filled or marks cleared).
     pub filled: Arc<Notify>,
-    /// Signalled whenever dirty pages become clean.
+    /// Signalled after dirty pages became clean (once per settled run or
+    /// discard, not per page), for writers waiting for room.
     pub cleaned: Notify,
 }
 
@@ -299,18 +300,13 @@ impl Cache {
         if delta == DirtyDelta::default() {
             return;
         }
-        {
-            let mut d = self.dirty();
-            d.pages = d.pages.wrapping_add_signed(delta.pages);
-            d.blocks = d.blocks.wrapping_add_signed(delta.blocks);
-            if delta.chunk > 0 {
-                d.chunks.insert(index);
-            } else if delta.chunk < 0 {
-                d.chunks.remove(&index);
-            }
-        }
-        if delta.pages < 0 {
-            self.cleaned.notify_waiters();
+        let mut d = self.dirty();
+        d.pages = d.pages.wrapping_add_signed(delta.pages);
+        d.blocks = d.blocks.wrapping_add_signed(delta.blocks);
+        if delta.chunk > 0 {
+            d.chunks.insert(index);
+        } else if delta.chunk < 0 {
+            d.chunks.remove(&index);
         }
     }
 

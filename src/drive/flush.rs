@@ -449,6 +449,7 @@ impl Inner {
                 self.cache.note(r.index, delta);
             }
         }
+        self.cache.cleaned.notify_waiters();
         // Durable now: the chunks' clean pages may go down to the disk tier.
         self.persist(chunks);
     }

@@ -332,6 +332,7 @@ impl Inner {
                 self.cache.note(idx, delta);
             }
         }
+        self.cache.cleaned.notify_waiters();
         self.writes_accepted.fetch_add(1, Ordering::AcqRel);
         // Disk copies taken before the clear (even of chunks not in memory)
         // must not be trusted: the chunks' clean pages go down again later.

@@ -28,6 +28,13 @@ fn azurite_bin() -> Option<PathBuf> {
     bin.exists().then_some(bin)
 }
 
+/// The account of `azurite` when one started, else the shared test account.
+pub fn account_or_shared(azurite: &Option<PrivateAzurite>) -> Account {
+    azurite
+        .as_ref()
+        .map_or_else(super::account, PrivateAzurite::account)
+}
+
 impl PrivateAzurite {
     /// Starts one when the tests use the local emulator and its binary is
     /// installed; `None` otherwise (the caller uses the shared account).
