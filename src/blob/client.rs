@@ -164,21 +164,12 @@ impl BlobClient {
                 account.endpoint.host_str().unwrap_or_default()
             )));
         }
-        let mut builder = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .pool_idle_timeout(Duration::from_secs(50))
             .tcp_nodelay(true);
-        if let Some(ca) = &account.options.ca_file {
-            let certs = reqwest::Certificate::from_pem_bundle(&ca.pem).map_err(|e| {
-                config(format!(
-                    "the CA file {} is unusable: {}",
-                    ca.path.display(),
-                    e.without_url()
-                ))
-            })?;
-            builder = builder.tls_certs_merge(certs);
-        }
-        let http = builder
+        let http = trust_ca_file(builder, &account)
+            .map_err(config)?
             .build()
             .map_err(|e| config(format!("cannot build the HTTP client: {}", e.without_url())))?;
         let tokens = match &account.credential {
@@ -753,4 +744,23 @@ async fn read_body(mut resp: reqwest::Response) -> reqwest::Result<Bytes> {
         buf.extend_from_slice(&chunk);
     }
     Ok(crate::buffers::freeze(buf))
+}
+
+/// `builder` also trusting the account's CA file (`--ca-file`), when it
+/// names one; the error is the line to show.
+pub(crate) fn trust_ca_file(
+    builder: reqwest::ClientBuilder,
+    account: &Account,
+) -> std::result::Result<reqwest::ClientBuilder, String> {
+    let Some(ca) = &account.options.ca_file else {
+        return Ok(builder);
+    };
+    let certs = reqwest::Certificate::from_pem_bundle(&ca.pem).map_err(|e| {
+        format!(
+            "the CA file {} is unusable: {}",
+            ca.path.display(),
+            e.without_url()
+        )
+    })?;
+    Ok(builder.tls_certs_merge(certs))
 }

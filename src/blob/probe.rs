@@ -43,20 +43,11 @@ pub async fn endpoint(client: &BlobClient, timeout: Duration) -> Result<Endpoint
     let account = client.account();
     let fail =
         |msg: String| Error::other(ErrorKind::Transport, "reach endpoint", &account.name, msg);
-    let mut builder = reqwest::Client::builder()
+    let builder = reqwest::Client::builder()
         .connect_timeout(timeout)
         .timeout(timeout);
-    if let Some(ca) = &account.options.ca_file {
-        let certs = reqwest::Certificate::from_pem_bundle(&ca.pem).map_err(|e| {
-            fail(format!(
-                "the CA file {} is unusable: {}",
-                ca.path.display(),
-                e.without_url()
-            ))
-        })?;
-        builder = builder.tls_certs_merge(certs);
-    }
-    let http = builder
+    let http = super::client::trust_ca_file(builder, account)
+        .map_err(fail)?
         .build()
         .map_err(|e| fail(format!("cannot build the HTTP client: {}", e.without_url())))?;
     let mut url = account.endpoint.clone();
