@@ -251,6 +251,52 @@ t1=$(now)
 put local_read_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
 rm -f "$work/local"
 
+# --- encryption (issue 19): encrypted vs plain drives, side by side -------------
+
+# One round of KIND (plain or crypt): a fresh drive with ext4, $seq_mib MiB
+# written and fsynced, then read cold after a remount; writes the seconds of
+# the write and of the read to $work/times, and leaves the daemon's CPU per GiB of each in
+# the results under KIND. The drive is deleted after (Azurite's memory).
+crypt_round() { # KIND ROUND
+  local kind=$1 blob="$c-enc/$1$2.vhd" keyargs=() t0 t1 t2 t3
+  [ "$kind" = crypt ] && keyargs=(--key-file "$work/key")
+  local create_args=()
+  [ "$kind" = crypt ] && create_args=(--encrypt)
+  "$bin" create "$blob" --size "$((seq_mib + 512))M" --mkfs ext4 "${create_args[@]}" "${keyargs[@]}" >/dev/null
+  mount_drive "$blob" "$work/enc" "${keyargs[@]}"
+  daemon_cpu_begin "$work/enc"
+  t0=$(now)
+  dd if="$shm/random" of="$work/enc/file" bs=4M conv=fsync status=none
+  t1=$(now)
+  daemon_cpu_end "daemon_cpu_${kind}_write_$2" "$seq_mib"
+  unmount "$work/enc"
+  drop_caches
+  mount_drive "$blob" "$work/enc" "${keyargs[@]}"
+  daemon_cpu_begin "$work/enc"
+  t2=$(now)
+  dd if="$work/enc/file" of=/dev/null bs=4M status=none
+  t3=$(now)
+  daemon_cpu_end "daemon_cpu_${kind}_read_$2" "$seq_mib"
+  unmount "$work/enc"
+  "$bin" delete "$blob" >/dev/null
+  echo "$(elapsed "$t0" "$t1") $(elapsed "$t2" "$t3")" >"$work/times"
+}
+say "encryption: sequential write and cold read, encrypted vs plain (alternating, twice each)"
+head -c 32 /dev/urandom >"$work/key"
+pw=0 pr=0 ew=0 er=0
+for round in 1 2; do
+  crypt_round plain "$round"
+  read -r w r <"$work/times"
+  pw=$(python3 -c "print($pw + $w)") pr=$(python3 -c "print($pr + $r)")
+  crypt_round crypt "$round"
+  read -r w r <"$work/times"
+  ew=$(python3 -c "print($ew + $w)") er=$(python3 -c "print($er + $r)")
+done
+put plain_write_mibps "$(mibps $((seq_mib * 2)) "$pw")"
+put plain_read_mibps "$(mibps $((seq_mib * 2)) "$pr")"
+put crypt_write_mibps "$(mibps $((seq_mib * 2)) "$ew")"
+put crypt_read_mibps "$(mibps $((seq_mib * 2)) "$er")"
+
 # --- random 4 KiB I/O with fio on the drive file of a namespace mount ----------
 
 say "random 4 KiB: fio on a drive file (namespace mount), ${fio_seconds}s per job"
@@ -429,6 +475,8 @@ rows = [
     ("warm rand 4k re-read, qd32", r["warm_read_iops"], "IOPS", r["tmpfs_read_iops"], ">= 0.25", lambda x: x >= 0.25),
     ("cold seq read, tier on (vs off)", r["tier_cold_on_mibps"], "MiB/s", r["tier_cold_off_mibps"], ">= 0.95", lambda x: x >= 0.95),
     ("seq read after remount from tier", r["tier_warm_mibps"], "MiB/s", r["local_read_mibps"], ">= 0.5 (vs local file)", lambda x: x >= 0.5),
+    ("encrypted seq write + fsync (vs plain)", r["crypt_write_mibps"], "MiB/s", r["plain_write_mibps"], ">= 0.95", lambda x: x >= 0.95),
+    ("encrypted cold seq read (vs plain)", r["crypt_read_mibps"], "MiB/s", r["plain_read_mibps"], ">= 0.95", lambda x: x >= 0.95),
 ]
 table, out_rows = [], []
 for name, v, unit, ceil, target, ok in rows:
@@ -469,6 +517,11 @@ print("azurite CPU share (cores): " + ", ".join(f"{k[len('azurite_cpu_'):]} {v}"
 print(f"raw 4k Put Page: {put_small} at p8 (best {ceiling['put_4k']['best']} at p{ceiling['put_4k']['best_parallelism']}); "
       f"the burst's drain sent {r['drain_put_pages']:g} Put Pages; "
       f"512-byte burst {r['tiny_burst_iops']:g} IOPS")
+def mean(prefix):
+    v = [x for k, x in r.items() if k.startswith(prefix)]
+    return round(sum(v) / len(v), 2) if v else None
+print(f"daemon CPU s/GiB, plain vs encrypted: write {mean('daemon_cpu_plain_write_')} vs {mean('daemon_cpu_crypt_write_')}, "
+      f"cold read {mean('daemon_cpu_plain_read_')} vs {mean('daemon_cpu_crypt_read_')}")
 print(f"GETs: cold seq read {r['seq_read_gets']:g}, cold rand read {r['rand_read_gets']:g}; "
       f"tmpfs O_DIRECT: {'yes' if r['tmpfs_direct'] else 'no'}; mkfs 1 TiB took {r['mkfs_1t_s']} s")
 json.dump({"quick": quick, "ceiling": ceiling, "raw": r, "rows": out_rows},

@@ -454,3 +454,263 @@ fn upload_encrypt_of_a_plain_image_decrypts_with_an_independent_aes_xts() {
         "download --decrypt is the image"
     );
 }
+
+/// The one device's counter `name` in `blobdrive stats DIR --json`.
+fn device_counter(site: &Site, dir: &Path, name: &str) -> u64 {
+    let stats: serde_json::Value =
+        serde_json::from_str(&site.ok(&["stats", dir.to_str().unwrap(), "--json"]))
+            .expect("stats is JSON");
+    let devices = stats["devices"].as_object().expect("stats has devices");
+    let device = devices.values().next().expect("one device");
+    device[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("stats has no counter {name}: {device}"))
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// An fsx-style exerciser over a file in ext4 on an encrypted drive, with
+/// the disk tier on and a page cache smaller than the file: random reads,
+/// writes (some of them a known plaintext marker), hole punches, fsyncs
+/// (after which the file's pages leave the kernel's cache, so later reads
+/// go down to the drive) and remounts, every read compared with a model.
+/// At each remount the whole file is read back through decryption (from
+/// the blob and from the disk tier); at the end the image, downloaded and
+/// decrypted, holds the model's bytes in that file (`debugfs`, e2fsprogs'
+/// own reader), `e2fsck -fn` is clean, and no file of the disk tier holds
+/// the marker in plaintext.
+#[test]
+fn fsx_operations_on_ext4_over_an_encrypted_drive_with_the_disk_tier_match_a_model() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, RngCore, SeedableRng};
+    use std::os::unix::fs::FileExt;
+    if !system::can_run("fsx_on_an_encrypted_drive", true) {
+        return;
+    }
+    let ops: u64 = std::env::var("BLOBDRIVE_CRYPT_FSX_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
+    let seed: u64 = std::env::var("BLOBDRIVE_FSX_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("encrypted fsx: {ops} ops, seed {seed} (BLOBDRIVE_FSX_SEED={seed} BLOBDRIVE_CRYPT_FSX_OPS={ops} reproduces it)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("crypt-fsx"));
+    let site = Site::new();
+    let key = site.path("key");
+    write_key(&key, 7);
+    let key_s = key.to_str().unwrap();
+    let drive = format!("{}/fsx.vhd", guard.name);
+    site.ok(&[
+        "create",
+        &drive,
+        "--size",
+        "64M",
+        "--mkfs",
+        "ext4",
+        "--encrypt",
+        "--key-file",
+        key_s,
+    ]);
+    let mnt = site.dir("mnt");
+    let mnt_s = mnt.to_str().unwrap().to_string();
+    let cache = site.dir("tier");
+    let cache_s = cache.to_str().unwrap().to_string();
+    let mount = || {
+        site.ok(&[
+            "mount",
+            &drive,
+            &mnt_s,
+            "--key-file",
+            key_s,
+            "--cache-dir",
+            &cache_s,
+            "--cache-size",
+            "4M",
+        ]);
+    };
+    let size: u64 = 12 << 20;
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(mnt.join("fsx"))
+            .expect("open the exerciser's file")
+    };
+    mount();
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(mnt.join("fsx"))
+        .expect("create the exerciser's file");
+    file.set_len(size).expect("size the file");
+    let mut model = vec![0u8; size as usize];
+    let max_len = 64 * 1024u64;
+    let mut counts = [0u64; 5];
+    for op in 0..ops {
+        let kind = match rng.random_range(0..10_000u32) {
+            0..4500 => 0,
+            4500..8500 => 1,
+            8500..9400 => 2,
+            9400..9990 => 3,
+            _ => 4,
+        };
+        let offset = rng.random_range(0..size);
+        let len = rng.random_range(1..=max_len).min(size - offset);
+        let (at, n) = (offset as usize, len as usize);
+        match kind {
+            0 => {
+                let mut buf = vec![0u8; n];
+                file.read_exact_at(&mut buf, offset)
+                    .unwrap_or_else(|e| panic!("op {op}: read {offset}+{len}: {e} (seed {seed})"));
+                if buf != model[at..at + n] {
+                    let first = (0..n).find(|&i| buf[i] != model[at + i]).unwrap_or(0);
+                    panic!(
+                        "op {op}: read {offset}+{len} differs from the model at byte {} (seed {seed})",
+                        offset + first as u64
+                    );
+                }
+            }
+            1 => {
+                let mut buf = vec![0u8; n];
+                if rng.random_range(0..10) == 0 {
+                    for (i, b) in buf.iter_mut().enumerate() {
+                        *b = MARKER.as_bytes()[i % MARKER.len()];
+                    }
+                } else {
+                    rng.fill_bytes(&mut buf);
+                }
+                file.write_all_at(&buf, offset)
+                    .unwrap_or_else(|e| panic!("op {op}: write {offset}+{len}: {e} (seed {seed})"));
+                model[at..at + n].copy_from_slice(&buf);
+            }
+            2 => {
+                use std::os::fd::AsRawFd;
+                // SAFETY: a valid open fd and in-range arguments.
+                let rc = unsafe {
+                    libc::fallocate(
+                        file.as_raw_fd(),
+                        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                        offset as libc::off_t,
+                        len as libc::off_t,
+                    )
+                };
+                assert_eq!(
+                    rc,
+                    0,
+                    "op {op}: punch hole {offset}+{len}: {} (seed {seed})",
+                    std::io::Error::last_os_error()
+                );
+                model[at..at + n].fill(0);
+            }
+            3 => {
+                use std::os::fd::AsRawFd;
+                file.sync_all()
+                    .unwrap_or_else(|e| panic!("op {op}: fsync: {e} (seed {seed})"));
+                // SAFETY: a valid open fd; advice only.
+                unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            }
+            _ => {
+                drop(file);
+                site.unmount(&mnt);
+                mount();
+                let whole = std::fs::read(mnt.join("fsx")).expect("read after remount");
+                assert!(
+                    whole == model,
+                    "op {op}: the file differs from the model after a remount (seed {seed})"
+                );
+                file = open();
+            }
+        }
+        counts[kind] += 1;
+    }
+    drop(file);
+    // A last remount: the whole file once more, now with the tier warm.
+    site.unmount(&mnt);
+    mount();
+    assert!(
+        std::fs::read(mnt.join("fsx")).expect("read after the last remount") == model,
+        "the file differs from the model after the last remount (seed {seed})"
+    );
+    let disk_hits = device_counter(&site, &mnt, "disk_hits");
+    site.unmount(&mnt);
+    println!(
+        "encrypted fsx: {} reads, {} writes, {} punch holes, {} fsyncs, {} remounts: 0 mismatches; \
+         {disk_hits} pages of the last read from the disk tier",
+        counts[0], counts[1], counts[2], counts[3], counts[4]
+    );
+    assert!(disk_hits > 0, "the last read used the disk tier");
+
+    // The tier holds ciphertext only.
+    let tier_files = files_under(&cache);
+    let tier_bytes: u64 = tier_files
+        .iter()
+        .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    assert!(tier_bytes > 0, "the disk tier kept something");
+    for f in &tier_files {
+        let bytes = std::fs::read(f).expect("read a tier file");
+        assert!(
+            !bytes.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
+            "{} holds plaintext",
+            f.display()
+        );
+    }
+
+    // The image, decrypted by `download --decrypt`, read by e2fsprogs.
+    let image = site.path("fsx.img");
+    let image_s = image.to_str().unwrap();
+    site.ok(&[
+        "download",
+        &drive,
+        image_s,
+        "--decrypt",
+        "--key-file",
+        key_s,
+    ]);
+    let fsck = Command::new("e2fsck")
+        .args(["-fn", image_s])
+        .output()
+        .expect("e2fsck");
+    assert!(
+        fsck.status.success(),
+        "e2fsck -fn: {}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
+    let cat = Command::new("debugfs")
+        .args(["-R", "cat /fsx", image_s])
+        .output()
+        .expect("debugfs");
+    assert!(
+        cat.status.success(),
+        "debugfs: {}",
+        String::from_utf8_lossy(&cat.stderr)
+    );
+    assert!(
+        cat.stdout == model,
+        "the decrypted image's file differs from the model ({} bytes, seed {seed})",
+        cat.stdout.len()
+    );
+}

@@ -249,13 +249,6 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
             .build()?;
         rt.block_on(super::key::unlock(&client, &path, &args.key))?
     };
-    if data_key.is_some() && drive_options.disk_cache.is_some() {
-        return Err(CodedError::usage(format!(
-            "drive {path} is encrypted: the disk tier (--cache-dir, --disk-cache-size) would keep \
-             its data in plaintext on local disk, so it is off for encrypted drives"
-        ))
-        .into());
-    }
     let break_lease = args.break_lease;
     run_mount(dir, &opts, move || async move {
         let client = BlobClient::new(account)?;

@@ -18,28 +18,23 @@
 
 pub mod secret;
 pub mod slots;
-
-use aes::cipher::KeyInit;
-use aes::Aes256;
-use xts_mode::{get_tweak_default, Xts128};
+pub mod xts;
 
 pub use secret::{Secret, UserKey};
 pub use slots::{KeySlots, SlotKind};
+pub use xts::is_hole;
 
-use crate::units::PAGE_SIZE;
-
-const PAGE: usize = PAGE_SIZE as usize;
+use xts::PageCipher;
 
 /// Bytes of the data key: two AES-256 keys, as XTS-AES-256 takes them.
-pub const DATA_KEY_BYTES: usize = 64;
+pub const DATA_KEY_BYTES: usize = xts::XTS_KEY_BYTES;
 
 /// The cipher name recorded in the metadata (dm-crypt's spelling).
 pub const CIPHER_NAME: &str = "aes-xts-plain64";
 
 /// The unwrapped data key of one drive and the page cipher built from it.
 pub struct DataKey {
-    key: Secret,
-    xts: Xts128<Aes256>,
+    cipher: PageCipher,
 }
 
 impl std::fmt::Debug for DataKey {
@@ -59,38 +54,43 @@ impl DataKey {
     /// The data key held in `key` (exactly [`DATA_KEY_BYTES`]).
     pub fn from_secret(key: Secret) -> DataKey {
         assert_eq!(key.len(), DATA_KEY_BYTES, "data keys are 64 bytes");
-        let k = key.bytes();
-        let xts = Xts128::new(
-            Aes256::new_from_slice(&k[..32]).expect("32-byte AES key"),
-            Aes256::new_from_slice(&k[32..]).expect("32-byte AES key"),
-        );
-        DataKey { key, xts }
+        DataKey {
+            cipher: PageCipher::new(key),
+        }
     }
 
     /// The raw key bytes (for wrapping into a slot, or `key dump`).
     pub fn bytes(&self) -> &[u8] {
-        self.key.bytes()
+        self.cipher.key().bytes()
     }
 
     /// Encrypt whole pages in place; `buf` starts at page `first_page`.
     pub fn encrypt_pages(&self, first_page: u64, buf: &mut [u8]) {
-        debug_assert_eq!(buf.len() % PAGE, 0, "whole pages only");
-        self.xts
-            .encrypt_area(buf, PAGE, u128::from(first_page), get_tweak_default);
+        self.cipher.encrypt_in_place(first_page, buf);
+    }
+
+    /// Encrypt whole pages of `plain` into `out` (same length): the copy
+    /// a write makes anyway and the encryption in one pass.
+    pub fn encrypt_pages_into(&self, first_page: u64, plain: &[u8], out: &mut [u8]) {
+        self.cipher.encrypt_into(first_page, plain, out);
     }
 
     /// Decrypt whole pages in place; `buf` starts at page `first_page`.
     /// All-zero pages stay zero: they hold no data (never written, or
     /// cleared), and decrypting them would make noise of a hole.
     pub fn decrypt_pages(&self, first_page: u64, buf: &mut [u8]) {
-        debug_assert_eq!(buf.len() % PAGE, 0, "whole pages only");
-        for (i, page) in buf.chunks_exact_mut(PAGE).enumerate() {
-            if page.iter().all(|&b| b == 0) {
-                continue;
-            }
-            let tweak = get_tweak_default(u128::from(first_page + i as u64));
-            self.xts.decrypt_sector(page, tweak);
-        }
+        self.cipher.decrypt_in_place(first_page, buf);
+    }
+
+    /// Encrypt packed pages in place: page `i` of `buf` is drive page
+    /// `pages[i]` (for copies kept outside the blob, such as the disk tier).
+    pub fn encrypt_scattered(&self, pages: &[u64], buf: &mut [u8]) {
+        self.cipher.encrypt_scattered(pages, buf);
+    }
+
+    /// The reverse of [`DataKey::encrypt_scattered`]; zero pages included.
+    pub fn decrypt_scattered(&self, pages: &[u64], buf: &mut [u8]) {
+        self.cipher.decrypt_scattered(pages, buf);
     }
 }
 
@@ -107,6 +107,8 @@ pub fn forbid_core_dumps() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const PAGE: usize = crate::units::PAGE_SIZE as usize;
 
     fn key() -> DataKey {
         let mut s = Secret::zeroed(DATA_KEY_BYTES);

@@ -16,10 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::store::PageStore;
 use crate::blob::error::Result;
+use crate::buffers;
 use crate::crypt::DataKey;
 use crate::units::{ByteRange, PAGE_SIZE, VHD_FOOTER_BYTES};
 
@@ -49,6 +50,19 @@ impl<S: PageStore + ?Sized> EncryptedStore<S> {
         &self.inner
     }
 
+    /// `data` (whole pages from `offset_bytes`) as stored: the pages below
+    /// `data_end` encrypted into a pooled buffer in one pass, the rest (the
+    /// footer) copied as it is.
+    fn encrypted(&self, offset_bytes: u64, data: &[u8], data_end: u64) -> Bytes {
+        let n = (data_end.saturating_sub(offset_bytes) as usize).min(data.len());
+        let mut buf = buffers::take(data.len());
+        buf.resize(data.len(), 0);
+        self.key
+            .encrypt_pages_into(offset_bytes / PAGE_SIZE, &data[..n], &mut buf[..n]);
+        buf[n..].copy_from_slice(&data[n..]);
+        buffers::freeze(buf)
+    }
+
     async fn data_end(&self) -> Result<u64> {
         match self.data_end_bytes.load(Ordering::Acquire) {
             UNKNOWN => self.size_bytes().await.map(|b| b - VHD_FOOTER_BYTES),
@@ -76,11 +90,23 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
 
     fn as_stored(&self, offset_bytes: u64, data: Bytes) -> Bytes {
         let data_end = self.data_end_bytes.load(Ordering::Acquire);
-        let mut buf = BytesMut::from(data.as_ref());
-        let n = (data_end.saturating_sub(offset_bytes) as usize).min(buf.len());
-        self.key
-            .encrypt_pages(offset_bytes / PAGE_SIZE, &mut buf[..n]);
-        buf.freeze()
+        self.encrypted(offset_bytes, &data, data_end)
+    }
+
+    fn seals_pages(&self) -> bool {
+        true
+    }
+
+    fn seal_pages(&self, pages: &[u64], buf: &mut [u8]) {
+        // Data pages only: the engine's chunks never hold the footer.
+        debug_assert!(pages
+            .iter()
+            .all(|&p| p < self.data_end_bytes.load(Ordering::Acquire) / PAGE_SIZE));
+        self.key.encrypt_scattered(pages, buf);
+    }
+
+    fn open_pages(&self, pages: &[u64], buf: &mut [u8]) {
+        self.key.decrypt_scattered(pages, buf);
     }
 
     async fn etag(&self) -> Result<Option<String>> {
@@ -101,10 +127,13 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         let end = range.end.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         let crypt_end = end.min(data_end);
         let raw = self.inner.read(ByteRange::new(start, end)).await?;
-        let mut buf = BytesMut::from(raw.as_ref());
+        // Into a pooled buffer (warm memory), then decrypted in place.
+        let mut buf = buffers::take(raw.len());
+        buf.extend_from_slice(&raw);
+        drop(raw);
         let n = (crypt_end - start) as usize;
         self.key.decrypt_pages(start / PAGE_SIZE, &mut buf[..n]);
-        let buf = buf.freeze();
+        let buf = buffers::freeze(buf);
         Ok(buf.slice((range.start - start) as usize..(range.end - start) as usize))
     }
 
@@ -130,13 +159,9 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         lease_id: Option<&str>,
     ) -> Result<()> {
         let data_end = self.data_end().await?;
-        let mut buf = BytesMut::from(data.as_ref());
-        let n = (data_end.saturating_sub(offset_bytes) as usize).min(buf.len());
-        self.key
-            .encrypt_pages(offset_bytes / PAGE_SIZE, &mut buf[..n]);
-        self.inner
-            .write_pages(offset_bytes, buf.freeze(), lease_id)
-            .await
+        let sealed = self.encrypted(offset_bytes, &data, data_end);
+        drop(data);
+        self.inner.write_pages(offset_bytes, sealed, lease_id).await
     }
 
     async fn clear_pages(&self, range: ByteRange, lease_id: Option<&str>) -> Result<()> {

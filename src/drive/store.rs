@@ -41,6 +41,23 @@ pub trait PageStore: Send + Sync + 'static {
         data
     }
 
+    /// Whether pages kept outside the blob (the disk tier) must be sealed
+    /// with [`PageStore::seal_pages`] and opened with
+    /// [`PageStore::open_pages`]. A sealed copy keeps all-zero pages as
+    /// data too, so it does not show which pages are zeros.
+    fn seals_pages(&self) -> bool {
+        false
+    }
+
+    /// Seal packed pages for keeping on local disk (the disk tier), in
+    /// place: page `i` of `buf` is drive page `pages[i]`. An encrypting store
+    /// encrypts them as it would for the blob, so the local copy reveals no
+    /// more than the blob; the default keeps them as they are.
+    fn seal_pages(&self, _pages: &[u64], _buf: &mut [u8]) {}
+
+    /// The reverse of [`PageStore::seal_pages`].
+    fn open_pages(&self, _pages: &[u64], _buf: &mut [u8]) {}
+
     /// The blob's ETag now (every write changes it). `None` when unknown,
     /// which keeps the disk cache off.
     async fn etag(&self) -> Result<Option<String>> {

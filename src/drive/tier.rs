@@ -11,6 +11,12 @@
 //! the chunk's last write is never installed. Only pages the sparse map says
 //! hold data are ever filled from disk. Cache trouble never fails the drive:
 //! it is logged and the tier is off (or the chunk a miss).
+//!
+//! An encrypted drive's tier holds ciphertext: pages are sealed by the
+//! store (`PageStore::seal_pages`: XTS with the data key, as in the blob)
+//! on the way down and opened on the way up, and all-zero pages are kept as
+//! ciphertext too, so a stolen cache directory shows no more than the blob
+//! does to the account holder.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,8 +73,10 @@ pub(super) async fn open(
     }
 }
 
-/// A copy of the clean, valid pages of a chunk.
-fn copy_clean(c: &Chunk) -> CachedChunk {
+/// A copy of the clean, valid pages of a chunk: which are held, which of
+/// them are zeros (none when `zero_bits` is false: every held page is then
+/// data) and the bytes of the others, packed in page order.
+fn copy_clean(c: &Chunk, zero_bits: bool) -> (ChunkBits, ChunkBits, Vec<u8>) {
     let mut held = ChunkBits::default();
     let mut zero = ChunkBits::default();
     let mut data = Vec::new();
@@ -78,13 +86,34 @@ fn copy_clean(c: &Chunk) -> CachedChunk {
         }
         held.set(slot);
         let page = c.page(slot);
-        if page.iter().all(|&b| b == 0) {
+        if zero_bits && page.iter().all(|&b| b == 0) {
             zero.set(slot);
         } else {
             data.extend_from_slice(page);
         }
     }
-    CachedChunk::new(held, zero, data)
+    (held, zero, data)
+}
+
+/// The drive page numbers of the pages a disk chunk keeps bytes for
+/// (held and not zero), in the order its data packs them.
+fn packed_pages(index: u64, held: &ChunkBits, zero: &ChunkBits) -> Vec<u64> {
+    (0..CHUNK_PAGES)
+        .filter(|&slot| held.get(slot) && !zero.get(slot))
+        .map(|slot| index * CHUNK_PAGES as u64 + slot as u64)
+        .collect()
+}
+
+/// `chunk` (chunk `index` as read from disk) opened by `store`: its bytes
+/// decrypted into plaintext when the store seals what it keeps locally.
+fn opened(store: &dyn PageStore, index: u64, chunk: CachedChunk) -> CachedChunk {
+    if !store.seals_pages() {
+        return chunk;
+    }
+    let pages = packed_pages(index, &chunk.held, &chunk.zero);
+    let mut data = chunk.data.to_vec();
+    store.open_pages(&pages, &mut data);
+    CachedChunk::new(chunk.held, chunk.zero, data)
 }
 
 /// Pages of `fetch` the disk chunks do not hold: what the blob must give,
@@ -132,10 +161,11 @@ impl Inner {
             return HashMap::new();
         }
         let disk = disk.clone();
+        let store = self.store.clone();
         let found = tokio::task::spawn_blocking(move || {
             wanted
                 .into_iter()
-                .filter_map(|idx| disk.lookup(idx).map(|c| (idx, c)))
+                .filter_map(|idx| disk.lookup(idx).map(|c| (idx, opened(&*store, idx, c))))
                 .collect::<HashMap<_, _>>()
         })
         .await;
@@ -151,13 +181,25 @@ impl Inner {
         }
     }
 
-    /// Copies of the clean pages of `refs`, each with its ticket.
-    fn copies(disk: &DiskCache, refs: &[ChunkRef]) -> Vec<(u64, u64, CachedChunk)> {
+    /// Copies of the clean pages of `refs`, each with its ticket, sealed
+    /// when the store seals what is kept locally (after the chunk's lock is
+    /// let go: only the copy and the ticket need it).
+    fn copies(&self, disk: &DiskCache, refs: &[ChunkRef]) -> Vec<(u64, u64, CachedChunk)> {
+        let sealed = self.store.seals_pages();
         refs.iter()
             .filter_map(|r| {
                 let c = r.lock();
-                let copy = copy_clean(&c);
-                (copy.held.count() > 0).then(|| (r.index, disk.ticket(), copy))
+                let (held, zero, mut data) = copy_clean(&c, !sealed);
+                if held.count() == 0 {
+                    return None;
+                }
+                let ticket = disk.ticket();
+                drop(c);
+                if sealed {
+                    let pages = packed_pages(r.index, &held, &zero);
+                    self.store.seal_pages(&pages, &mut data);
+                }
+                Some((r.index, ticket, CachedChunk::new(held, zero, data)))
             })
             .collect()
     }
@@ -166,7 +208,7 @@ impl Inner {
     /// a copy finding the queue full is dropped).
     pub(crate) fn persist(&self, refs: &[ChunkRef]) {
         let Some(disk) = &self.disk else { return };
-        for (idx, ticket, copy) in Self::copies(disk, refs) {
+        for (idx, ticket, copy) in self.copies(disk, refs) {
             disk.store(idx, ticket, copy);
         }
     }
@@ -174,7 +216,7 @@ impl Inner {
     /// Copy the clean pages of `refs` down to the disk tier, waiting for room.
     pub(crate) async fn persist_wait(&self, refs: Vec<ChunkRef>) {
         let Some(disk) = &self.disk else { return };
-        let copies = Self::copies(disk, &refs);
+        let copies = self.copies(disk, &refs);
         drop(refs);
         for (idx, ticket, copy) in copies {
             disk.store_wait(idx, ticket, copy).await;
