@@ -765,6 +765,19 @@ fn copy_from_a_sas_url_is_done_by_the_service_and_never_shows_the_signature() {
         )
         .expect("read the copy");
     assert!(copied.iter().all(|b| *b == 4));
+    // A source the service cannot read is named as such (not the
+    // destination), and nothing is made.
+    let missing = format!("{}/{}/nosuch.vhd?{sas}", common::azurite_url(), guard.name);
+    let line = site.fails(&["copy", &missing, &format!("{}/never.vhd", guard.name)], 1);
+    assert!(
+        line.contains("cannot read the copy source") && line.contains("nosuch.vhd?<SAS>"),
+        "{line}"
+    );
+    assert!(!line.contains("sig="), "{line}");
+    match rt.block_on(guard.client.get_properties(&guard.path("never.vhd"))) {
+        Err(e) if e.is_not_found() => {}
+        other => panic!("nothing is made: {other:?}"),
+    }
     // Onto an existing blob: refused by the service's If-None-Match.
     let out = site.blobdrive(&["copy", &url, &dest]);
     assert_eq!(out.status.code(), Some(1));

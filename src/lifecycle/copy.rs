@@ -203,6 +203,14 @@ pub async fn copy(
     let started = client.start_copy(dest, &url, None).await.map_err(|e| {
         if e.is_already_exists() || e.code() == Some("ConditionNotMet") || e.status == Some(412) {
             anyhow!(exists_line(dest))
+        } else if matches!(e.code(), Some("CannotVerifyCopySource" | "BlobNotFound")) {
+            // About the source (the destination is new by design); the
+            // general explanation would say the destination does not exist.
+            anyhow!(
+                "the service cannot read the copy source {} ({}): check that it exists, and that its SAS allows reading and has not expired",
+                source.display(),
+                e.code().unwrap_or_default()
+            )
         } else {
             blob_err(e)
         }
