@@ -3,7 +3,11 @@
 //! interrupted offline resizes, clones from snapshots, restore, snapshot
 //! pruning, diffs and incremental downloads (also against a model store
 //! that answers `prevsnapshot` as the service documents it), and the one
-//! line each bad input gets.
+//! line each bad input gets. Copy's abort and failure paths run through the
+//! fault proxy's copy plan, which makes Azurite's instant copies look
+//! pending (or failed) and records the requests: Ctrl-C sends Abort Copy
+//! Blob with the copy's id and deletes the destination, also when the abort
+//! is refused; a copy never touches a blob already there.
 //!
 //! Sizes are small (64 MiB ext4 grown to 192 MiB; xfs, which needs 300 MiB
 //! at least, 320 MiB grown to 448 MiB): the behaviour is the same as for
@@ -18,16 +22,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use blobdrive::blob::Result as BlobResult;
+use blobdrive::blob::{BlobClient, BlobPath, Result as BlobResult};
 use blobdrive::lifecycle::diff::{self, StateStore};
 use blobdrive::units::ByteRange;
 use bytes::Bytes;
+use common::fault_proxy::{self, CopyPlan, Exchange, FaultProxy};
 use common::ContainerGuard;
 
 const BIN: &str = env!("CARGO_BIN_EXE_blobdrive");
@@ -760,6 +765,19 @@ fn copy_from_a_sas_url_is_done_by_the_service_and_never_shows_the_signature() {
         )
         .expect("read the copy");
     assert!(copied.iter().all(|b| *b == 4));
+    // A source the service cannot read is named as such (not the
+    // destination), and nothing is made.
+    let missing = format!("{}/{}/nosuch.vhd?{sas}", common::azurite_url(), guard.name);
+    let line = site.fails(&["copy", &missing, &format!("{}/never.vhd", guard.name)], 1);
+    assert!(
+        line.contains("cannot read the copy source") && line.contains("nosuch.vhd?<SAS>"),
+        "{line}"
+    );
+    assert!(!line.contains("sig="), "{line}");
+    match rt.block_on(guard.client.get_properties(&guard.path("never.vhd"))) {
+        Err(e) if e.is_not_found() => {}
+        other => panic!("nothing is made: {other:?}"),
+    }
     // Onto an existing blob: refused by the service's If-None-Match.
     let out = site.blobdrive(&["copy", &url, &dest]);
     assert_eq!(out.status.code(), Some(1));
@@ -768,4 +786,374 @@ fn copy_from_a_sas_url_is_done_by_the_service_and_never_shows_the_signature() {
         err.contains("already exists") && !err.contains("sig="),
         "{err}"
     );
+}
+
+/// A connection string whose blob endpoint is `proxy`.
+fn via_proxy(proxy: &FaultProxy) -> String {
+    let mut account = common::account();
+    account.endpoint = proxy.endpoint.clone();
+    account.connection_string()
+}
+
+/// A running `blobdrive`; killed (and reaped) on drop, so a failing test
+/// leaves no copy process behind.
+struct Running(Option<Child>);
+
+impl Running {
+    /// Waits (at most `timeout`) for it to exit; its output.
+    fn finish(mut self, timeout: Duration) -> Output {
+        let mut child = self.0.take().expect("running");
+        let start = std::time::Instant::now();
+        while child.try_wait().expect("try_wait").is_none() {
+            if start.elapsed() > timeout {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("reap");
+                panic!("blobdrive did not exit within {timeout:?}: {out:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child.wait_with_output().expect("output")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The one error line of a failed run: stderr holds nothing else.
+fn only_line(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line on stderr: {err}");
+    assert!(lines[0].starts_with("blobdrive: "), "{err}");
+    assert!(!err.contains("sig="), "the SAS signature was shown: {err}");
+    lines[0].to_string()
+}
+
+/// What a user would compare to see a blob never changed: its ETag, its
+/// metadata and the SHA-256 of all its bytes, read from Azurite directly.
+#[derive(Debug, PartialEq, Eq)]
+struct BlobState {
+    etag: Option<String>,
+    metadata: BTreeMap<String, String>,
+    sha256: String,
+}
+
+impl BlobState {
+    async fn of(client: &BlobClient, path: &BlobPath) -> BlobState {
+        use sha2::Digest as _;
+        let props = client.get_properties(path).await.expect("properties");
+        let bytes = client
+            .get_blob_range(path, ByteRange::new(0, props.content_length))
+            .await
+            .expect("read the blob");
+        let sha256 = sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        BlobState {
+            etag: props.etag,
+            metadata: props.metadata,
+            sha256,
+        }
+    }
+}
+
+/// A drive with data to copy, and its state when made.
+struct Source {
+    path: BlobPath,
+    made: BlobState,
+}
+
+impl Source {
+    async fn make(guard: &ContainerGuard) -> Source {
+        let path = guard.path("src.vhd");
+        common::make_drive(&guard.client, &path, 8 * MIB).await;
+        guard
+            .client
+            .put_pages(&path, MIB, vec![4u8; 64 * 1024].into(), None)
+            .await
+            .expect("put");
+        let made = BlobState::of(&guard.client, &path).await;
+        Source { path, made }
+    }
+
+    /// Panics unless the source is as it was made.
+    async fn assert_unchanged(&self, client: &BlobClient) {
+        assert_eq!(
+            BlobState::of(client, &self.path).await,
+            self.made,
+            "the source changed"
+        );
+    }
+}
+
+/// Panics unless `path` is gone, asked of Azurite directly.
+async fn assert_gone(client: &BlobClient, path: &BlobPath) {
+    match client.get_properties(path).await {
+        Err(e) if e.is_not_found() => {}
+        other => panic!("{path} should not exist: {other:?}"),
+    }
+}
+
+/// The exchanges about `dest`, with their place in the whole log.
+fn about(proxy: &FaultProxy) -> Vec<(usize, Exchange)> {
+    let dest = proxy.copy_dest();
+    proxy
+        .exchanges()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, x)| x.path == dest)
+        .collect()
+}
+
+/// `log` one exchange per line, for assertion messages.
+fn shown(log: &[(usize, Exchange)]) -> String {
+    fault_proxy::show(log.iter().map(|(_, x)| x))
+}
+
+/// The copy id the service gave the one Copy Blob into the watched
+/// destination.
+fn copy_id(proxy: &FaultProxy) -> String {
+    let copies: Vec<_> = about(proxy)
+        .into_iter()
+        .filter(|(_, x)| x.is_copy_blob())
+        .collect();
+    assert_eq!(copies.len(), 1, "one Copy Blob: {}", shown(&copies));
+    let (_, copy) = &copies[0];
+    assert_eq!(copy.header("if-none-match"), Some("*"), "never replaces");
+    copy.response_header("x-ms-copy-id")
+        .expect("the service named the copy")
+        .to_string()
+}
+
+/// The service-side copy story up to Ctrl-C: a SAS URL source (the service
+/// copies it, also on the development account), through a proxy that keeps
+/// the copy pending; SIGINT once the copy was polled pending. Returns the
+/// one error line and the proxy's record.
+fn interrupt_a_pending_copy(plan: CopyPlan) -> (String, Vec<(usize, Exchange)>, String) {
+    // The proxy must answer while the test thread waits on the process.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let guard = rt.block_on(ContainerGuard::new("abort"));
+    let source = rt.block_on(Source::make(&guard));
+    let dest_path = guard.path("dst.vhd");
+    let proxy = rt.block_on(FaultProxy::start_copy(
+        &common::account().endpoint,
+        &dest_path,
+        plan,
+    ));
+    let sas = common::python(PY_SAS, &[&guard.name]);
+    let url = format!(
+        "{}/{}/src.vhd?{sas}",
+        proxy.endpoint.as_str().trim_end_matches('/'),
+        guard.name
+    );
+    let dest = format!("{}/dst.vhd", guard.name);
+    let child = Command::new(BIN)
+        .env("AZURE_STORAGE_CONNECTION_STRING", via_proxy(&proxy))
+        .env_remove("RUST_LOG")
+        .args(["copy", &url, &dest])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run blobdrive copy");
+    let pid = child.id();
+    let running = Running(Some(child));
+    system::wait_for(
+        "a poll of the pending copy",
+        Duration::from_secs(20),
+        || {
+            about(&proxy).iter().any(|(_, x)| {
+                x.is_properties() && x.response_header("x-ms-copy-status") == Some("pending")
+            })
+        },
+    );
+    // SAFETY: kill(2) on the pid of our own child, which `running` has not
+    // reaped yet (it is reaped only in `finish` or on drop, below).
+    let sent = unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    assert_eq!(sent, 0, "SIGINT sent");
+    let out = running.finish(Duration::from_secs(20));
+    let line = only_line(&out);
+    assert!(out.stdout.is_empty(), "nothing printed as copied: {out:?}");
+    assert!(
+        line.contains("aborted") && line.contains(&format!("{dest} was deleted again")),
+        "{line}"
+    );
+    let id = copy_id(&proxy);
+    let log = about(&proxy);
+    rt.block_on(assert_gone(&guard.client, &dest_path));
+    rt.block_on(source.assert_unchanged(&guard.client));
+    (line, log, id)
+}
+
+/// Where in `log` the one Abort Copy Blob is; checks it names the copy and
+/// that the destination was deleted after it.
+fn abort_then_delete(log: &[(usize, Exchange)], id: &str) -> Exchange {
+    let aborts: Vec<_> = log.iter().filter(|(_, x)| x.is_abort_copy()).collect();
+    assert_eq!(aborts.len(), 1, "one Abort Copy Blob: {}", shown(log));
+    let (at, abort) = aborts[0];
+    assert_eq!(abort.query_param("copyid"), Some(id), "the copy's id");
+    assert!(
+        log.iter()
+            .any(|(i, x)| *i > *at && x.method == "DELETE" && (200..300).contains(&x.status)),
+        "a Delete Blob of the destination after the abort: {}",
+        shown(log)
+    );
+    abort.clone()
+}
+
+#[test]
+fn ctrl_c_aborts_a_pending_service_copy_and_deletes_the_half_made_drive() {
+    // The service accepts the abort of a copy still pending.
+    let (line, log, id) = interrupt_a_pending_copy(CopyPlan::PendingAbortAccepted);
+    let abort = abort_then_delete(&log, &id);
+    assert_eq!(abort.status, 204);
+    assert!(!line.contains("refused"), "{line}");
+}
+
+#[test]
+fn ctrl_c_deletes_the_copy_even_when_the_service_refuses_the_abort() {
+    // Azurite finished its copy at once: it refuses the abort (409
+    // NoPendingCopyOperation), and the copy, whole or not, is still deleted.
+    let (line, log, id) = interrupt_a_pending_copy(CopyPlan::Pending);
+    let abort = abort_then_delete(&log, &id);
+    assert!(!(200..300).contains(&abort.status), "{abort}");
+    assert!(
+        line.contains("refused") && line.contains("no pending copy"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_service_copy_that_fails_is_deleted_with_one_line() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let guard = rt.block_on(ContainerGuard::new("copyfail"));
+    let source = rt.block_on(Source::make(&guard));
+    let dest_path = guard.path("dst.vhd");
+    let proxy = rt.block_on(FaultProxy::start_copy(
+        &common::account().endpoint,
+        &dest_path,
+        CopyPlan::FailsAfter(2),
+    ));
+    let sas = common::python(PY_SAS, &[&guard.name]);
+    let url = format!(
+        "{}/{}/src.vhd?{sas}",
+        proxy.endpoint.as_str().trim_end_matches('/'),
+        guard.name
+    );
+    let dest = format!("{}/dst.vhd", guard.name);
+    let site = Site::new();
+    let out = site.blobdrive_env(
+        &["copy", &url, &dest],
+        &[("AZURE_STORAGE_CONNECTION_STRING", &via_proxy(&proxy))],
+    );
+    let line = only_line(&out);
+    assert!(
+        line.contains("failed")
+            && line.contains("the source could not be read")
+            && line.contains(&format!("{dest} was deleted again")),
+        "{line}"
+    );
+    copy_id(&proxy);
+    let log = about(&proxy);
+    let polls = log.iter().filter(|(_, x)| x.is_properties()).count();
+    assert!(polls >= 3, "polled until it failed: {}", shown(&log));
+    assert!(
+        !log.iter().any(|(_, x)| x.is_abort_copy()),
+        "nothing to abort"
+    );
+    assert!(
+        log.iter()
+            .any(|(_, x)| x.method == "DELETE" && (200..300).contains(&x.status)),
+        "the destination was deleted: {}",
+        shown(&log)
+    );
+    rt.block_on(assert_gone(&guard.client, &dest_path));
+    rt.block_on(source.assert_unchanged(&guard.client));
+}
+
+#[test]
+fn copy_onto_an_existing_blob_is_refused_and_leaves_it_byte_identical() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let guard = rt.block_on(ContainerGuard::new("copytaken"));
+    let source = rt.block_on(Source::make(&guard));
+    // The blob in the way: another drive, its own data and metadata.
+    let taken = guard.path("taken.vhd");
+    rt.block_on(async {
+        common::make_drive(&guard.client, &taken, 4 * MIB).await;
+        guard
+            .client
+            .put_pages(&taken, 0, vec![9u8; 8192].into(), None)
+            .await
+            .expect("put");
+        guard
+            .client
+            .set_metadata(&taken, &[("owner".into(), "someone".into())], None)
+            .await
+            .expect("metadata");
+    });
+    let before = rt.block_on(BlobState::of(&guard.client, &taken));
+    let proxy = rt.block_on(FaultProxy::start_copy(
+        &common::account().endpoint,
+        &taken,
+        CopyPlan::Pending,
+    ));
+    let sas = common::python(PY_SAS, &[&guard.name]);
+    // Through the proxy's address: Azurite cannot verify a source URL whose
+    // host is not the one the request went to.
+    let url = format!(
+        "{}/{}/src.vhd?{sas}",
+        proxy.endpoint.as_str().trim_end_matches('/'),
+        guard.name
+    );
+    let dest = format!("{}/taken.vhd", guard.name);
+    let site = Site::new();
+    let via = via_proxy(&proxy);
+    // By the service (a SAS URL source), and by the client (a drive of the
+    // development account, copied page by page).
+    let drive = format!("{}/src.vhd", guard.name);
+    for (src, env) in [
+        (
+            url.as_str(),
+            vec![("AZURE_STORAGE_CONNECTION_STRING", via.as_str())],
+        ),
+        (drive.as_str(), vec![]),
+    ] {
+        let out = site.blobdrive_env(&["copy", src, &dest], &env);
+        let line = only_line(&out);
+        assert!(
+            line.contains(&format!("{dest} already exists")) && line.contains("never replaces"),
+            "{line}"
+        );
+        assert_eq!(
+            rt.block_on(BlobState::of(&guard.client, &taken)),
+            before,
+            "the blob in the way is untouched"
+        );
+    }
+    // The service's refusal was the only request about it: nothing was
+    // written to it, aborted or deleted.
+    let log = about(&proxy);
+    assert_eq!(log.len(), 1, "{}", shown(&log));
+    assert!(log[0].1.is_copy_blob() && !(200..300).contains(&log[0].1.status));
+    rt.block_on(source.assert_unchanged(&guard.client));
 }

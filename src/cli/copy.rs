@@ -7,6 +7,7 @@
 use std::io::IsTerminal;
 
 use clap::Args;
+use tokio::signal::unix::SignalKind;
 
 use super::drives;
 use super::{output, CmdResult, CodedError, Context};
@@ -55,6 +56,11 @@ pub fn run(ctx: &Context, args: &CopyArgs) -> CmdResult {
     let show = std::io::stderr().is_terminal() && !args.json;
     let json = args.json;
     drives::block_on(async move {
+        // Ctrl-C is caught from here on, not only once the copy waits: one
+        // pressed while the copy starts would otherwise kill the process
+        // with nothing aborted. It then cancels at the first chance.
+        let mut interrupt = tokio::signal::unix::signal(SignalKind::interrupt())
+            .map_err(|e| anyhow::anyhow!("cannot watch for Ctrl-C: {e}"))?;
         match client.create_container(&dest.container).await {
             Ok(_) => {}
             // A SAS scoped to one container may not create containers; the
@@ -73,7 +79,7 @@ pub fn run(ctx: &Context, args: &CopyArgs) -> CmdResult {
             tracing::debug!(done, total, "copy progress");
         };
         let cancel = async {
-            if tokio::signal::ctrl_c().await.is_err() {
+            if interrupt.recv().await.is_none() {
                 std::future::pending::<()>().await;
             }
         };

@@ -4,7 +4,9 @@
 //!
 //! Invariants: a copy never replaces an existing blob (`If-None-Match: *`),
 //! and a copy that fails or is cancelled (Ctrl-C: Abort Copy Blob) deletes
-//! the half-made destination, which only it created. A restore refuses a
+//! the half-made destination, which only it created, also when the service
+//! refuses the abort (the copy finished meanwhile: the user asked for no
+//! copy, and the error line says the abort was refused). A restore refuses a
 //! leased (mounted) drive, holds the drive's lease while it copies, and takes
 //! a safety snapshot first unless told not to. A source URL may carry a SAS
 //! signature: it is never logged or printed (see [`redact`]).
@@ -77,32 +79,65 @@ async fn require_drive(client: &BlobClient, path: &BlobPath) -> anyhow::Result<u
     Ok(props.content_length)
 }
 
+/// How the wait for a service-side copy ended.
+#[derive(Debug)]
+enum Waited {
+    /// The service's last word: success, failed, or aborted by someone else.
+    Ended(CopyState),
+    /// Cancelled here (Ctrl-C). `abort` is what Abort Copy Blob got: the
+    /// service may refuse it (the copy finished meanwhile, or it never said
+    /// which copy it is), and the caller deletes the destination either way.
+    Cancelled {
+        /// `Ok` when the service aborted the copy; else why not, as one phrase.
+        abort: Result<(), String>,
+    },
+}
+
 /// Waits for the copy into `dest` to finish, reporting `(copied, total)`
-/// bytes to `progress`; `cancel` resolving aborts it. Returns the final state.
+/// bytes to `progress`; `cancel` resolving aborts it (Abort Copy Blob).
 async fn wait_copy(
     client: &BlobClient,
     dest: &BlobPath,
     mut state: CopyState,
     progress: &mut dyn FnMut(u64, u64),
     cancel: impl Future<Output = ()>,
-) -> anyhow::Result<CopyState> {
+) -> anyhow::Result<Waited> {
     tokio::pin!(cancel);
     loop {
         if let Some((done, total)) = state.progress_bytes {
             progress(done, total);
         }
         if state.status != Some(CopyStatus::Pending) {
-            return Ok(state);
+            return Ok(Waited::Ended(state));
         }
+        // A poll in flight is raced with `cancel` too: Ctrl-C must not wait
+        // for a slow answer.
+        let poll = async {
+            tokio::time::sleep(POLL).await;
+            client.copy_state(dest).await
+        };
         tokio::select! {
-            () = tokio::time::sleep(POLL) => {
-                state = client.copy_state(dest).await.map_err(blob_err)?;
+            polled = poll => {
+                state = polled.map_err(blob_err)?;
             }
             () = &mut cancel => {
-                if let Some(id) = &state.id {
-                    client.abort_copy(dest, id).await.map_err(blob_err)?;
-                }
-                return Ok(CopyState { status: Some(CopyStatus::Aborted), ..state });
+                let abort = match &state.id {
+                    Some(id) => match client.abort_copy(dest, id).await {
+                        Ok(()) => Ok(()),
+                        Err(e) => {
+                            // The error line says it; the whole answer is for -vv.
+                            tracing::debug!(drive = %dest, error = %e, "Abort Copy Blob was refused");
+                            Err(match e.code() {
+                                Some("NoPendingCopyOperation") => {
+                                    "the service had no pending copy to abort (it had finished)".to_string()
+                                }
+                                _ => checks::explain(&e),
+                            })
+                        }
+                    },
+                    None => Err("the service gave no copy id to abort".to_string()),
+                };
+                return Ok(Waited::Cancelled { abort });
             }
         }
     }
@@ -168,31 +203,44 @@ pub async fn copy(
     let started = client.start_copy(dest, &url, None).await.map_err(|e| {
         if e.is_already_exists() || e.code() == Some("ConditionNotMet") || e.status == Some(412) {
             anyhow!(exists_line(dest))
+        } else if matches!(e.code(), Some("CannotVerifyCopySource" | "BlobNotFound")) {
+            // About the source (the destination is new by design); the
+            // general explanation would say the destination does not exist.
+            anyhow!(
+                "the service cannot read the copy source {} ({}): check that it exists, and that its SAS allows reading and has not expired",
+                source.display(),
+                e.code().unwrap_or_default()
+            )
         } else {
             blob_err(e)
         }
     })?;
-    let state = wait_copy(client, dest, started, progress, cancel).await;
-    let failed = match &state {
-        Ok(s) if s.status == Some(CopyStatus::Success) => None,
-        Ok(s) if s.status == Some(CopyStatus::Aborted) => Some("the copy was aborted".to_string()),
-        Ok(s) => Some(format!(
-            "the service could not copy it ({})",
+    let waited = wait_copy(client, dest, started, progress, cancel).await;
+    let what = match &waited {
+        Ok(Waited::Ended(s)) if s.status == Some(CopyStatus::Success) => None,
+        Ok(Waited::Cancelled { abort: Ok(()) }) => Some("was aborted".to_string()),
+        Ok(Waited::Cancelled { abort: Err(why) }) => Some(format!(
+            "was aborted, though Abort Copy Blob was refused: {why}"
+        )),
+        Ok(Waited::Ended(s)) => Some(format!(
+            "failed: the service {} it ({})",
+            match s.status {
+                Some(CopyStatus::Aborted) => "aborted",
+                _ => "could not copy",
+            },
             s.description.as_deref().unwrap_or("no reason given")
         )),
-        Err(e) => Some(format!("{e:#}")),
+        Err(e) => Some(format!("failed: {e:#}")),
     };
-    if let Some(why) = failed {
-        // Ours, half made: never leave it looking like a drive.
+    if let Some(what) = what {
+        // Ours, half made (or whole, when the abort came too late): never
+        // leave it looking like a drive nobody asked for.
         let removed = client.delete_blob(dest, false, None).await;
         let tail = match removed {
             Ok(()) => format!("{dest} was deleted again"),
             Err(e) => format!("{dest} could not be deleted ({}); delete it with 'blobdrive delete {dest} --force'", checks::explain(&e)),
         };
-        bail!(
-            "copy of {} into {dest} failed: {why}; {tail}",
-            source.display()
-        );
+        bail!("copy of {} into {dest} {what}; {tail}", source.display());
     }
     let blob_size_bytes = match require_drive(client, dest).await {
         Ok(n) => n,
@@ -318,10 +366,15 @@ pub async fn restore(
             std::future::pending(),
         )
         .await?;
-        if state.status != Some(CopyStatus::Success) {
+        let description = match state {
+            Waited::Ended(s) if s.status == Some(CopyStatus::Success) => None,
+            Waited::Ended(s) => Some(s.description),
+            Waited::Cancelled { .. } => Some(None),
+        };
+        if let Some(description) = description {
             bail!(
                 "restore of {path} from {time} failed ({}){}",
-                state.description.as_deref().unwrap_or("no reason given"),
+                description.as_deref().unwrap_or("no reason given"),
                 match &safety {
                     Some(t) => format!("; the state before it is snapshot {t}"),
                     None => String::new(),

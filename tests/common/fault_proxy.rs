@@ -11,6 +11,14 @@
 //! hang (requests read, never answered) until turned off; `land_late` holds
 //! one matching request and forwards it on its own connection after a delay,
 //! whether or not the client still waits (a write that lands late).
+//!
+//! A third plan, `start_copy`, makes a server-side copy look slow, since
+//! Azurite finishes every Copy Blob at once: the answer to Copy Blob into one
+//! destination says `pending`, and the destination's properties (the copy's
+//! polls) show `pending` with progress short of the total, or `failed` after
+//! some polls ([`CopyPlan`]). It forwards one request per connection and
+//! records every exchange ([`Exchange`]), so a test can check which requests
+//! a copy sent (Abort Copy Blob, Delete Blob) and in what order.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -95,6 +103,136 @@ impl Rates {
 enum Plan {
     Fixed(Fault, u64),
     Random(Rates),
+    Copy(CopyPlan),
+}
+
+/// How the copy plan shows the copy into its destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyPlan {
+    /// Pending at every poll, each a little further, never done. Abort Copy
+    /// Blob goes on to the upstream, which (Azurite: its copy is finished)
+    /// refuses it.
+    Pending,
+    /// As `Pending`, but the proxy answers Abort Copy Blob itself, `204` as
+    /// the service does for a pending copy (the upstream never sees it); the
+    /// polls after it say `aborted`.
+    PendingAbortAccepted,
+    /// Pending for this many polls, then `failed` with
+    /// [`COPY_FAILED_DESCRIPTION`].
+    FailsAfter(u32),
+}
+
+/// The `x-ms-copy-status-description` of a copy that [`CopyPlan::FailsAfter`]
+/// fails (the service's form: status, code, message).
+pub const COPY_FAILED_DESCRIPTION: &str =
+    "500 InternalError \"Copy failed: the source could not be read (injected by the test proxy)\"";
+
+/// One request the copy plan passed on, and the answer the client got.
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    /// `GET`, `PUT`, `HEAD`, `DELETE`, ...
+    pub method: String,
+    /// The path, e.g. `/devstoreaccount1/c/d.vhd`.
+    pub path: String,
+    /// The query string (without `?`); empty when there is none.
+    pub query: String,
+    /// Request headers, names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// The status the client got.
+    pub status: u16,
+    /// The response headers the client got (after any rewriting), names in
+    /// lower case.
+    pub response_headers: Vec<(String, String)>,
+}
+
+impl Exchange {
+    /// A request header (name in lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        find_header(&self.headers, name)
+    }
+
+    /// A response header (name in lower case).
+    pub fn response_header(&self, name: &str) -> Option<&str> {
+        find_header(&self.response_headers, name)
+    }
+
+    /// The value of query parameter `name` (as sent, not decoded).
+    pub fn query_param(&self, name: &str) -> Option<&str> {
+        self.query
+            .split('&')
+            .find_map(|kv| kv.split_once('=').filter(|(k, _)| *k == name))
+            .map(|(_, v)| v)
+    }
+
+    /// True for Copy Blob (`PUT` with `x-ms-copy-source`, no `comp=`).
+    pub fn is_copy_blob(&self) -> bool {
+        self.method == "PUT"
+            && self.header("x-ms-copy-source").is_some()
+            && self.query_param("comp").is_none()
+    }
+
+    /// True for Abort Copy Blob (`PUT ?comp=copy&copyid=`, `x-ms-copy-action: abort`).
+    pub fn is_abort_copy(&self) -> bool {
+        self.method == "PUT"
+            && self.query_param("comp") == Some("copy")
+            && self.header("x-ms-copy-action") == Some("abort")
+    }
+
+    /// True for Get Blob Properties (`HEAD`, no `comp=`).
+    pub fn is_properties(&self) -> bool {
+        self.method == "HEAD" && self.query_param("comp").is_none()
+    }
+}
+
+impl std::fmt::Display for Exchange {
+    /// One line, without headers (which hold signatures): `PUT /a/c/b?comp=copy -> 204`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.method, self.path)?;
+        if !self.query.is_empty() {
+            write!(f, "?{}", self.query)?;
+        }
+        if let Some(action) = self.header("x-ms-copy-action") {
+            write!(f, " [copy-action {action}]")?;
+        }
+        if self.header("x-ms-copy-source").is_some() {
+            write!(f, " [copy-source]")?;
+        }
+        write!(f, " -> {}", self.status)?;
+        if let Some(status) = self.response_header("x-ms-copy-status") {
+            write!(f, " [copy-status {status}]")?;
+        }
+        if let Some(code) = self.response_header("x-ms-error-code") {
+            write!(f, " [{code}]")?;
+        }
+        Ok(())
+    }
+}
+
+/// `exchanges` one per line, for assertion messages.
+pub fn show<'a>(exchanges: impl IntoIterator<Item = &'a Exchange>) -> String {
+    exchanges.into_iter().map(|x| format!("\n  {x}")).collect()
+}
+
+fn find_header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// What the copy plan knows of the copy into its destination.
+#[derive(Debug, Default)]
+struct CopyWatch {
+    /// The destination's path (`/account/container/blob`).
+    dest: String,
+    /// Copy Blob into `dest` was answered with success by the upstream.
+    started: bool,
+    /// Properties polls of `dest` answered since.
+    polls: u32,
+    /// The proxy accepted an Abort Copy Blob (`PendingAbortAccepted`).
+    aborted: bool,
+    /// Every exchange, in the order the answers went back.
+    log: Vec<Exchange>,
 }
 
 /// Counts of what the proxy did.
@@ -129,6 +267,8 @@ struct Shared {
     late: Mutex<Option<(String, Duration)>>,
     /// The upstream's status for the late request, once it arrived there.
     late_status: watch::Sender<Option<u16>>,
+    /// The copy plan's state (unused by the other plans).
+    copy: Mutex<CopyWatch>,
 }
 
 /// A running proxy. Dropping it stops accepting new connections.
@@ -149,6 +289,32 @@ impl FaultProxy {
     /// Start a proxy to `upstream` drawing faults at `rates` from `seed`.
     pub async fn start_random(upstream: &url::Url, rates: Rates, seed: u64) -> FaultProxy {
         Self::start_plan(upstream, Plan::Random(rates), seed).await
+    }
+
+    /// Start a proxy to `upstream` that shows a Copy Blob into `dest` as
+    /// `plan` says and records every exchange ([`Self::exchanges`]). The
+    /// names in `dest` must need no percent-encoding (the proxy compares
+    /// paths as sent).
+    pub async fn start_copy(
+        upstream: &url::Url,
+        dest: &blobdrive::blob::BlobPath,
+        plan: CopyPlan,
+    ) -> FaultProxy {
+        let proxy = Self::start_plan(upstream, Plan::Copy(plan), 0).await;
+        let base = upstream.path().trim_end_matches('/');
+        proxy.shared.copy.lock().expect("copy lock").dest =
+            format!("{base}/{}/{}", dest.container, dest.name);
+        proxy
+    }
+
+    /// The exchanges the copy plan saw so far, in order.
+    pub fn exchanges(&self) -> Vec<Exchange> {
+        self.shared.copy.lock().expect("copy lock").log.clone()
+    }
+
+    /// The path (`/account/container/blob`) the copy plan watches.
+    pub fn copy_dest(&self) -> String {
+        self.shared.copy.lock().expect("copy lock").dest.clone()
     }
 
     async fn start_plan(upstream: &url::Url, plan: Plan, seed: u64) -> FaultProxy {
@@ -178,6 +344,7 @@ impl FaultProxy {
             upstream: up_addr,
             late: Mutex::new(None),
             late_status: watch::channel(None).0,
+            copy: Mutex::new(CopyWatch::default()),
         });
         let s2 = shared.clone();
         let task = tokio::spawn(async move {
@@ -332,6 +499,7 @@ fn draw(shared: &Shared) -> Option<Fault> {
             })
             .is_ok()
             .then_some(fault),
+        Plan::Copy(_) => None,
         Plan::Random(r) => {
             if shared.started.elapsed() > r.window
                 || shared.faulted.load(Ordering::SeqCst) >= r.max_faults
@@ -364,6 +532,9 @@ fn draw(shared: &Shared) -> Option<Fault> {
 async fn serve(mut conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
     let mut request = read_request(&mut conn).await?;
     shared.seen.fetch_add(1, Ordering::SeqCst);
+    if let Plan::Copy(plan) = shared.plan {
+        return serve_copy(conn, shared, plan, &request).await;
+    }
     let random = matches!(shared.plan, Plan::Random(_));
     if random {
         request = with_connection_close(&request);
@@ -459,7 +630,7 @@ Content-Type: application/xml\r\nConnection: close\r\nContent-Length: 100\r\n\r\
         Some(Fault::Delay) => {
             let delay = match shared.plan {
                 Plan::Random(r) => r.delay,
-                Plan::Fixed(..) => Duration::from_millis(300),
+                Plan::Fixed(..) | Plan::Copy(_) => Duration::from_millis(300),
             };
             tokio::time::sleep(delay).await;
         }
@@ -467,5 +638,134 @@ Content-Type: application/xml\r\nConnection: close\r\nContent-Length: 100\r\n\r\
     let mut up = TcpStream::connect(&shared.upstream).await?;
     up.write_all(&request).await?;
     tokio::io::copy_bidirectional(&mut conn, &mut up).await?;
+    Ok(())
+}
+
+/// A request or response head: its first line and its headers.
+struct Head {
+    line: String,
+    headers: Vec<(String, String)>,
+}
+
+/// Splits an HTTP message into its head and the bytes after it.
+fn split_head(message: &[u8]) -> Option<(Head, &[u8])> {
+    let end = message.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let text = String::from_utf8_lossy(&message[..end]);
+    let mut lines = text.split("\r\n");
+    let line = lines.next()?.to_string();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Some((Head { line, headers }, &message[end + 4..]))
+}
+
+/// Replaces (or adds) header `name` (lower case).
+fn set_header(headers: &mut Vec<(String, String)>, name: &str, value: &str) {
+    headers.retain(|(k, _)| k != name);
+    headers.push((name.to_string(), value.to_string()));
+}
+
+/// The copy plan: forwards `request` on a connection of its own, reads the
+/// whole answer, rewrites it when it concerns the copy into the watched
+/// destination, records the exchange and answers the client.
+async fn serve_copy(
+    mut conn: TcpStream,
+    shared: &Shared,
+    plan: CopyPlan,
+    request: &[u8],
+) -> std::io::Result<()> {
+    let request = with_connection_close(request);
+    let Some((req, _)) = split_head(&request) else {
+        return Ok(());
+    };
+    let mut parts = req.line.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_string();
+    let target = parts.next().unwrap_or_default();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let mut exchange = Exchange {
+        method,
+        path: path.to_string(),
+        query: query.to_string(),
+        headers: req.headers,
+        status: 0,
+        response_headers: Vec::new(),
+    };
+    let ours = exchange.path == shared.copy.lock().expect("copy lock").dest;
+    if ours && exchange.is_abort_copy() && plan == CopyPlan::PendingAbortAccepted {
+        // What the service answers for a copy still pending.
+        let answer = b"HTTP/1.1 204 No Content\r\nx-ms-version: 2021-08-06\r\n\
+Content-Length: 0\r\nConnection: close\r\n\r\n";
+        exchange.status = 204;
+        exchange.response_headers = split_head(answer)
+            .map(|(h, _)| h.headers)
+            .unwrap_or_default();
+        {
+            let mut watch = shared.copy.lock().expect("copy lock");
+            watch.aborted = true;
+            watch.log.push(exchange);
+        }
+        conn.write_all(answer).await?;
+        let _ = conn.shutdown().await;
+        return Ok(());
+    }
+    let mut up = TcpStream::connect(&shared.upstream).await?;
+    up.write_all(&request).await?;
+    let mut answer = Vec::new();
+    up.read_to_end(&mut answer).await?;
+    let Some((mut resp, body)) = split_head(&answer) else {
+        // Not HTTP: pass it on as it came.
+        conn.write_all(&answer).await?;
+        return Ok(());
+    };
+    exchange.status = resp
+        .line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let ok = (200..300).contains(&exchange.status);
+    {
+        let mut watch = shared.copy.lock().expect("copy lock");
+        if ours && ok && exchange.is_copy_blob() {
+            watch.started = true;
+            watch.polls = 0;
+            set_header(&mut resp.headers, "x-ms-copy-status", "pending");
+        } else if ours && ok && watch.started && exchange.is_properties() {
+            watch.polls += 1;
+            let total: u64 = find_header(&resp.headers, "content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1 << 20);
+            // A little further at every poll, never all of it.
+            let done = total / 64 * u64::from(watch.polls.min(63));
+            let progress = format!("{done}/{total}");
+            let status = match plan {
+                _ if watch.aborted => "aborted",
+                CopyPlan::FailsAfter(n) if watch.polls > n => "failed",
+                _ => "pending",
+            };
+            set_header(&mut resp.headers, "x-ms-copy-status", status);
+            set_header(&mut resp.headers, "x-ms-copy-progress", &progress);
+            if status == "failed" {
+                set_header(
+                    &mut resp.headers,
+                    "x-ms-copy-status-description",
+                    COPY_FAILED_DESCRIPTION,
+                );
+            }
+        }
+        exchange.response_headers = resp.headers.clone();
+        watch.log.push(exchange);
+    }
+    let mut out = Vec::with_capacity(answer.len() + 256);
+    out.extend_from_slice(resp.line.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (k, v) in &resp.headers {
+        out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    conn.write_all(&out).await?;
+    let _ = conn.shutdown().await;
     Ok(())
 }
