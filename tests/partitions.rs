@@ -721,3 +721,249 @@ fn bad_partition_tables_and_choices_are_refused_in_one_line() {
         "{line}"
     );
 }
+
+/// Bytes of the filesystem mounted at `dir`, as `df` sees it.
+fn df_bytes(dir: &str) -> u64 {
+    let out = system::run("df", &["-B1", "--output=size", dir]);
+    out.lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("df printed {out:?}"))
+}
+
+/// The registry entry of the one attach under `site` (JSON).
+fn attach_entry(site: &Site) -> serde_json::Value {
+    let entry = std::fs::read_dir(site.run_dir.path().join("attach"))
+        .expect("registry")
+        .filter_map(Result::ok)
+        .find(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .expect("registry entry");
+    serde_json::from_str(&std::fs::read_to_string(entry.path()).unwrap()).unwrap()
+}
+
+/// `blobdrive resize ... --json` of an attached drive: exit 0, the report.
+fn resize_json(site: &Site, drive: &str, size: &str) -> serde_json::Value {
+    let out = site.blobdrive(&["resize", drive, "--size", size, "--json"]);
+    assert!(
+        out.status.success(),
+        "resize: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("resize json")
+}
+
+/// Partition `number` of `info --json`, and the table's warnings.
+fn info_part(site: &Site, drive: &str, number: u64) -> (serde_json::Value, Vec<String>) {
+    let info = info_json(site, drive);
+    let table = &info["partition_table"];
+    let part = table["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .find(|p| p["number"] == number)
+        .expect("partition")
+        .clone();
+    let warnings = table["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap().to_string())
+        .collect();
+    (part, warnings)
+}
+
+/// Downloads the drive and checks it with tools other than blobdrive's:
+/// `sfdisk --verify` on the table, `xfs_repair -n` on the partition at
+/// `start`/`size` (through a read-only loop device over the image).
+fn check_image(site: &Site, drive: &str, start: u64, size: u64) {
+    let image = site.path("check.img");
+    let _ = std::fs::remove_file(&image);
+    let image_s = image.to_string_lossy().to_string();
+    site.ok(&["download", drive, &image_s, "--raw"]);
+    let verify = system::run("sfdisk", &["--verify", &image_s]);
+    assert!(verify.contains("No errors detected"), "{verify}");
+    let dev = system::run(
+        "losetup",
+        &[
+            "--find",
+            "--show",
+            "--read-only",
+            "--offset",
+            &start.to_string(),
+            "--sizelimit",
+            &size.to_string(),
+            &image_s,
+        ],
+    );
+    let repair = Command::new("xfs_repair")
+        .args(["-n", dev.trim()])
+        .output()
+        .expect("xfs_repair runs");
+    let _ = system::run_quietly("losetup", &["-d", dev.trim()]);
+    assert!(
+        repair.status.success(),
+        "xfs_repair -n: {}{}",
+        String::from_utf8_lossy(&repair.stdout),
+        String::from_utf8_lossy(&repair.stderr)
+    );
+    std::fs::remove_file(&image).unwrap();
+}
+
+#[test]
+fn online_grow_of_a_gpt_drive_extends_its_last_partition_and_xfs() {
+    let test = "online_grow_of_a_gpt_drive_extends_its_last_partition_and_xfs";
+    if !can_run(test) {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("part-grow"));
+    let drive = format!("{}/grow.vhd", guard.name);
+    site.ok(&[
+        "create",
+        &drive,
+        "--size",
+        "1G",
+        "--mkfs",
+        "xfs",
+        "--partition-table",
+        "gpt",
+    ]);
+    let dir = site.dir("mnt");
+    site.ok(&["mount", &drive, &dir]);
+    let names = ["a.bin", "b.bin", "c.bin"];
+    for name in names {
+        std::fs::write(Path::new(&dir).join(name), pattern(name)).unwrap();
+    }
+    let before = df_bytes(&dir);
+    assert!(before < 1 << 30, "df {before}");
+
+    let report = resize_json(&site, &drive, "2G");
+    assert_eq!(report["online"], true);
+    assert_eq!(report["new_size_bytes"], 2u64 << 30);
+    assert_eq!(report["partition"], 1);
+    assert_eq!(report["partition_grown"], true);
+    assert_eq!(report["filesystem"], "xfs");
+    assert_eq!(report["filesystem_grown"], true);
+    assert!(report["todo"].is_null(), "{report}");
+    // The partition ends at the last usable sector (the backup GPT takes 33).
+    let part_bytes = (2u64 << 30) - MIB - 33 * 512;
+    let entry = attach_entry(&site);
+    let dev = entry["loop_device"].as_str().unwrap();
+    assert_eq!(
+        system::run("blockdev", &["--getsize64", dev]).trim(),
+        part_bytes.to_string(),
+        "the loop device took the partition's new size"
+    );
+    let dio = system::run("losetup", &["--noheadings", "--output", "DIO", dev]);
+    assert_eq!(dio.trim(), "1", "the loop device kept direct I/O");
+    // No remount: the mounted filesystem shows the new size.
+    let after = df_bytes(&dir);
+    assert!(after > before + (900 << 20), "df {before} -> {after}");
+    std::fs::write(Path::new(&dir).join("d.bin"), pattern("d.bin")).unwrap();
+    site.ok(&["unmount", &dir]);
+
+    let (p1, warnings) = info_part(&site, &drive, 1);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(p1["start_bytes"], MIB);
+    assert_eq!(p1["size_bytes"], part_bytes);
+    assert_eq!(p1["filesystem"]["type"], "xfs");
+    read_back(
+        &site,
+        &drive,
+        &["-r"],
+        &["a.bin", "b.bin", "c.bin", "d.bin"],
+    );
+    check_image(&site, &drive, MIB, part_bytes);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+#[test]
+fn online_grow_of_a_partition_with_another_after_it_says_what_is_left() {
+    let test = "online_grow_of_a_partition_with_another_after_it_says_what_is_left";
+    if !can_run(test) {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("part-notlast"));
+    let disk = 64 * MIB;
+    let image = site.path("two.img");
+    let parts = sfdisk_image(
+        &image,
+        disk,
+        &format!(
+            "label: gpt\nstart=2048, size=49152, type={LINUX}, name=data\n\
+             start=51200, size=20480, type={LINUX}, name=logs\n"
+        ),
+    );
+    let (p1, p2) = (part(&parts, 1), part(&parts, 2));
+    mkfs_in(&image, p1, "mkfs.xfs", &["-q", "-L", "data"]);
+    mkfs_in(&image, p2, "mkfs.ext4", &["-q", "-L", "logs"]);
+    let drive = format!("{}/two.vhd", guard.name);
+    upload(&site, &image, &drive);
+
+    let dir = site.dir("mnt");
+    site.ok(&["mount", &drive, &dir, "--partition", "1"]);
+    std::fs::write(Path::new(&dir).join("a.bin"), pattern("a.bin")).unwrap();
+    let before = df_bytes(&dir);
+    let outside = hash_outside(&guard, "two.vhd", disk, p1);
+    let report = resize_json(&site, &drive, "128M");
+    assert_eq!(report["new_size_bytes"], 128 * MIB);
+    assert_eq!(report["partition"], 1);
+    assert_eq!(report["partition_grown"], false);
+    assert_eq!(report["filesystem_grown"], false);
+    let todo = report["todo"].as_str().expect("a todo").to_string();
+    assert!(
+        todo.contains("partition 2 follows it") && todo.contains("-N 2"),
+        "{todo}"
+    );
+    assert_eq!(df_bytes(&dir), before);
+    let dev = attach_entry(&site)["loop_device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        system::run("blockdev", &["--getsize64", &dev]).trim(),
+        p1.size.to_string()
+    );
+    // Nothing outside the attached partition changed (the table included).
+    std::fs::write(Path::new(&dir).join("b.bin"), pattern("b.bin")).unwrap();
+    assert_eq!(hash_outside(&guard, "two.vhd", disk, p1), outside);
+
+    // The todo's command is exact: run as given, partition 2 takes the space.
+    let command = todo
+        .split_once("run '")
+        .and_then(|(_, rest)| rest.split_once('\''))
+        .map(|(cmd, _)| cmd.to_string())
+        .expect("a command in the todo");
+    let out = Command::new("sh").args(["-c", &command]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{command}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    site.ok(&["unmount", &dir]);
+    let (info2, warnings) = info_part(&site, &drive, 2);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(info2["start_bytes"], p2.start);
+    assert_eq!(info2["size_bytes"], 128 * MIB - p2.start - 33 * 512);
+    assert_eq!(info2["filesystem"]["type"], "ext4");
+    let (info1, _) = info_part(&site, &drive, 1);
+    assert_eq!(info1["size_bytes"], p1.size);
+    read_back(
+        &site,
+        &drive,
+        &["-r", "--partition", "1"],
+        &["a.bin", "b.bin"],
+    );
+
+    // Grown offline, the GPT's backup stays where the primary says it is
+    // (a warning, not an error), and the drive still attaches.
+    site.ok(&["resize", &drive, "--size", "192M"]);
+    let (_, warnings) = info_part(&site, &drive, 2);
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("backup GPT header is at sector"),
+        "{warnings:?}"
+    );
+    read_back(&site, &drive, &["-r", "--partition", "1"], &["a.bin"]);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
