@@ -965,5 +965,106 @@ fn online_grow_of_a_partition_with_another_after_it_says_what_is_left() {
         "{warnings:?}"
     );
     read_back(&site, &drive, &["-r", "--partition", "1"], &["a.bin"]);
+
+    // As the offline resize advises: attach the last partition and resize
+    // again to the same size: the backup moves, partition 2 reaches the new
+    // end and its loop device follows. ext4 grows online only with
+    // CAP_SYS_RESOURCE; without it the refusal is one line, and all below
+    // the filesystem grew all the same.
+    site.ok(&["mount", &drive, &dir, "--partition", "2"]);
+    let out = site.blobdrive(&["resize", &drive, "--size", "192M", "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    if blobdrive::attach::filesystem::has_cap_sys_resource() {
+        assert!(out.status.success(), "{err}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["partition_grown"], true);
+        assert_eq!(report["filesystem_grown"], true);
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("CAP_SYS_RESOURCE"), "{err}");
+    }
+    let p2_bytes = 192 * MIB - p2.start - 33 * 512;
+    let dev = attach_entry(&site)["loop_device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        system::run("blockdev", &["--getsize64", &dev]).trim(),
+        p2_bytes.to_string()
+    );
+    site.ok(&["unmount", &dir]);
+    let (info2, warnings) = info_part(&site, &drive, 2);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(info2["size_bytes"], p2_bytes);
+    read_back(
+        &site,
+        &drive,
+        &["-r", "--partition", "1"],
+        &["a.bin", "b.bin"],
+    );
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+#[test]
+fn online_grow_of_a_logical_mbr_partition_extends_its_extended_partition_first() {
+    let test = "online_grow_of_a_logical_mbr_partition_extends_its_extended_partition_first";
+    if !can_run(test) {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("part-logical"));
+    let disk = 64 * MIB;
+    let image = site.path("mbr.img");
+    let parts = sfdisk_image(
+        &image,
+        disk,
+        "label: dos\nstart=2048, size=16384, type=83\nstart=18432, type=5\nstart=20480, type=83\n",
+    );
+    let p5 = part(&parts, 5);
+    mkfs_in(&image, part(&parts, 1), "mkfs.ext4", &["-q", "-L", "boot"]);
+    mkfs_in(&image, p5, "mkfs.xfs", &["-q", "-L", "logical"]);
+    let p1 = part(&parts, 1);
+    let drive = format!("{}/mbr.vhd", guard.name);
+    upload(&site, &image, &drive);
+    // Partition 1's bytes: hashed as all but what precedes it, of a disk
+    // that ends where it does.
+    let before_p1 = Part {
+        number: 0,
+        start: 0,
+        size: p1.start,
+    };
+    let p1_hash = hash_outside(&guard, "mbr.vhd", p1.end(), before_p1);
+
+    let dir = site.dir("mnt");
+    site.ok(&["mount", &drive, &dir, "--partition", "5"]);
+    std::fs::write(Path::new(&dir).join("x.bin"), pattern("x.bin")).unwrap();
+    let before = df_bytes(&dir);
+    let report = resize_json(&site, &drive, "128M");
+    assert_eq!(report["partition"], 5);
+    assert_eq!(report["partition_grown"], true);
+    assert_eq!(report["filesystem_grown"], true);
+    assert!(report["todo"].is_null(), "{report}");
+    let after = df_bytes(&dir);
+    assert!(after > before + (48 << 20), "df {before} -> {after}");
+    site.ok(&["unmount", &dir]);
+
+    // Both reach the new end; partition 1 is as it was.
+    let (ext, warnings) = info_part(&site, &drive, 2);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(ext["start_bytes"], part(&parts, 2).start);
+    assert_eq!(ext["size_bytes"], 128 * MIB - part(&parts, 2).start);
+    let (logical, _) = info_part(&site, &drive, 5);
+    assert_eq!(logical["start_bytes"], p5.start);
+    assert_eq!(logical["size_bytes"], 128 * MIB - p5.start);
+    let (boot, _) = info_part(&site, &drive, 1);
+    assert_eq!(boot["size_bytes"], part(&parts, 1).size);
+    assert_eq!(
+        hash_outside(&guard, "mbr.vhd", p1.end(), before_p1),
+        p1_hash,
+        "partition 1 changed"
+    );
+    read_back(&site, &drive, &["-r", "--partition", "5"], &["x.bin"]);
+    check_image(&site, &drive, p5.start, 128 * MIB - p5.start);
     assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
 }
