@@ -6,6 +6,9 @@
 //! the other partitions) is checked unchanged in the blob. Bad inputs (a
 //! corrupt GPT, a partition past the disk end, a partition that does not
 //! exist, LVM and LUKS partitions, unknown bytes) each end in one line.
+//! Online grow of a drive attached by partition: the last one (GPT, and a
+//! logical MBR one) is extended with its xfs, mounted, checked by sfdisk and
+//! xfs_repair; one followed by another is left, with commands that work.
 //!
 //! Each test has its own run and temp directories; the [`Site`] guard undoes
 //! every attach under them even when the test fails.

@@ -2,11 +2,29 @@
 //! online, by asking the daemon that holds the drive's lease on this host to
 //! grow it, then making the loop device and the filesystem take the new size.
 //!
+//! A drive attached by partition (a loop device with an offset and a size
+//! limit over the drive file) grows in place when that partition is the last
+//! on the disk: sfdisk, run on the drive file (so through the daemon), first
+//! moves a GPT's backup to the new end of the disk, then extends the
+//! partition to the last usable sector (an MBR one up to 2 TiB, a logical
+//! one's extended partition first); the loop device then gets its new size
+//! limit (`LoopDevice::set_size_limit`) and the filesystem grows. When it is
+//! not the last, the disk grows and the report's todo gives the commands
+//! that are left. Every step may run again (one already done changes
+//! nothing), so running `resize` again at the same size finishes an
+//! interrupted one, or extends the last partition of a drive grown offline.
+//!
 //! Invariants: a shrink is refused while attached, and offline unless what
 //! the drive holds ends before the new end (a filesystem measured by its
 //! superblock; a partition table is refused outright, since its partitions
 //! are not checked yet); the blob keeps a valid footer at every step
-//! (`drive::resize::move_footer`).
+//! (`drive::resize::move_footer`); every change sfdisk makes to a table is
+//! read back with the project's own parser (`crate::partition`) and must
+//! leave the other partitions as they were and the one extended at its
+//! start; a change that does not check out is put back, sector for sector,
+//! from sfdisk's own backup (`attach::table::TableUndo`). An offline grow
+//! writes no table: a GPT's primary header still names the old backup, which
+//! is still there, so the table reads (with a warning) until a tool moves it.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -299,7 +317,12 @@ pub fn resize_online(entry: &AttachedDrive, new_size_bytes: u64) -> anyhow::Resu
     }
     let fs = FsType::from_name(&entry.fs_type);
     let grown = filesystem::grow(&fs, &entry.loop_device, &entry.dir).map_err(|e| {
-        anyhow!("the drive and its loop device grew, but the filesystem did not: {e}")
+        let also = report
+            .todo
+            .as_deref()
+            .map(|t| format!("; also: {t}"))
+            .unwrap_or_default();
+        anyhow!("the drive and its loop device grew, but the filesystem did not: {e}{also}")
     })?;
     report.filesystem_grown = grown;
     if !grown {
