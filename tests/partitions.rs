@@ -6,6 +6,9 @@
 //! the other partitions) is checked unchanged in the blob. Bad inputs (a
 //! corrupt GPT, a partition past the disk end, a partition that does not
 //! exist, LVM and LUKS partitions, unknown bytes) each end in one line.
+//! Online grow of a drive attached by partition: the last one (GPT, and a
+//! logical MBR one) is extended with its xfs, mounted, checked by sfdisk and
+//! xfs_repair; one followed by another is left, with commands that work.
 //!
 //! Each test has its own run and temp directories; the [`Site`] guard undoes
 //! every attach under them even when the test fails.
@@ -720,4 +723,351 @@ fn bad_partition_tables_and_choices_are_refused_in_one_line() {
         !line.contains("--mkfs") && !line.contains("mkfs.ext4"),
         "{line}"
     );
+}
+
+/// Bytes of the filesystem mounted at `dir`, as `df` sees it.
+fn df_bytes(dir: &str) -> u64 {
+    let out = system::run("df", &["-B1", "--output=size", dir]);
+    out.lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("df printed {out:?}"))
+}
+
+/// The registry entry of the one attach under `site` (JSON).
+fn attach_entry(site: &Site) -> serde_json::Value {
+    let entry = std::fs::read_dir(site.run_dir.path().join("attach"))
+        .expect("registry")
+        .filter_map(Result::ok)
+        .find(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .expect("registry entry");
+    serde_json::from_str(&std::fs::read_to_string(entry.path()).unwrap()).unwrap()
+}
+
+/// `blobdrive resize ... --json` of an attached drive: exit 0, the report.
+fn resize_json(site: &Site, drive: &str, size: &str) -> serde_json::Value {
+    let out = site.blobdrive(&["resize", drive, "--size", size, "--json"]);
+    assert!(
+        out.status.success(),
+        "resize: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("resize json")
+}
+
+/// Partition `number` of `info --json`, and the table's warnings.
+fn info_part(site: &Site, drive: &str, number: u64) -> (serde_json::Value, Vec<String>) {
+    let info = info_json(site, drive);
+    let table = &info["partition_table"];
+    let part = table["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .find(|p| p["number"] == number)
+        .expect("partition")
+        .clone();
+    let warnings = table["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap().to_string())
+        .collect();
+    (part, warnings)
+}
+
+/// Downloads the drive and checks it with tools other than blobdrive's:
+/// `sfdisk --verify` on the table, `xfs_repair -n` on the partition at
+/// `start`/`size` (through a read-only loop device over the image).
+fn check_image(site: &Site, drive: &str, start: u64, size: u64) {
+    let image = site.path("check.img");
+    let _ = std::fs::remove_file(&image);
+    let image_s = image.to_string_lossy().to_string();
+    site.ok(&["download", drive, &image_s, "--raw"]);
+    let verify = system::run("sfdisk", &["--verify", &image_s]);
+    assert!(verify.contains("No errors detected"), "{verify}");
+    let dev = system::run(
+        "losetup",
+        &[
+            "--find",
+            "--show",
+            "--read-only",
+            "--offset",
+            &start.to_string(),
+            "--sizelimit",
+            &size.to_string(),
+            &image_s,
+        ],
+    );
+    let repair = Command::new("xfs_repair")
+        .args(["-n", dev.trim()])
+        .output()
+        .expect("xfs_repair runs");
+    let _ = system::run_quietly("losetup", &["-d", dev.trim()]);
+    assert!(
+        repair.status.success(),
+        "xfs_repair -n: {}{}",
+        String::from_utf8_lossy(&repair.stdout),
+        String::from_utf8_lossy(&repair.stderr)
+    );
+    std::fs::remove_file(&image).unwrap();
+}
+
+#[test]
+fn online_grow_of_a_gpt_drive_extends_its_last_partition_and_xfs() {
+    let test = "online_grow_of_a_gpt_drive_extends_its_last_partition_and_xfs";
+    if !can_run(test) {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("part-grow"));
+    let drive = format!("{}/grow.vhd", guard.name);
+    site.ok(&[
+        "create",
+        &drive,
+        "--size",
+        "1G",
+        "--mkfs",
+        "xfs",
+        "--partition-table",
+        "gpt",
+    ]);
+    let dir = site.dir("mnt");
+    site.ok(&["mount", &drive, &dir]);
+    let names = ["a.bin", "b.bin", "c.bin"];
+    for name in names {
+        std::fs::write(Path::new(&dir).join(name), pattern(name)).unwrap();
+    }
+    let before = df_bytes(&dir);
+    assert!(before < 1 << 30, "df {before}");
+
+    let report = resize_json(&site, &drive, "2G");
+    assert_eq!(report["online"], true);
+    assert_eq!(report["new_size_bytes"], 2u64 << 30);
+    assert_eq!(report["partition"], 1);
+    assert_eq!(report["partition_grown"], true);
+    assert_eq!(report["filesystem"], "xfs");
+    assert_eq!(report["filesystem_grown"], true);
+    assert!(report["todo"].is_null(), "{report}");
+    // The partition ends at the last usable sector (the backup GPT takes 33).
+    let part_bytes = (2u64 << 30) - MIB - 33 * 512;
+    let entry = attach_entry(&site);
+    let dev = entry["loop_device"].as_str().unwrap();
+    assert_eq!(
+        system::run("blockdev", &["--getsize64", dev]).trim(),
+        part_bytes.to_string(),
+        "the loop device took the partition's new size"
+    );
+    let dio = system::run("losetup", &["--noheadings", "--output", "DIO", dev]);
+    assert_eq!(dio.trim(), "1", "the loop device kept direct I/O");
+    // No remount: the mounted filesystem shows the new size.
+    let after = df_bytes(&dir);
+    assert!(after > before + (900 << 20), "df {before} -> {after}");
+    std::fs::write(Path::new(&dir).join("d.bin"), pattern("d.bin")).unwrap();
+    site.ok(&["unmount", &dir]);
+
+    let (p1, warnings) = info_part(&site, &drive, 1);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(p1["start_bytes"], MIB);
+    assert_eq!(p1["size_bytes"], part_bytes);
+    assert_eq!(p1["filesystem"]["type"], "xfs");
+    read_back(
+        &site,
+        &drive,
+        &["-r"],
+        &["a.bin", "b.bin", "c.bin", "d.bin"],
+    );
+    check_image(&site, &drive, MIB, part_bytes);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+#[test]
+fn online_grow_of_a_partition_with_another_after_it_says_what_is_left() {
+    let test = "online_grow_of_a_partition_with_another_after_it_says_what_is_left";
+    if !can_run(test) {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("part-notlast"));
+    let disk = 64 * MIB;
+    let image = site.path("two.img");
+    let parts = sfdisk_image(
+        &image,
+        disk,
+        &format!(
+            "label: gpt\nstart=2048, size=49152, type={LINUX}, name=data\n\
+             start=51200, size=20480, type={LINUX}, name=logs\n"
+        ),
+    );
+    let (p1, p2) = (part(&parts, 1), part(&parts, 2));
+    mkfs_in(&image, p1, "mkfs.xfs", &["-q", "-L", "data"]);
+    mkfs_in(&image, p2, "mkfs.ext4", &["-q", "-L", "logs"]);
+    let drive = format!("{}/two.vhd", guard.name);
+    upload(&site, &image, &drive);
+
+    let dir = site.dir("mnt");
+    site.ok(&["mount", &drive, &dir, "--partition", "1"]);
+    std::fs::write(Path::new(&dir).join("a.bin"), pattern("a.bin")).unwrap();
+    let before = df_bytes(&dir);
+    let outside = hash_outside(&guard, "two.vhd", disk, p1);
+    let report = resize_json(&site, &drive, "128M");
+    assert_eq!(report["new_size_bytes"], 128 * MIB);
+    assert_eq!(report["partition"], 1);
+    assert_eq!(report["partition_grown"], false);
+    assert_eq!(report["filesystem_grown"], false);
+    let todo = report["todo"].as_str().expect("a todo").to_string();
+    assert!(
+        todo.contains("partition 2 follows it") && todo.contains("-N 2"),
+        "{todo}"
+    );
+    assert_eq!(df_bytes(&dir), before);
+    let dev = attach_entry(&site)["loop_device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        system::run("blockdev", &["--getsize64", &dev]).trim(),
+        p1.size.to_string()
+    );
+    // Nothing outside the attached partition changed (the table included).
+    std::fs::write(Path::new(&dir).join("b.bin"), pattern("b.bin")).unwrap();
+    assert_eq!(hash_outside(&guard, "two.vhd", disk, p1), outside);
+
+    // The todo's command is exact: run as given, partition 2 takes the space.
+    let command = todo
+        .split_once("run '")
+        .and_then(|(_, rest)| rest.split_once('\''))
+        .map(|(cmd, _)| cmd.to_string())
+        .expect("a command in the todo");
+    let out = Command::new("sh").args(["-c", &command]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{command}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    site.ok(&["unmount", &dir]);
+    let (info2, warnings) = info_part(&site, &drive, 2);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(info2["start_bytes"], p2.start);
+    assert_eq!(info2["size_bytes"], 128 * MIB - p2.start - 33 * 512);
+    assert_eq!(info2["filesystem"]["type"], "ext4");
+    let (info1, _) = info_part(&site, &drive, 1);
+    assert_eq!(info1["size_bytes"], p1.size);
+    read_back(
+        &site,
+        &drive,
+        &["-r", "--partition", "1"],
+        &["a.bin", "b.bin"],
+    );
+
+    // Grown offline, the GPT's backup stays where the primary says it is
+    // (a warning, not an error), and the drive still attaches.
+    site.ok(&["resize", &drive, "--size", "192M"]);
+    let (_, warnings) = info_part(&site, &drive, 2);
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("backup GPT header is at sector"),
+        "{warnings:?}"
+    );
+    read_back(&site, &drive, &["-r", "--partition", "1"], &["a.bin"]);
+
+    // As the offline resize advises: attach the last partition and resize
+    // again to the same size: the backup moves, partition 2 reaches the new
+    // end and its loop device follows. ext4 grows online only with
+    // CAP_SYS_RESOURCE; without it the refusal is one line, and all below
+    // the filesystem grew all the same.
+    site.ok(&["mount", &drive, &dir, "--partition", "2"]);
+    let out = site.blobdrive(&["resize", &drive, "--size", "192M", "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    if blobdrive::attach::filesystem::has_cap_sys_resource() {
+        assert!(out.status.success(), "{err}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["partition_grown"], true);
+        assert_eq!(report["filesystem_grown"], true);
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("CAP_SYS_RESOURCE"), "{err}");
+    }
+    let p2_bytes = 192 * MIB - p2.start - 33 * 512;
+    let dev = attach_entry(&site)["loop_device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        system::run("blockdev", &["--getsize64", &dev]).trim(),
+        p2_bytes.to_string()
+    );
+    site.ok(&["unmount", &dir]);
+    let (info2, warnings) = info_part(&site, &drive, 2);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(info2["size_bytes"], p2_bytes);
+    read_back(
+        &site,
+        &drive,
+        &["-r", "--partition", "1"],
+        &["a.bin", "b.bin"],
+    );
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+#[test]
+fn online_grow_of_a_logical_mbr_partition_extends_its_extended_partition_first() {
+    let test = "online_grow_of_a_logical_mbr_partition_extends_its_extended_partition_first";
+    if !can_run(test) {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("part-logical"));
+    let disk = 64 * MIB;
+    let image = site.path("mbr.img");
+    let parts = sfdisk_image(
+        &image,
+        disk,
+        "label: dos\nstart=2048, size=16384, type=83\nstart=18432, type=5\nstart=20480, type=83\n",
+    );
+    let p5 = part(&parts, 5);
+    mkfs_in(&image, part(&parts, 1), "mkfs.ext4", &["-q", "-L", "boot"]);
+    mkfs_in(&image, p5, "mkfs.xfs", &["-q", "-L", "logical"]);
+    let p1 = part(&parts, 1);
+    let drive = format!("{}/mbr.vhd", guard.name);
+    upload(&site, &image, &drive);
+    // Partition 1's bytes: hashed as all but what precedes it, of a disk
+    // that ends where it does.
+    let before_p1 = Part {
+        number: 0,
+        start: 0,
+        size: p1.start,
+    };
+    let p1_hash = hash_outside(&guard, "mbr.vhd", p1.end(), before_p1);
+
+    let dir = site.dir("mnt");
+    site.ok(&["mount", &drive, &dir, "--partition", "5"]);
+    std::fs::write(Path::new(&dir).join("x.bin"), pattern("x.bin")).unwrap();
+    let before = df_bytes(&dir);
+    let report = resize_json(&site, &drive, "128M");
+    assert_eq!(report["partition"], 5);
+    assert_eq!(report["partition_grown"], true);
+    assert_eq!(report["filesystem_grown"], true);
+    assert!(report["todo"].is_null(), "{report}");
+    let after = df_bytes(&dir);
+    assert!(after > before + (48 << 20), "df {before} -> {after}");
+    site.ok(&["unmount", &dir]);
+
+    // Both reach the new end; partition 1 is as it was.
+    let (ext, warnings) = info_part(&site, &drive, 2);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(ext["start_bytes"], part(&parts, 2).start);
+    assert_eq!(ext["size_bytes"], 128 * MIB - part(&parts, 2).start);
+    let (logical, _) = info_part(&site, &drive, 5);
+    assert_eq!(logical["start_bytes"], p5.start);
+    assert_eq!(logical["size_bytes"], 128 * MIB - p5.start);
+    let (boot, _) = info_part(&site, &drive, 1);
+    assert_eq!(boot["size_bytes"], part(&parts, 1).size);
+    assert_eq!(
+        hash_outside(&guard, "mbr.vhd", p1.end(), before_p1),
+        p1_hash,
+        "partition 1 changed"
+    );
+    read_back(&site, &drive, &["-r", "--partition", "5"], &["x.bin"]);
+    check_image(&site, &drive, p5.start, 128 * MIB - p5.start);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
 }

@@ -6,7 +6,8 @@
 //! limit over the whole drive file (`losetup -o --sizelimit`): this works where
 //! the kernel makes no partition device nodes (`losetup -P` creates none in
 //! containers and on machines without udev), and the filesystem can never
-//! reach a byte outside its partition.
+//! reach a byte outside its partition. When the partition grows, the limit
+//! changes in place ([`LoopDevice::set_size_limit`]), the filesystem mounted.
 
 use std::path::{Path, PathBuf};
 
@@ -62,12 +63,18 @@ impl LoopDevice {
 
     /// Makes the device take its file's new size (`losetup -c`,
     /// LOOP_SET_CAPACITY) after the file grew, without a detach; returns the
-    /// device's size now, in bytes.
+    /// device's size now, in bytes. A device with a size limit (a partition)
+    /// keeps its limit: see [`LoopDevice::set_size_limit`].
     pub fn refresh_capacity(&self) -> Result<u64, ToolError> {
         run(
             "losetup",
             [std::ffi::OsStr::new("-c"), self.device.as_os_str()],
         )?;
+        self.size_bytes()
+    }
+
+    /// The device's size as the kernel sees it, in bytes (`blockdev --getsize64`).
+    pub fn size_bytes(&self) -> Result<u64, ToolError> {
         let out = run(
             "blockdev",
             [std::ffi::OsStr::new("--getsize64"), self.device.as_os_str()],
@@ -77,6 +84,38 @@ impl LoopDevice {
             detail: format!("printed {out:?}, not a size"),
             code: None,
         })
+    }
+
+    /// Gives an attached device a new size limit (`--sizelimit`), its offset
+    /// and flags unchanged, while the filesystem on it stays mounted; returns
+    /// the device's size now, in bytes. `losetup` has no option for this on
+    /// an attached device, so it is the LOOP_GET_STATUS64 / LOOP_SET_STATUS64
+    /// pair: the kernel drains the device's I/O and sets its new size.
+    pub fn set_size_limit(&self, size_limit_bytes: u64) -> Result<u64, ToolError> {
+        let failed = |what: &str, e: std::io::Error| ToolError {
+            tool: "LOOP_SET_STATUS64".into(),
+            detail: format!("{what} {}: {e}", self.device.display()),
+            code: None,
+        };
+        // Opened for writing: the kernel lets a writer change the status
+        // without CAP_SYS_ADMIN.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.device)
+            .map_err(|e| failed("cannot open", e))?;
+        let mut info = status::get(&file).map_err(|e| failed("cannot read the status of", e))?;
+        if info.lo_sizelimit != size_limit_bytes {
+            tracing::debug!(
+                device = %self.device.display(),
+                from_bytes = info.lo_sizelimit,
+                to_bytes = size_limit_bytes,
+                "changing the loop device's size limit"
+            );
+            info.lo_sizelimit = size_limit_bytes;
+            status::set(&file, &info).map_err(|e| failed("cannot set the size limit of", e))?;
+        }
+        self.size_bytes()
     }
 
     /// The loop devices currently backed by `file`.
@@ -104,5 +143,73 @@ impl LoopDevice {
             [std::ffi::OsStr::new("--detach"), self.device.as_os_str()],
         )
         .map(|_| ())
+    }
+}
+
+/// The loop device status ioctls, which the libc crate does not carry
+/// (`<linux/loop.h>`).
+mod status {
+    use std::os::fd::AsRawFd as _;
+
+    const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
+    const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+    const LO_NAME_SIZE: usize = 64;
+    const LO_KEY_SIZE: usize = 32;
+
+    /// `struct loop_info64` (232 bytes, no padding).
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    pub(super) struct LoopInfo64 {
+        pub lo_device: u64,
+        pub lo_inode: u64,
+        pub lo_rdevice: u64,
+        pub lo_offset: u64,
+        pub lo_sizelimit: u64,
+        pub lo_number: u32,
+        pub lo_encrypt_type: u32,
+        pub lo_encrypt_key_size: u32,
+        pub lo_flags: u32,
+        pub lo_file_name: [u8; LO_NAME_SIZE],
+        pub lo_crypt_name: [u8; LO_NAME_SIZE],
+        pub lo_encrypt_key: [u8; LO_KEY_SIZE],
+        pub lo_init: [u64; 2],
+    }
+
+    const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
+
+    /// The device's status (offset, size limit, flags, backing file name).
+    pub(super) fn get(device: &std::fs::File) -> std::io::Result<LoopInfo64> {
+        // SAFETY: all-zero bytes are a valid `LoopInfo64` (integers and byte arrays).
+        let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+        // SAFETY: the fd is open for the call; the kernel writes at most
+        // `sizeof(struct loop_info64)` bytes into `info`, which has that layout.
+        let rc = unsafe {
+            libc::ioctl(
+                device.as_raw_fd(),
+                LOOP_GET_STATUS64 as _,
+                &mut info as *mut LoopInfo64,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(info)
+    }
+
+    /// Sets the status read by [`get`], changed where the caller changed it.
+    pub(super) fn set(device: &std::fs::File, info: &LoopInfo64) -> std::io::Result<()> {
+        // SAFETY: the fd is open for the call; the kernel only reads
+        // `sizeof(struct loop_info64)` bytes from `info`, which has that layout.
+        let rc = unsafe {
+            libc::ioctl(
+                device.as_raw_fd(),
+                LOOP_SET_STATUS64 as _,
+                info as *const LoopInfo64,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
