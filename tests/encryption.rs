@@ -136,11 +136,10 @@ fn write_key(path: &Path, byte: u8) {
     std::fs::write(path, key).expect("write key file");
 }
 
-fn etag(guard: &ContainerGuard, blob: &str) -> Option<String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+/// The ETag of `blob`, asked on `rt`: the runtime the guard's client was
+/// made on (a pooled connection belongs to its runtime; another runtime
+/// would wait on it until the request times out).
+fn etag(rt: &tokio::runtime::Runtime, guard: &ContainerGuard, blob: &str) -> Option<String> {
     rt.block_on(guard.client.get_properties(&guard.path(blob)))
         .expect("properties")
         .etag
@@ -187,7 +186,7 @@ fn encrypted_ext4_drive_is_opaque_to_the_account_and_decrypts_with_an_independen
 
     // Without the key, or with a wrong one: one line, nothing mounted or
     // written (the blob's ETag stays).
-    let before = etag(&guard, "secret.vhd");
+    let before = etag(&rt, &guard, "secret.vhd");
     let e = site.fails(&["mount", &drive, mnt_s]);
     assert!(e.contains("is encrypted"), "{e}");
     let e = site.fails(&[
@@ -199,7 +198,7 @@ fn encrypted_ext4_drive_is_opaque_to_the_account_and_decrypts_with_an_independen
     ]);
     assert!(e.contains("does not open"), "{e}");
     assert!(!is_mounted(&mnt));
-    assert_eq!(etag(&guard, "secret.vhd"), before, "nothing written");
+    assert_eq!(etag(&rt, &guard, "secret.vhd"), before, "nothing written");
 
     // The account sees ciphertext; Python's AES-XTS with the dumped key
     // decrypts it to exactly what `download --decrypt` writes.
@@ -333,7 +332,7 @@ fn key_slots_add_change_remove_and_dump_without_touching_the_data() {
         k1,
     ]);
     let data_key = site.ok(&["key", "dump", &drive, "--key-file", k1]);
-    let etag_before = etag(&guard, "k.vhd");
+    let etag_before = etag(&rt, &guard, "k.vhd");
 
     site.ok(&[
         "key",
@@ -372,7 +371,7 @@ fn key_slots_add_change_remove_and_dump_without_touching_the_data() {
         site.ok(&["key", "dump", &drive, "--key-file", k2]),
         data_key
     );
-    assert_ne!(etag(&guard, "k.vhd"), None);
+    assert_ne!(etag(&rt, &guard, "k.vhd"), None);
     let _ = etag_before;
 
     // A tampered slot: one line, before anything is opened.
@@ -713,4 +712,103 @@ fn fsx_operations_on_ext4_over_an_encrypted_drive_with_the_disk_tier_match_a_mod
         "the decrypted image's file differs from the model ({} bytes, seed {seed})",
         cat.stdout.len()
     );
+}
+
+/// A namespace mount given a key serves each encrypted drive that key opens
+/// as its plaintext, writable like a plain drive; a drive another key
+/// protects stays its ciphertext, read-only, and no write reaches it.
+#[test]
+fn namespace_mount_with_a_key_serves_the_drives_it_opens_decrypted_and_writable() {
+    use std::os::unix::fs::FileExt;
+    if !system::can_run("namespace mount with a key", false) {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("crypt-ns"));
+    let site = Site::new();
+    let (key, other) = (site.path("key"), site.path("other"));
+    write_key(&key, 3);
+    write_key(&other, 4);
+    let (key_s, other_s) = (key.to_str().unwrap(), other.to_str().unwrap());
+    let mine = format!("{}/mine.vhd", guard.name);
+    let theirs = format!("{}/theirs.vhd", guard.name);
+    site.ok(&[
+        "create",
+        &mine,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        key_s,
+    ]);
+    site.ok(&[
+        "create",
+        &theirs,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        other_s,
+    ]);
+    let theirs_before = etag(&rt, &guard, "theirs.vhd");
+
+    let ns = site.dir("ns");
+    let ns_s = ns.to_str().unwrap();
+    site.ok(&["mount", &guard.name, ns_s, "--key-file", key_s]);
+    let data: Vec<u8> = MARKER.repeat(1 << 20 >> 5).into_bytes();
+    let at = 3 << 20;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(ns.join("mine.vhd"))
+        .expect("the drive the key opens is writable");
+    file.write_all_at(&data, at)
+        .expect("write through the mount");
+    file.sync_all().expect("fsync");
+    let mut back = vec![0u8; data.len()];
+    file.read_exact_at(&mut back, at).expect("read back");
+    assert!(back == data, "reads back the plaintext");
+    drop(file);
+    // The other drive: its ciphertext, read-only.
+    assert!(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(ns.join("theirs.vhd"))
+            .is_err(),
+        "a drive the key does not open is read-only"
+    );
+    let shown = std::fs::read(ns.join("theirs.vhd")).expect("read the other drive");
+    site.unmount(&ns);
+    let stored = site.path("theirs.img");
+    site.ok(&["download", &theirs, stored.to_str().unwrap(), "--raw"]);
+    assert!(
+        shown == std::fs::read(&stored).unwrap(),
+        "the other drive is shown as its ciphertext"
+    );
+    assert_eq!(
+        etag(&rt, &guard, "theirs.vhd"),
+        theirs_before,
+        "nothing written to it"
+    );
+
+    // In the blob: ciphertext, which decrypts to what was written.
+    let raw = site.path("mine-raw.img");
+    site.ok(&["download", &mine, raw.to_str().unwrap(), "--raw"]);
+    let raw = std::fs::read(&raw).unwrap();
+    assert!(!raw.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()));
+    let plain = site.path("mine.img");
+    site.ok(&[
+        "download",
+        &mine,
+        plain.to_str().unwrap(),
+        "--raw",
+        "--decrypt",
+        "--key-file",
+        key_s,
+    ]);
+    let plain = std::fs::read(&plain).unwrap();
+    assert!(plain[at as usize..at as usize + data.len()] == data[..]);
 }

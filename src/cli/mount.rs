@@ -440,13 +440,15 @@ fn mount_namespace(
     if args.break_lease {
         return Err(CodedError::usage("--break-lease applies to a drive (C/B DIR)").into());
     }
-    if args.key.source().is_given() {
-        return Err(CodedError::usage(
-            "--key-file and --passphrase-file apply to a drive (C/B DIR); a namespace mount \
-             shows encrypted drives as read-only ciphertext files",
-        )
-        .into());
-    }
+    // Read here, before the fork: a missing or malformed key file fails in
+    // the user's terminal. Which drives it opens is found at each open.
+    let user_key = if args.key.source().is_given() {
+        let key = args.key.source().read("", false)?;
+        crate::crypt::forbid_core_dumps();
+        key
+    } else {
+        None
+    };
     if !args.fs_options.is_empty() {
         return Err(
             CodedError::usage("-o/--fs-options applies to a drive's filesystem (C/B DIR)").into(),
@@ -493,7 +495,8 @@ fn mount_namespace(
                     .context("cannot list the account's containers")?;
             }
         }
-        let catalog: Arc<dyn Catalog> = Arc::new(AzureCatalog::new(client, drive_options));
+        let catalog: Arc<dyn Catalog> =
+            Arc::new(AzureCatalog::new(client, drive_options).with_user_key(user_key));
         Ok(catalog)
     })
 }

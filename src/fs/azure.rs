@@ -7,6 +7,13 @@
 //! lease); page blobs without a footer and block blobs are read-only files
 //! served by ranged reads. Errors become [`FsError`]s here, with the errno the
 //! drive engine chose, and nowhere else.
+//!
+//! Encrypted drives: an attach gives the catalog the one data key it serves;
+//! a namespace mount may give a user key (key file or passphrase), which
+//! opens the key slots of each encrypted drive at its open (once per data
+//! key: unlocked keys are kept and recognised by their check value). A drive
+//! the key does not open, or any encrypted drive without a key, is served as
+//! its ciphertext, read-only: no page is ever read or written with a wrong key.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,7 +26,7 @@ use futures::stream::{self, StreamExt};
 use super::backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
 use super::rescue::{Rescuable, Rescue, Saved};
 use crate::blob::{self, BlobClient, BlobItem, BlobPath, BlobType, ListBlobsOptions};
-use crate::crypt::{DataKey, KeySlots};
+use crate::crypt::{DataKey, KeySlots, UserKey};
 use crate::drive::{BlobPageStore, Drive, DriveOptions, EncryptedStore, Mode, PageStore};
 use crate::units::{ByteRange, VHD_FOOTER_BYTES};
 use crate::vhd::Footer;
@@ -34,6 +41,12 @@ pub struct AzureCatalog {
     /// The data key of the one encrypted drive this catalog serves (an
     /// attach given --key-file or --passphrase-file).
     data_key: Option<Arc<DataKey>>,
+    /// The user's key of a namespace mount given --key-file or
+    /// --passphrase-file: it opens the slots of the drives it can.
+    user_key: Option<Arc<UserKey>>,
+    /// Data keys `user_key` has unlocked so far (a drive whose check value
+    /// one of them matches needs no slot opened, so no Argon2 run).
+    unlocked: Mutex<Vec<Arc<DataKey>>>,
     /// Kind of each blob version seen: (container, name, snapshot) → (etag, kind).
     kinds: Mutex<HashMap<BlobKey, (Option<String>, EntryKind)>>,
 }
@@ -48,6 +61,8 @@ impl AzureCatalog {
             client,
             drive_options,
             data_key: None,
+            user_key: None,
+            unlocked: Mutex::new(Vec::new()),
             kinds: Mutex::new(HashMap::new()),
         }
     }
@@ -57,6 +72,69 @@ impl AzureCatalog {
     pub fn with_data_key(mut self, key: Option<Arc<DataKey>>) -> Self {
         self.data_key = key;
         self
+    }
+
+    /// Open encrypted drives whose key slots `key` opens (a namespace
+    /// mount's --key-file or --passphrase-file).
+    pub fn with_user_key(mut self, key: Option<UserKey>) -> Self {
+        self.user_key = key.map(Arc::new);
+        self
+    }
+
+    /// The data key to open `path` with: `Some` when the drive is encrypted
+    /// and the catalog's data key is its own, or the user key opens one of
+    /// its slots; `None` for a plain drive or one no key given opens
+    /// (served as ciphertext, read-only). A data key that is not this
+    /// drive's is refused.
+    async fn drive_key(
+        &self,
+        metadata: &std::collections::BTreeMap<String, String>,
+        path: &EntryPath,
+    ) -> FsResult<Option<Arc<DataKey>>> {
+        let slots = KeySlots::from_metadata(metadata)
+            .map_err(|e| FsError::new(libc::EACCES, format!("{path}: {e}")))?;
+        let Some(slots) = slots else {
+            return Ok(None);
+        };
+        if let Some(key) = &self.data_key {
+            return if slots.matches(key) {
+                Ok(Some(key.clone()))
+            } else {
+                Err(FsError::new(
+                    libc::EACCES,
+                    format!("{path}: the key given is not this drive's data key"),
+                ))
+            };
+        }
+        let Some(user) = self.user_key.clone() else {
+            return Ok(None);
+        };
+        let known = {
+            let unlocked = self.unlocked.lock().expect("unlocked keys poisoned");
+            unlocked.iter().find(|k| slots.matches(k)).cloned()
+        };
+        if known.is_some() {
+            return Ok(known);
+        }
+        // Opening a passphrase slot runs Argon2id: off the async threads.
+        let opened = tokio::task::spawn_blocking(move || slots.unlock(&user))
+            .await
+            .map_err(|e| FsError::new(libc::EIO, format!("{path}: unlock task failed: {e}")))?;
+        match opened {
+            Ok((key, slot)) => {
+                tracing::info!(drive = %path, slot, "unlocked");
+                let key = Arc::new(key);
+                self.unlocked
+                    .lock()
+                    .expect("unlocked keys poisoned")
+                    .push(key.clone());
+                Ok(Some(key))
+            }
+            Err(e) => {
+                tracing::info!(drive = %path, reason = %e, "the key given does not open this drive: its ciphertext is served read-only");
+                Ok(None)
+            }
+        }
     }
 
     fn cached_kind(&self, key: &BlobKey, etag: &Option<String>) -> Option<EntryKind> {
@@ -247,16 +325,20 @@ impl Catalog for AzureCatalog {
                     ..self.drive_options.clone()
                 };
                 let plain = BlobPageStore::new(self.client.clone(), blob);
-                let store: Arc<dyn PageStore> =
-                    match encryption(&props.metadata, self.data_key.as_ref(), path)? {
-                        Some(key) => Arc::new(EncryptedStore::new(Arc::new(plain), key)),
-                        None if writable && KeySlots::is_encrypted(&props.metadata) => {
-                            return Err(FsError::read_only(format!(
-                            "{path} is encrypted and no key was given: its ciphertext is read-only"
-                        )))
-                        }
-                        None => Arc::new(plain),
-                    };
+                let store: Arc<dyn PageStore> = match self.drive_key(&props.metadata, path).await? {
+                    Some(key) => Arc::new(EncryptedStore::new(Arc::new(plain), key)),
+                    None if writable && KeySlots::is_encrypted(&props.metadata) => {
+                        let why = if self.user_key.is_some() {
+                            "the key given does not open it"
+                        } else {
+                            "no key was given"
+                        };
+                        return Err(FsError::read_only(format!(
+                            "{path} is encrypted and {why}: its ciphertext is read-only"
+                        )));
+                    }
+                    None => Arc::new(plain),
+                };
                 let drive = Drive::open(store, opts).await.map_err(drive_error)?;
                 let device = Arc::new(DriveDevice {
                     drive,
@@ -447,26 +529,5 @@ impl Device for BlobReadDevice {
 
     fn stats(&self) -> serde_json::Value {
         serde_json::json!({ "target": self.path.to_string(), "retries": self.client.retries() })
-    }
-}
-
-/// The key to open `path` with: `Some` when the drive is encrypted and
-/// `key` is its data key; `None` for a plain drive, or an encrypted one
-/// without a key (served as ciphertext, read-only). A key that is not this
-/// drive's is refused: no page is ever read or written with a wrong key.
-fn encryption(
-    metadata: &std::collections::BTreeMap<String, String>,
-    key: Option<&Arc<DataKey>>,
-    path: &EntryPath,
-) -> FsResult<Option<Arc<DataKey>>> {
-    let slots = KeySlots::from_metadata(metadata)
-        .map_err(|e| FsError::new(libc::EACCES, format!("{path}: {e}")))?;
-    match (slots, key) {
-        (Some(slots), Some(key)) if slots.matches(key) => Ok(Some(key.clone())),
-        (Some(_), Some(_)) => Err(FsError::new(
-            libc::EACCES,
-            format!("{path}: the key given is not this drive's data key"),
-        )),
-        _ => Ok(None),
     }
 }
