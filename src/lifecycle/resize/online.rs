@@ -73,7 +73,16 @@ pub fn resize_online(entry: &AttachedDrive, new_size_bytes: u64) -> anyhow::Resu
     };
     let (area, todo) = match entry.partition {
         None => grow_whole_disk(entry, &file, &device, new_size_bytes)?,
-        Some(number) => grow_partition(entry, &file, number, new_size_bytes)?,
+        Some(number) => {
+            let attached = device.area().map_err(|e| {
+                anyhow!(
+                    "the drive {} grew to {}, but its loop device cannot be read ({e}); its partition was not changed",
+                    entry.drive,
+                    format_size(new_size_bytes)
+                )
+            })?;
+            grow_partition(entry, &file, number, attached, new_size_bytes)?
+        }
     };
     let mut report = ResizeReport {
         drive: entry.drive.clone(),

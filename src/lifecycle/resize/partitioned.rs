@@ -3,7 +3,10 @@
 //! last one, by running sfdisk on the drive file (so through the daemon,
 //! into the blob), and otherwise says what is left to do.
 //!
-//! Invariants: the table is changed only through sfdisk (`attach::table`),
+//! Invariants: nothing changes unless the table's partition of the attached
+//! number starts where the loop device does and holds its whole size limit
+//! (a table renumbered or remade since the mount names another partition);
+//! the table is changed only through sfdisk (`attach::table`),
 //! one run at a time, each saved by `--backup` into one `TableUndo`; after
 //! every run the table is read back with the project's own parser
 //! (`crate::partition`) and must parse, keep its kind and partitions, and
@@ -20,6 +23,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context as _};
 
 use super::{file_size, Area};
+use crate::attach::loopdev::LoopArea;
 use crate::attach::table::{self, NewSize, TableUndo};
 use crate::daemon::registry::AttachedDrive;
 use crate::partition::{self, FileDisk, Partition, Table, TableKind, SECTOR_BYTES};
@@ -35,11 +39,14 @@ pub(super) const MBR_LIMIT_BYTES: u64 = u32::MAX as u64 * SECTOR_BYTES;
 /// backup moves to the new end first; for an MBR, up to 2 TiB (a logical
 /// partition's extended partition first). Each sfdisk run is read back and
 /// checked; a change that does not check out is put back and is an error.
+/// Nothing changes unless the table's partition `number` is the one the
+/// loop device shows (`attached`: same start, a size limit within it).
 /// Returns the area the loop device should cover and what is left to do.
 pub(super) fn grow_partition(
     entry: &AttachedDrive,
     file: &Path,
     number: u32,
+    attached: LoopArea,
     disk_bytes: u64,
 ) -> anyhow::Result<(Area, Option<String>)> {
     let unreadable = |e: String| {
@@ -58,6 +65,28 @@ pub(super) fn grow_partition(
     else {
         return Err(unreadable(format!("it has no partition {number} any more")));
     };
+    // The registry names the attached partition by number, the kernel
+    // holds its bytes. A table changed since the mount (renumbered by a
+    // sort, a partition deleted and made again) makes them disagree, and
+    // extending the partition by number, then giving the loop device that
+    // size from its own offset, would reach into a neighbour, and the
+    // filesystem would grow over it.
+    if attached.offset_bytes != part.start_bytes
+        || attached.size_limit_bytes == 0
+        || attached.size_limit_bytes > part.size_bytes
+    {
+        bail!(
+            "the drive {} grew to {}, but its partition {number} is now bytes {}..{} of the disk, while {} shows              {} bytes from byte {}: the partition table changed since the mount, so neither was changed;              unmount the drive, check its table ('blobdrive info {}'), mount the partition again and resize again",
+            entry.drive,
+            format_size(disk_bytes),
+            part.start_bytes,
+            part.end_bytes(),
+            entry.loop_device.display(),
+            attached.size_limit_bytes,
+            attached.offset_bytes,
+            entry.drive,
+        );
+    }
     let container = extended_of(&table, &part).cloned();
     let is_container = |p: &Partition| container.as_ref().is_some_and(|c| c.number == p.number);
     if let Some(after) = table

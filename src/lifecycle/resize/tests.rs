@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::partitioned::{check_table, grow_partition, put_back, read_table, MBR_LIMIT_BYTES};
 use super::Area;
+use crate::attach::loopdev::LoopArea;
 use crate::attach::table::{self, NewSize, TableUndo};
 use crate::daemon::registry::{AttachMode, AttachedDrive};
 
@@ -71,6 +72,21 @@ fn entry(file: &Path) -> AttachedDrive {
     }
 }
 
+/// The loop device's area over partition `number` as the table holds it
+/// now (as `mount --partition` attached it, or an earlier resize set it).
+fn attached(file: &Path, number: u32) -> LoopArea {
+    let table = read_table(file).unwrap();
+    let part = table
+        .partitions
+        .iter()
+        .find(|p| p.number == number)
+        .unwrap();
+    LoopArea {
+        offset_bytes: part.start_bytes,
+        size_limit_bytes: part.size_bytes,
+    }
+}
+
 #[test]
 fn the_last_gpt_partition_reaches_the_new_end_and_the_backup_moves() {
     if sfdisk_missing() {
@@ -79,7 +95,8 @@ fn the_last_gpt_partition_reaches_the_new_end_and_the_backup_moves() {
     let dir = tempfile::tempdir().unwrap();
     let script = format!("label: gpt\nstart=2048, type={LINUX}\n");
     let file = image(dir.path(), 64 << 20, &script, 128 << 20);
-    let (area, todo) = grow_partition(&entry(&file), &file, 1, 128 << 20).unwrap();
+    let (area, todo) =
+        grow_partition(&entry(&file), &file, 1, attached(&file, 1), 128 << 20).unwrap();
     let size_bytes = (128 << 20) - (1 << 20) - 33 * 512;
     assert_eq!(
         area,
@@ -93,7 +110,8 @@ fn the_last_gpt_partition_reaches_the_new_end_and_the_backup_moves() {
     assert!(table.warnings.is_empty(), "{:?}", table.warnings);
     assert_eq!(table.partitions[0].size_bytes, size_bytes);
     // Again: nothing left to do, and the answer is the same.
-    let (again, _) = grow_partition(&entry(&file), &file, 1, 128 << 20).unwrap();
+    let (again, _) =
+        grow_partition(&entry(&file), &file, 1, attached(&file, 1), 128 << 20).unwrap();
     assert_eq!(
         again,
         Area::Partition {
@@ -114,7 +132,8 @@ fn a_partition_followed_by_another_is_left_and_the_todo_names_the_last() {
     );
     let file = image(dir.path(), 64 << 20, &script, 128 << 20);
     let before = std::fs::read(&file).unwrap();
-    let (area, todo) = grow_partition(&entry(&file), &file, 1, 128 << 20).unwrap();
+    let (area, todo) =
+        grow_partition(&entry(&file), &file, 1, attached(&file, 1), 128 << 20).unwrap();
     assert_eq!(area, Area::Unchanged);
     let todo = todo.unwrap();
     assert!(
@@ -140,7 +159,8 @@ fn an_mbr_partition_stops_at_two_tib_and_says_so() {
         "label: dos\nstart=2048, type=83\n",
         disk_bytes,
     );
-    let (area, todo) = grow_partition(&entry(&file), &file, 1, disk_bytes).unwrap();
+    let (area, todo) =
+        grow_partition(&entry(&file), &file, 1, attached(&file, 1), disk_bytes).unwrap();
     assert_eq!(
         area,
         Area::Partition {
@@ -186,5 +206,52 @@ fn a_change_that_does_not_check_out_is_put_back() {
     assert!(
         std::fs::read(&file).unwrap() == before_bytes,
         "not put back"
+    );
+}
+
+#[test]
+fn a_table_that_no_longer_matches_the_loop_device_is_left_alone() {
+    if sfdisk_missing() {
+        return;
+    }
+    // Partition 2 is last and could grow, but the loop device shows another
+    // area (the table was sorted or remade since the mount): extending
+    // partition 2 and giving the loop device its size from the device's own
+    // offset would let the filesystem grow over partition 1's neighbour.
+    let dir = tempfile::tempdir().unwrap();
+    let script =
+        format!("label: gpt\nstart=2048, size=40960, type={LINUX}\nstart=43008, type={LINUX}\n");
+    let file = image(dir.path(), 64 << 20, &script, 128 << 20);
+    let before = std::fs::read(&file).unwrap();
+    let p2 = attached(&file, 2);
+    for wrong in [
+        // Partition 1's bytes: another start.
+        attached(&file, 1),
+        // The right start, but reaching past the partition.
+        LoopArea {
+            size_limit_bytes: p2.size_limit_bytes + 512,
+            ..p2
+        },
+        // No limit: up to the end of the file.
+        LoopArea {
+            size_limit_bytes: 0,
+            ..p2
+        },
+    ] {
+        let mut e = entry(&file);
+        e.partition = Some(2);
+        let err = grow_partition(&e, &file, 2, wrong, 128 << 20).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("the partition table changed since the mount"),
+            "{err}"
+        );
+        assert!(std::fs::read(&file).unwrap() == before, "the image changed");
+    }
+    // The area it was attached with: partition 2 grows.
+    let (area, _) = grow_partition(&entry(&file), &file, 2, p2, 128 << 20).unwrap();
+    assert!(
+        matches!(area, Area::Partition { grown: true, .. }),
+        "{area:?}"
     );
 }
