@@ -841,6 +841,27 @@ fn online_grow_of_a_gpt_drive_extends_its_last_partition_and_xfs() {
     let before = df_bytes(&dir);
     assert!(before < 1 << 30, "df {before}");
 
+    // One online grow of a drive at a time: while another holds the attach's
+    // lock, a second is refused in one line before anything grows.
+    let fuse_dir = std::fs::File::open(attach_entry(&site)["fuse_dir"].as_str().unwrap()).unwrap();
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(
+        unsafe { libc::flock(fuse_dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    let out = site.blobdrive(&["resize", &drive, "--size", "2G"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("another 'blobdrive resize'"), "{err}");
+    assert_eq!(
+        info_json(&site, &drive)["virtual_size_bytes"],
+        1u64 << 30,
+        "grew while locked"
+    );
+    drop(fuse_dir);
+
     let report = resize_json(&site, &drive, "2G");
     assert_eq!(report["online"], true);
     assert_eq!(report["new_size_bytes"], 2u64 << 30);

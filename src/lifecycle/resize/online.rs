@@ -4,7 +4,8 @@
 //! `partitioned.rs`) and its loop device take the room, and the filesystem
 //! grows into it, all with no remount.
 //!
-//! Invariants: a drive is never shrunk while attached; each layer grows only
+//! Invariants: one online grow of a drive at a time (a lock on the attach's
+//! FUSE root); a drive is never shrunk while attached; each layer grows only
 //! once the one below it shows the size it should (the FUSE file the new
 //! disk size, the loop device exactly the area's size), so a filesystem is
 //! never asked to grow past what its loop device reaches; a whole disk that
@@ -38,12 +39,50 @@ fn drive_file(entry: &AttachedDrive) -> PathBuf {
     entry.fuse_dir.join(name)
 }
 
+/// Held for the whole of an online grow: an exclusive `flock` on the FUSE
+/// root of the attach (the kernel keeps it; no tool the grow runs locks
+/// it). Two grows of one drive at once would interleave their sfdisk runs,
+/// and the one that read its table first could set the loop device's size
+/// limit back below a filesystem the other had already grown.
+struct GrowLock {
+    _dir: std::fs::File,
+}
+
+impl GrowLock {
+    fn take(entry: &AttachedDrive) -> anyhow::Result<GrowLock> {
+        use std::os::fd::AsRawFd as _;
+        let dir = std::fs::File::open(&entry.fuse_dir).map_err(|e| {
+            anyhow!(
+                "cannot open the private mount of {} ({}): {e}",
+                entry.drive,
+                entry.fuse_dir.display()
+            )
+        })?;
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        let rc = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                bail!(
+                    "another 'blobdrive resize' of {} is running; let it finish, then run this one again if it is still needed",
+                    entry.drive
+                );
+            }
+            // A mount that cannot lock must not stop a resize: go on
+            // unguarded, as before the lock existed.
+            tracing::warn!(dir = %entry.fuse_dir.display(), error = %e, "cannot lock the attach for the resize");
+        }
+        Ok(GrowLock { _dir: dir })
+    }
+}
+
 /// Grows a drive attached read-write on this host, in place: the daemon
 /// grows the blob under its lease, then the FUSE file, the partition (when
 /// one is attached and it is the last on the disk), the loop device and the
 /// filesystem take the new size, with no remount. Blocking: run it off the
 /// async runtime.
 pub fn resize_online(entry: &AttachedDrive, new_size_bytes: u64) -> anyhow::Result<ResizeReport> {
+    let _lock = GrowLock::take(entry)?;
     let file = drive_file(entry);
     let old = file_size(&file)?;
     if new_size_bytes < old {
