@@ -11,7 +11,8 @@
 //! every run the table is read back with the project's own parser
 //! (`crate::partition`) and must parse, keep its kind and partitions, and
 //! change only the partition asked for, at the same start and ending no
-//! earlier (an MBR one exactly where asked). Anything else puts every saved
+//! earlier (an MBR one exactly where asked), gaining no warning (a GPT read
+//! only through its backup). Anything else puts every saved
 //! sector back, checks that the table reads as before, and fails the resize;
 //! a put-back that fails keeps sfdisk's files and names them. A GPT's backup
 //! moves to the new end before any partition grows; an MBR partition ends at
@@ -185,7 +186,8 @@ fn gpt_backup_at_end(file: &Path, disk_bytes: u64) -> anyhow::Result<bool> {
 /// Reads the table back after an sfdisk run and checks it against `before`:
 /// it parses, has the same kind and partitions, and only `changed` (number,
 /// and the end it must reach, if exact) differs: same start, an end no
-/// earlier. Returns the table read.
+/// earlier; and no warning appears that `before` did not have (a warning
+/// may go: a backup moved to the end). Returns the table read.
 pub(super) fn check_table(
     file: &Path,
     before: &Table,
@@ -198,6 +200,12 @@ pub(super) fn check_table(
             after.kind.name(),
             after.partitions.len()
         );
+    }
+    // A table that reads only through its backup copy (a primary GPT sfdisk
+    // left unusable) still parses with the same partitions: only a warning
+    // the table did not have before tells.
+    if let Some(w) = after.warnings.iter().find(|w| !before.warnings.contains(w)) {
+        bail!("the table reads back with a new fault: {w}");
     }
     for (old, new) in before.partitions.iter().zip(&after.partitions) {
         let (asked, end) = match changed {

@@ -255,3 +255,40 @@ fn a_table_that_no_longer_matches_the_loop_device_is_left_alone() {
         "{area:?}"
     );
 }
+
+#[test]
+fn a_table_that_reads_only_through_its_backup_does_not_check_out() {
+    if sfdisk_missing() {
+        return;
+    }
+    // After the backup moved, the primary header is damaged (as a torn or
+    // wrong write would leave it): the table still parses, from the backup,
+    // with the same partitions, but it is not the table that was asked for.
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("label: gpt\nstart=2048, type={LINUX}\n");
+    let file = image(dir.path(), 64 << 20, &script, 128 << 20);
+    let before = read_table(&file).unwrap();
+    let mut undo = TableUndo::new().unwrap();
+    table::relocate_gpt_backup(&file, &mut undo).unwrap();
+    check_table(&file, &before, None).unwrap();
+    {
+        use std::os::unix::fs::FileExt as _;
+        let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        // The first usable LBA, inside the header's CRC.
+        f.write_all_at(&[0xff], 512 + 40).unwrap();
+    }
+    let read = read_table(&file).unwrap();
+    assert_eq!(read.partitions, before.partitions);
+    let err = check_table(&file, &before, None).unwrap_err();
+    assert!(
+        err.to_string().contains("new fault") && err.to_string().contains("primary GPT"),
+        "{err}"
+    );
+    // Put back, it reads as before (the backup at the old end again).
+    let err = put_back(&entry(&file), &file, &mut undo, &before, err).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the partition table was put back as it was"),
+        "{err}"
+    );
+}
