@@ -935,9 +935,13 @@ fn copy_id(proxy: &FaultProxy) -> String {
 
 /// The service-side copy story up to Ctrl-C: a SAS URL source (the service
 /// copies it, also on the development account), through a proxy that keeps
-/// the copy pending; SIGINT once the copy was polled pending. Returns the
+/// the copy pending; `signal` (SIGINT, SIGTERM) once the copy was polled
+/// pending. Returns the
 /// one error line and the proxy's record.
-fn interrupt_a_pending_copy(plan: CopyPlan) -> (String, Vec<(usize, Exchange)>, String) {
+fn interrupt_a_pending_copy(
+    plan: CopyPlan,
+    signal: libc::c_int,
+) -> (String, Vec<(usize, Exchange)>, String) {
     // The proxy must answer while the test thread waits on the process.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -981,8 +985,8 @@ fn interrupt_a_pending_copy(plan: CopyPlan) -> (String, Vec<(usize, Exchange)>, 
     );
     // SAFETY: kill(2) on the pid of our own child, which `running` has not
     // reaped yet (it is reaped only in `finish` or on drop, below).
-    let sent = unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
-    assert_eq!(sent, 0, "SIGINT sent");
+    let sent = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    assert_eq!(sent, 0, "signal {signal} sent");
     let out = running.finish(Duration::from_secs(20));
     let line = only_line(&out);
     assert!(out.stdout.is_empty(), "nothing printed as copied: {out:?}");
@@ -1016,7 +1020,17 @@ fn abort_then_delete(log: &[(usize, Exchange)], id: &str) -> Exchange {
 #[test]
 fn ctrl_c_aborts_a_pending_service_copy_and_deletes_the_half_made_drive() {
     // The service accepts the abort of a copy still pending.
-    let (line, log, id) = interrupt_a_pending_copy(CopyPlan::PendingAbortAccepted);
+    let (line, log, id) = interrupt_a_pending_copy(CopyPlan::PendingAbortAccepted, libc::SIGINT);
+    let abort = abort_then_delete(&log, &id);
+    assert_eq!(abort.status, 204);
+    assert!(!line.contains("refused"), "{line}");
+}
+
+#[test]
+fn sigterm_aborts_a_pending_service_copy_and_deletes_the_half_made_drive() {
+    // kill, systemd and a stopping container send SIGTERM: the same path as
+    // Ctrl-C, not a process killed with the service's copy still running.
+    let (line, log, id) = interrupt_a_pending_copy(CopyPlan::PendingAbortAccepted, libc::SIGTERM);
     let abort = abort_then_delete(&log, &id);
     assert_eq!(abort.status, 204);
     assert!(!line.contains("refused"), "{line}");
@@ -1026,7 +1040,7 @@ fn ctrl_c_aborts_a_pending_service_copy_and_deletes_the_half_made_drive() {
 fn ctrl_c_deletes_the_copy_even_when_the_service_refuses_the_abort() {
     // Azurite finished its copy at once: it refuses the abort (409
     // NoPendingCopyOperation), and the copy, whole or not, is still deleted.
-    let (line, log, id) = interrupt_a_pending_copy(CopyPlan::Pending);
+    let (line, log, id) = interrupt_a_pending_copy(CopyPlan::Pending, libc::SIGINT);
     let abort = abort_then_delete(&log, &id);
     assert!(!(200..300).contains(&abort.status), "{abort}");
     assert!(

@@ -8,7 +8,8 @@
 //! exist, LVM and LUKS partitions, unknown bytes) each end in one line.
 //! Online grow of a drive attached by partition: the last one (GPT, and a
 //! logical MBR one) is extended with its xfs, mounted, checked by sfdisk and
-//! xfs_repair; one followed by another is left, with commands that work.
+//! xfs_repair; one followed by another is left, with commands that work; a
+//! table renumbered since the mount is refused with nothing changed.
 //!
 //! Each test has its own run and temp directories; the [`Site`] guard undoes
 //! every attach under them even when the test fails.
@@ -840,6 +841,27 @@ fn online_grow_of_a_gpt_drive_extends_its_last_partition_and_xfs() {
     let before = df_bytes(&dir);
     assert!(before < 1 << 30, "df {before}");
 
+    // One online grow of a drive at a time: while another holds the attach's
+    // lock, a second is refused in one line before anything grows.
+    let fuse_dir = std::fs::File::open(attach_entry(&site)["fuse_dir"].as_str().unwrap()).unwrap();
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(
+        unsafe { libc::flock(fuse_dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    let out = site.blobdrive(&["resize", &drive, "--size", "2G"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("another 'blobdrive resize'"), "{err}");
+    assert_eq!(
+        info_json(&site, &drive)["virtual_size_bytes"],
+        1u64 << 30,
+        "grew while locked"
+    );
+    drop(fuse_dir);
+
     let report = resize_json(&site, &drive, "2G");
     assert_eq!(report["online"], true);
     assert_eq!(report["new_size_bytes"], 2u64 << 30);
@@ -1069,5 +1091,75 @@ fn online_grow_of_a_logical_mbr_partition_extends_its_extended_partition_first()
     );
     read_back(&site, &drive, &["-r", "--partition", "5"], &["x.bin"]);
     check_image(&site, &drive, p5.start, 128 * MIB - p5.start);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+#[test]
+fn online_grow_refuses_a_table_renumbered_since_the_mount_and_changes_nothing() {
+    let test = "online_grow_refuses_a_table_renumbered_since_the_mount_and_changes_nothing";
+    if !can_run(test) {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("part-sorted"));
+    let disk = 64 * MIB;
+    let image = site.path("sorted.img");
+    // Numbers out of disk order: partition 2 first, partition 1 last.
+    let parts = sfdisk_image(
+        &image,
+        disk,
+        &format!(
+            "label: gpt\nsorted.img2 : start=2048, size=49152, type={LINUX}, name=data\n\
+             sorted.img1 : start=51200, type={LINUX}, name=logs\n"
+        ),
+    );
+    let (p2, p1) = (part(&parts, 2), part(&parts, 1));
+    mkfs_in(&image, p2, "mkfs.xfs", &["-q", "-L", "data"]);
+    mkfs_in(&image, p1, "mkfs.ext4", &["-q", "-L", "logs"]);
+    let drive = format!("{}/sorted.vhd", guard.name);
+    upload(&site, &image, &drive);
+
+    let dir = site.dir("mnt");
+    site.ok(&["mount", &drive, &dir, "--partition", "2"]);
+    std::fs::write(Path::new(&dir).join("a.bin"), pattern("a.bin")).unwrap();
+    let before = df_bytes(&dir);
+    let entry = attach_entry(&site);
+    let dev = entry["loop_device"].as_str().unwrap().to_string();
+    // The table sorted while attached (sfdisk -r, as a tidy-up would):
+    // the attached partition is number 1 now, and number 2 is the last one.
+    let file = Path::new(entry["fuse_dir"].as_str().unwrap()).join("sorted.vhd");
+    let file_s = file.to_string_lossy().to_string();
+    system::run(
+        "sfdisk",
+        &["--no-reread", "--no-tell-kernel", "-r", &file_s],
+    );
+    let dump_before = system::run("sfdisk", &["--dump", &file_s]);
+    let neighbour = hash_outside(&guard, "sorted.vhd", disk, p2);
+
+    // Extending partition 2 (now the neighbour) and giving the loop device
+    // its size from the attached one's start would let xfs grow over the
+    // ext4 filesystem: refused, in one line, nothing changed but the disk.
+    let out = site.blobdrive(&["resize", &drive, "--size", "128M"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("the partition table changed since the mount"),
+        "{err}"
+    );
+    assert_eq!(
+        system::run("blockdev", &["--getsize64", &dev]).trim(),
+        p2.size.to_string(),
+        "the loop device kept its size"
+    );
+    assert_eq!(df_bytes(&dir), before);
+    let dump_after = system::run("sfdisk", &["--dump", &file_s]);
+    assert_eq!(dump_after, dump_before, "the table changed");
+    assert_eq!(
+        hash_outside(&guard, "sorted.vhd", disk, p2),
+        neighbour,
+        "bytes outside the attached partition changed"
+    );
+    site.ok(&["unmount", &dir]);
     assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
 }

@@ -13,6 +13,17 @@ use std::path::{Path, PathBuf};
 
 use super::tool::{run, ToolError};
 
+/// The part of its backing file a loop device shows, as the kernel holds it
+/// (LOOP_GET_STATUS64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopArea {
+    /// Where the device starts in the file, in bytes (a partition's start).
+    pub offset_bytes: u64,
+    /// How far past the offset it reaches at most, in bytes; 0 means up to
+    /// the file's end (a device over a whole drive).
+    pub size_limit_bytes: u64,
+}
+
 /// A loop device attached to a file. Detach it explicitly with [`LoopDevice::detach`];
 /// dropping it does not detach (teardown order matters and belongs to the caller).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +94,22 @@ impl LoopDevice {
             tool: "blockdev".into(),
             detail: format!("printed {out:?}, not a size"),
             code: None,
+        })
+    }
+
+    /// The offset and size limit the kernel holds for the device. Opened
+    /// read-only: reading the status needs no write access.
+    pub fn area(&self) -> Result<LoopArea, ToolError> {
+        let failed = |what: &str, e: std::io::Error| ToolError {
+            tool: "LOOP_GET_STATUS64".into(),
+            detail: format!("{what} {}: {e}", self.device.display()),
+            code: None,
+        };
+        let file = std::fs::File::open(&self.device).map_err(|e| failed("cannot open", e))?;
+        let info = status::get(&file).map_err(|e| failed("cannot read the status of", e))?;
+        Ok(LoopArea {
+            offset_bytes: info.lo_offset,
+            size_limit_bytes: info.lo_sizelimit,
         })
     }
 

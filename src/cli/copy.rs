@@ -1,8 +1,8 @@
 //! `blobdrive copy SRC DST [--snapshot T] [--json]`: a server-side copy
 //! (Copy Blob) into a new, independent drive. SRC is a drive of the
 //! account (`--snapshot T` picks one of its snapshots) or a URL with a SAS
-//! (another account). Never replaces DST; Ctrl-C aborts the copy and
-//! deletes the half-made DST. The work is in `crate::lifecycle::copy`.
+//! (another account). Never replaces DST; Ctrl-C (SIGINT) or SIGTERM
+//! aborts the copy and deletes the half-made DST. The work is in `crate::lifecycle::copy`.
 
 use std::io::IsTerminal;
 
@@ -56,11 +56,17 @@ pub fn run(ctx: &Context, args: &CopyArgs) -> CmdResult {
     let show = std::io::stderr().is_terminal() && !args.json;
     let json = args.json;
     drives::block_on(async move {
-        // Ctrl-C is caught from here on, not only once the copy waits: one
-        // pressed while the copy starts would otherwise kill the process
-        // with nothing aborted. It then cancels at the first chance.
-        let mut interrupt = tokio::signal::unix::signal(SignalKind::interrupt())
-            .map_err(|e| anyhow::anyhow!("cannot watch for Ctrl-C: {e}"))?;
+        // Ctrl-C (SIGINT) and SIGTERM (kill, systemd, a container
+        // stopping) are caught from here on, not only once the copy waits:
+        // one arriving while the copy starts would otherwise kill the
+        // process with the service's copy left running. Either cancels at
+        // the first chance.
+        let watch = |kind: SignalKind, name: &str| {
+            tokio::signal::unix::signal(kind)
+                .map_err(|e| anyhow::anyhow!("cannot watch for {name}: {e}"))
+        };
+        let mut interrupt = watch(SignalKind::interrupt(), "Ctrl-C")?;
+        let mut terminate = watch(SignalKind::terminate(), "SIGTERM")?;
         match client.create_container(&dest.container).await {
             Ok(_) => {}
             // A SAS scoped to one container may not create containers; the
@@ -79,9 +85,13 @@ pub fn run(ctx: &Context, args: &CopyArgs) -> CmdResult {
             tracing::debug!(done, total, "copy progress");
         };
         let cancel = async {
-            if interrupt.recv().await.is_none() {
-                std::future::pending::<()>().await;
+            // A stream that ended (never, for these) must not cancel.
+            tokio::select! {
+                Some(()) = interrupt.recv() => {}
+                Some(()) = terminate.recv() => {}
+                else => std::future::pending::<()>().await,
             }
+            tracing::debug!("copy cancelled by a signal");
         };
         let report = copy::copy(&client, &source, &dest, &mut progress, cancel).await;
         if show {

@@ -3,7 +3,7 @@
 //! back onto its drive), and snapshot pruning and deletion.
 //!
 //! Invariants: a copy never replaces an existing blob (`If-None-Match: *`),
-//! and a copy that fails or is cancelled (Ctrl-C: Abort Copy Blob) deletes
+//! and a copy that fails or is cancelled (Ctrl-C or SIGTERM: Abort Copy Blob) deletes
 //! the half-made destination, which only it created, also when the service
 //! refuses the abort (the copy finished meanwhile: the user asked for no
 //! copy, and the error line says the abort was refused). A restore refuses a
@@ -84,7 +84,7 @@ async fn require_drive(client: &BlobClient, path: &BlobPath) -> anyhow::Result<u
 enum Waited {
     /// The service's last word: success, failed, or aborted by someone else.
     Ended(CopyState),
-    /// Cancelled here (Ctrl-C). `abort` is what Abort Copy Blob got: the
+    /// Cancelled here (Ctrl-C, SIGTERM). `abort` is what Abort Copy Blob got: the
     /// service may refuse it (the copy finished meanwhile, or it never said
     /// which copy it is), and the caller deletes the destination either way.
     Cancelled {
@@ -182,7 +182,7 @@ async fn copy_pages(
 }
 
 /// Copies `source` into the new drive `dest` on the service's side.
-/// `cancel` resolving (Ctrl-C) aborts the copy and deletes `dest`.
+/// `cancel` resolving (the CLI: Ctrl-C or SIGTERM) aborts the copy and deletes `dest`.
 pub async fn copy(
     client: &BlobClient,
     source: &CopySource,
