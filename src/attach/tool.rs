@@ -78,7 +78,11 @@ where
     })
 }
 
-/// Run `program args...` with `input` on its stdin; its trimmed stdout on success.
+/// Run `program args...` with `input` on its stdin; its trimmed stdout on
+/// success. Used for the tools that write partition tables, so the child
+/// runs in a process group of its own: a Ctrl-C at the terminal reaches
+/// blobdrive, not a table write half done. A child that exits before
+/// reading all its input is still waited for, and judged by its exit.
 pub(crate) fn run_with_input<I, S>(program: &str, args: I, input: &str) -> Result<String, ToolError>
 where
     I: IntoIterator<Item = S>,
@@ -93,17 +97,25 @@ where
         detail,
         code: None,
     };
+    use std::os::unix::process::CommandExt as _;
     let mut child = Command::new(resolve(program))
         .args(&args)
+        .process_group(0)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| failed(e.to_string()))?;
     if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(input.as_bytes())
-            .map_err(|e| failed(e.to_string()))?;
+        // A broken pipe means the child stopped reading (it failed, or
+        // needed less): its exit status below says which.
+        if let Err(e) = stdin.write_all(input.as_bytes()) {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(failed(e.to_string()));
+            }
+        }
     }
     let out = child
         .wait_with_output()
