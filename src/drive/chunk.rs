@@ -292,6 +292,41 @@ impl Chunk {
         self.valid.set(page);
     }
 
+    /// Copy part of a Get body to byte `at` of the chunk, into the pages of
+    /// `pages` (chunk slots) that are not valid; valid pages (written while
+    /// the fetch ran) and pages outside `pages` are left alone. Nothing
+    /// becomes valid: [`Self::received`] does that once the whole body came.
+    pub fn receive(&mut self, at: usize, src: &[u8], pages: std::ops::Range<usize>) {
+        let from = at.max(pages.start * PAGE);
+        let to = (at + src.len()).min(pages.end * PAGE);
+        let mut pos = from;
+        while pos < to {
+            let page = pos / PAGE;
+            let b = page / BLOCK_PAGES;
+            // A run of pages not valid, within one block.
+            let mut end = to.min((page + 1) * PAGE);
+            if self.valid.get(page) {
+                pos = end;
+                continue;
+            }
+            while end < to && end % BLOCK != 0 && !self.valid.get(end / PAGE) {
+                end = to.min((end / PAGE + 1) * PAGE);
+            }
+            let block = self.block_mut(page);
+            block.bytes[pos - b * BLOCK..end - b * BLOCK].copy_from_slice(&src[pos - at..end - at]);
+            pos = end;
+        }
+    }
+
+    /// A page whose bytes [`Self::receive`] wrote in full becomes valid,
+    /// unless it is valid already (then it is at least as new as the blob).
+    pub fn received(&mut self, page: usize) {
+        if !self.valid.get(page) {
+            debug_assert!(self.blocks[page / BLOCK_PAGES].is_some());
+            self.valid.set(page);
+        }
+    }
+
     fn mark_dirty(&mut self, page: usize, delta: &mut DirtyDelta) {
         let g = &mut self.block_mut(page).gens[page % BLOCK_PAGES];
         *g = g.wrapping_add(1);
@@ -444,6 +479,35 @@ mod tests {
         );
         drop(c);
         assert_eq!(pool.in_use(), 0, "blocks go back with the chunk");
+    }
+
+    #[test]
+    fn a_received_body_skips_valid_pages_and_pages_not_asked_for() {
+        let pool = BlockPool::new(64);
+        let mut c = Chunk::new(&pool);
+        c.allocate(u64::MAX);
+        // Page 2 was written while the fetch ran.
+        c.write(2 * PAGE, &[9u8; PAGE]);
+        let body: Vec<u8> = (0..20 * PAGE).map(|i| (i % 253) as u8).collect();
+        // In uneven parts, as a connection delivers them; pages 1..18 asked for.
+        let mut at = 0;
+        for part in body.chunks(700) {
+            c.receive(at, part, 1..18);
+            at += part.len();
+        }
+        for p in 1..18 {
+            c.received(p);
+        }
+        let mut out = Vec::new();
+        c.copy_out(PAGE, 18 * PAGE, &mut out);
+        assert_eq!(&out[..PAGE], &body[PAGE..2 * PAGE]);
+        assert_eq!(
+            &out[PAGE..2 * PAGE],
+            &[9u8; PAGE][..],
+            "a valid page is kept"
+        );
+        assert_eq!(&out[2 * PAGE..], &body[3 * PAGE..18 * PAGE]);
+        assert!(!c.is_valid(0) && !c.is_valid(18));
     }
 
     #[test]
