@@ -1,7 +1,9 @@
 //! Reusable byte buffers for large request bodies and read replies.
 //!
-//! A cold sequential read moves every byte through two large buffers: the
-//! Get Blob body (4 MiB) and the reply to the kernel (up to 1 MiB). Freshly
+//! A cold sequential read moves every byte through the reply to the kernel
+//! (up to 1 MiB); Get bodies that are not streamed into the cache (the
+//! client's other callers, an encrypting store) and flush spans are large
+//! too (4 MiB). Freshly
 //! allocated, each costs page faults and the kernel's zeroing of new pages
 //! on first touch: 12-15% of the daemon's CPU in a cold read (`perf`:
 //! `exc_page_fault`, `clear_page_erms`, `do_anonymous_page`). Buffers taken

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use reqwest::Method;
 use uuid::Uuid;
 
-use super::client::{BlobClient, Request, Resource, Response};
+use super::client::{BlobClient, BodySink, Request, Resource, Response};
 use super::error::{Error, ErrorKind, Result};
 use super::fence::WriteFence;
 use super::path::BlobPath;
@@ -328,6 +328,26 @@ impl BlobClient {
             .header("x-ms-range", range_header(range));
         req.expect_body_len = Some(range.len());
         Ok(self.execute(req).await.0?.body)
+    }
+
+    /// Read `range` of the blob into `sink` as the body arrives (see
+    /// [`BodySink`]): exactly `range.len()` bytes, or an error. A retried
+    /// attempt sends the bytes again from offset 0.
+    pub async fn get_blob_range_into(
+        &self,
+        path: &BlobPath,
+        range: ByteRange,
+        sink: BodySink<'_>,
+    ) -> Result<()> {
+        if range.is_empty() {
+            return Ok(());
+        }
+        let mut req = Request::new("get blob", Method::GET, Resource::Blob(path))
+            .header("x-ms-range", range_header(range));
+        req.expect_body_len = Some(range.len());
+        req.sink = Some(sink);
+        self.execute(req).await.0?;
+        Ok(())
     }
 
     /// Take a snapshot; returns its time (address it with

@@ -56,7 +56,16 @@ pub(crate) struct Request<'a> {
     pub expect_body_len: Option<u64>,
     /// A page write fenced with the blob's sequence number (`fence.rs`).
     pub fence: Option<&'a WriteFence>,
+    /// Where a successful answer's body goes as it arrives, instead of into
+    /// [`Response::body`] (left empty): see [`BodySink`].
+    pub sink: Option<BodySink<'a>>,
 }
+
+/// Takes a body part by part as it comes off the connection: `(at, bytes)`,
+/// `at` the offset of `bytes` in the body. Parts come in order; a retried
+/// request sends the body again from 0. Bytes past the expected length may
+/// come (the answer is then a failure and retried): the sink ignores them.
+pub type BodySink<'a> = &'a (dyn Fn(u64, &[u8]) + Send + Sync);
 
 impl<'a> Request<'a> {
     pub(crate) fn new(op: &'static str, method: Method, resource: Resource<'a>) -> Self {
@@ -69,6 +78,7 @@ impl<'a> Request<'a> {
             body: Bytes::new(),
             expect_body_len: None,
             fence: None,
+            sink: None,
         }
     }
 
@@ -527,7 +537,8 @@ impl BlobClient {
         };
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        let body = match read_body(resp).await {
+        let sink = req.sink.filter(|_| (200..300).contains(&status));
+        let (body, body_len) = match read_body(resp, sink).await {
             Ok(b) => b,
             Err(e) => {
                 let err = self.transport(req.op, target, e);
@@ -546,18 +557,18 @@ impl BlobClient {
             status,
             request_id,
             bytes_out = req.body.len(),
-            bytes_in = body.len(),
+            bytes_in = body_len,
             ms = started.elapsed().as_millis() as u64,
             "request"
         );
         if (200..300).contains(&status) {
             if let Some(want) = req.expect_body_len {
-                if body.len() as u64 != want {
+                if body_len != want {
                     let e = Error::other(
                         ErrorKind::Protocol,
                         req.op,
                         target,
-                        format!("short body: got {} of {want} bytes", body.len()),
+                        format!("short body: got {body_len} of {want} bytes"),
                     );
                     return Err(Failed {
                         error: e,
@@ -731,19 +742,36 @@ fn is_certificate_problem(msg: &str) -> bool {
     .any(|needle| msg.contains(needle))
 }
 
-/// The whole body of `resp`. A large one is gathered into a pooled buffer
+/// The body of `resp` and its length. With a `sink` every part goes there
+/// as it arrives and the returned body is empty: a Get fills the cache's
+/// blocks straight from the connection's buffers, with no body in between.
+/// Otherwise a large body is gathered into a pooled buffer
 /// (`crate::buffers`), so a stream of 4 MiB Gets reuses warm memory instead
 /// of faulting in fresh pages for each body.
-async fn read_body(mut resp: reqwest::Response) -> reqwest::Result<Bytes> {
+async fn read_body(
+    mut resp: reqwest::Response,
+    sink: Option<BodySink<'_>>,
+) -> reqwest::Result<(Bytes, u64)> {
+    if let Some(sink) = sink {
+        let mut at = 0u64;
+        while let Some(chunk) = resp.chunk().await? {
+            sink(at, &chunk);
+            at += chunk.len() as u64;
+        }
+        return Ok((Bytes::new(), at));
+    }
     let len = resp.content_length().unwrap_or(0) as usize;
-    if len < crate::buffers::MIN_POOLED_BYTES {
-        return resp.bytes().await;
-    }
-    let mut buf = crate::buffers::take(len);
-    while let Some(chunk) = resp.chunk().await? {
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(crate::buffers::freeze(buf))
+    let body = if len < crate::buffers::MIN_POOLED_BYTES {
+        resp.bytes().await?
+    } else {
+        let mut buf = crate::buffers::take(len);
+        while let Some(chunk) = resp.chunk().await? {
+            buf.extend_from_slice(&chunk);
+        }
+        crate::buffers::freeze(buf)
+    };
+    let n = body.len() as u64;
+    Ok((body, n))
 }
 
 /// `builder` also trusting the account's CA file (`--ca-file`), when it

@@ -22,7 +22,7 @@ mod xml;
 
 pub use account::{Account, AccountOptions, AuthMode, CaFile, ClientOptions, Credential};
 pub use blobs::{CopyState, CopyStatus, PageRangeDiff, CREATE_ID_METADATA};
-pub use client::{BlobClient, API_VERSION};
+pub use client::{BlobClient, BodySink, API_VERSION};
 pub use error::{Error, ErrorKind, Result};
 pub use fence::WriteFence;
 pub use path::BlobPath;

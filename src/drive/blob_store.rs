@@ -172,6 +172,16 @@ impl PageStore for BlobPageStore {
         out
     }
 
+    async fn read_into(&self, range: ByteRange, sink: crate::blob::BodySink<'_>) -> Result<()> {
+        let started = std::time::Instant::now();
+        let out = self
+            .client
+            .get_blob_range_into(&self.path, range, sink)
+            .await;
+        metrics::observe(&self.label(), metrics::Operation::Get, started.elapsed());
+        out
+    }
+
     async fn write_pages(
         &self,
         offset_bytes: u64,

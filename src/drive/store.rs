@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::blob::error::Result;
+use crate::blob::BodySink;
 pub use crate::units::ByteRange;
 
 /// One page blob (or one snapshot of it), as the drive engine sees it.
@@ -71,6 +72,19 @@ pub trait PageStore: Send + Sync + 'static {
 
     /// Read `range` (any alignment). Returns exactly `range.len()` bytes.
     async fn read(&self, range: ByteRange) -> Result<Bytes>;
+
+    /// Read `range` (any alignment) into `sink` as the data arrives (see
+    /// [`BodySink`]): the engine fills its cache blocks from the
+    /// connection's buffers, with no whole body in between. Exactly
+    /// `range.len()` bytes reach the sink when this succeeds; a retried
+    /// request may send some again from offset 0. The default reads the
+    /// whole body with [`Self::read`] (a store that transforms the data, as
+    /// an encrypting one does, keeps it).
+    async fn read_into(&self, range: ByteRange, sink: BodySink<'_>) -> Result<()> {
+        let body = self.read(range).await?;
+        sink(0, &body);
+        Ok(())
+    }
 
     /// Read `range` as stored, with no transformation a wrapping store
     /// applies to the data area: how a VHD footer (always plaintext) is read
