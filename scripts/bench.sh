@@ -193,22 +193,34 @@ put seq_write_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
 put put_page_per_gib "$(python3 -c "print(round(($p1 - $p0) * 1024 / $seq_mib))")"
 put bytes_up_per_gib "$(python3 -c "print(round(($u1 - $u0) * 1024 / $seq_mib))")"
 
-say "cold sequential read (remount, caches dropped)"
+# Three cold reads, summed: one 1 GiB cold read varies by about ±12% from
+# the next on this machine (Azurite's share of the two cores moves), too
+# much for one read against a ceiling that is the best of several levels.
+# The daemon's and Azurite's CPU and the Gets are those of the first read.
+say "cold sequential read, three times (remount, caches dropped before each)"
 unmount "$work/seq"
-drop_caches
-mount_drive "$c/seq.vhd" "$work/seq"
-g0=$(stat "$work/seq" get)
-azurite_cpu_begin
-daemon_cpu_begin "$work/seq"
-t0=$(now)
-dd if="$work/seq/file" of=/dev/null bs=4M status=none
-t1=$(now)
-daemon_cpu_end daemon_cpu_seq_read "$seq_mib"
-azurite_cpu_end azurite_cpu_seq_read
-g1=$(stat "$work/seq" get)
-put seq_read_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
-put seq_read_gets "$((g1 - g0))"
-unmount "$work/seq"
+read_total=0
+for round in 1 2 3; do
+  drop_caches
+  mount_drive "$c/seq.vhd" "$work/seq"
+  g0=$(stat "$work/seq" get)
+  if [ "$round" = 1 ]; then
+    azurite_cpu_begin
+    daemon_cpu_begin "$work/seq"
+  fi
+  t0=$(now)
+  dd if="$work/seq/file" of=/dev/null bs=4M status=none
+  t1=$(now)
+  if [ "$round" = 1 ]; then
+    daemon_cpu_end daemon_cpu_seq_read "$seq_mib"
+    azurite_cpu_end azurite_cpu_seq_read
+    put seq_read_gets "$(($(stat "$work/seq" get) - g0))"
+  fi
+  put "seq_read_mibps_$round" "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
+  read_total=$(python3 -c "print($read_total + $(elapsed "$t0" "$t1"))")
+  unmount "$work/seq"
+done
+put seq_read_mibps "$(mibps $((seq_mib * 3)) "$read_total")"
 
 # --- the disk tier (issue 10): cold with it on, warm after a remount ------------
 
@@ -468,7 +480,7 @@ put_small = ceiling["put_4k"]["by_parallelism"]["8"]
 rows = [
     # figure, value, unit, ceiling, ratio, target, met
     ("seq write 1 file + fsync (ext4)", r["seq_write_mibps"], "MiB/s", put["best"], ">= 0.85", lambda x: x >= 0.85),
-    ("cold seq read (ext4)", r["seq_read_mibps"], "MiB/s", get["best"], ">= 0.9", lambda x: x >= 0.9),
+    ("cold seq read (ext4), 3 reads", r["seq_read_mibps"], "MiB/s", get["best"], ">= 0.9", lambda x: x >= 0.9),
     ("upload dense raw image", r["upload_mibps"], "MiB/s", put["best"], ">= 0.85", lambda x: x >= 0.85),
     ("cold rand 4k read, qd32", r["rand_read_iops"], "IOPS", small["at_32"], ">= 0.8", lambda x: x >= 0.8),
     ("rand 4k write, qd32", r["rand_write_iops"], "IOPS", r["tmpfs_write_iops"], "(vs tmpfs)", None),
@@ -524,6 +536,7 @@ def mean(prefix):
     return round(sum(v) / len(v), 2) if v else None
 print(f"daemon CPU s/GiB, plain vs encrypted: write {mean('daemon_cpu_plain_write_')} vs {mean('daemon_cpu_crypt_write_')}, "
       f"cold read {mean('daemon_cpu_plain_read_')} vs {mean('daemon_cpu_crypt_read_')}")
+print("cold seq reads one by one (MiB/s): " + ", ".join(f"{r[f'seq_read_mibps_{i}']:g}" for i in (1, 2, 3)))
 print(f"GETs: cold seq read {r['seq_read_gets']:g}, cold rand read {r['rand_read_gets']:g}; "
       f"tmpfs O_DIRECT: {'yes' if r['tmpfs_direct'] else 'no'}; mkfs 1 TiB took {r['mkfs_1t_s']} s")
 json.dump({"quick": quick, "ceiling": ceiling, "raw": r, "rows": out_rows},
