@@ -132,11 +132,17 @@ impl PageCipher {
     /// Encrypt whole pages in place; `buf` starts at page `first_page`.
     pub fn encrypt_in_place(&self, first_page: u64, buf: &mut [u8]) {
         assert_eq!(buf.len() % UNIT, 0, "whole pages only");
-        let ctx = Context::new(self.key.bytes(), Direction::Encrypt);
-        for (i, page) in buf.chunks_exact_mut(UNIT).enumerate() {
+        self.in_place(Direction::Encrypt, first_page.., buf);
+    }
+
+    /// Run the pages of `buf` through the cipher in place, page `i` with
+    /// the tweak of `pages`' `i`-th number (one context for them all).
+    fn in_place(&self, direction: Direction, pages: impl Iterator<Item = u64>, buf: &mut [u8]) {
+        let ctx = Context::new(self.key.bytes(), direction);
+        for (n, page) in pages.zip(buf.chunks_exact_mut(UNIT)) {
             let p = page.as_mut_ptr();
             // SAFETY: one page, in and out exactly the same memory.
-            unsafe { ctx.page(first_page + i as u64, p, p) };
+            unsafe { ctx.page(n, p, p) };
         }
     }
 
@@ -171,20 +177,13 @@ impl PageCipher {
             unsafe { ctx.page(first_page + i as u64, p, p) };
         }
     }
-}
 
-impl PageCipher {
     /// Encrypt pages that are not contiguous on the drive, in place: page
     /// `i` of `buf` is drive page `pages[i]` (the disk tier packs a chunk's
     /// held pages this way).
     pub fn encrypt_scattered(&self, pages: &[u64], buf: &mut [u8]) {
         assert_eq!(buf.len(), pages.len() * UNIT, "one page number per page");
-        let ctx = Context::new(self.key.bytes(), Direction::Encrypt);
-        for (&n, page) in pages.iter().zip(buf.chunks_exact_mut(UNIT)) {
-            let p = page.as_mut_ptr();
-            // SAFETY: one page, in and out exactly the same memory.
-            unsafe { ctx.page(n, p, p) };
-        }
+        self.in_place(Direction::Encrypt, pages.iter().copied(), buf);
     }
 
     /// The reverse of [`PageCipher::encrypt_scattered`]. Every page is
@@ -192,12 +191,7 @@ impl PageCipher {
     /// none is a hole.
     pub fn decrypt_scattered(&self, pages: &[u64], buf: &mut [u8]) {
         assert_eq!(buf.len(), pages.len() * UNIT, "one page number per page");
-        let ctx = Context::new(self.key.bytes(), Direction::Decrypt);
-        for (&n, page) in pages.iter().zip(buf.chunks_exact_mut(UNIT)) {
-            let p = page.as_mut_ptr();
-            // SAFETY: one page, in and out exactly the same memory.
-            unsafe { ctx.page(n, p, p) };
-        }
+        self.in_place(Direction::Decrypt, pages.iter().copied(), buf);
     }
 }
 
