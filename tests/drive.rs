@@ -715,6 +715,31 @@ async fn sequential_reads_use_read_ahead_in_large_requests() {
 }
 
 #[tokio::test]
+async fn a_long_sequential_scan_reads_the_blob_in_whole_read_ahead_steps() {
+    // Each top-up of the window ends on a whole 4 MiB step, so a long scan
+    // costs one Get per 4 MiB (plus the reads before the stream is seen),
+    // not a whole and a ragged Get per top-up.
+    let store = new_store(160 * MIB);
+    store.poke(0, &pattern(4, 128 * MIB as usize));
+    let drive = open(&store, opts(Mode::ReadOnly)).await;
+    let before = store.counts().reads;
+    // The loop device's 1280 KiB requests, cut by FUSE into 1 MiB and 256 KiB.
+    let mut at = 0;
+    while at < 125 * MIB {
+        for len in [MIB, 256 * KIB] {
+            let got = drive.read_at(at, len as usize).await.unwrap();
+            assert_eq!(got.len(), len as usize);
+            at += len;
+        }
+    }
+    let gets = store.counts().reads - before;
+    assert!(
+        gets <= 125 / 4 + 6,
+        "{gets} Get Blob requests for a 125 MiB scan in 1280 KiB reads"
+    );
+}
+
+#[tokio::test]
 async fn reads_arriving_out_of_order_still_get_read_ahead() {
     // The loop device sends several reads at once and they arrive out of
     // order: here the second half of every MiB is asked for before the first.

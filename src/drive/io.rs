@@ -117,7 +117,15 @@ impl Inner {
             return None;
         }
         let from = edge.max(st.fetched_until);
-        let until = (edge + ra).min(self.size_bytes());
+        // The window ends on a whole step, so every Get after the first is
+        // a whole, aligned step: a ragged end would cut one step into two
+        // short Gets at every top-up (a third more requests per GiB).
+        let size = self.size_bytes();
+        let step = self.read_ahead_step();
+        let until = match (edge + ra).min(size) {
+            end if end == size => end,
+            end => end / step * step,
+        };
         (from < until).then_some((from, until))
     }
 
