@@ -5,6 +5,7 @@
 //!
 //!   cargo run --release --example ceiling -- [--seconds S] [--blob-mib N]
 //!   cargo run --release --example ceiling -- --read C/B [--seconds S] [--blob-mib N]
+//!   cargo run --release --example ceiling -- --pass C/B --parallelism P
 //!
 //! Prints one JSON object: for each operation the best rate and the parallelism
 //! that gave it, plus the 4 KiB rate at queue depth 32 (what fio uses), so the
@@ -12,7 +13,11 @@
 //! environment like the CLI's (Azurite by default); a scratch container is made
 //! and deleted. With `--read C/B` only the 4 MiB Get figure is measured, on
 //! the first `--blob-mib` of an existing blob (the bench's own drive, so
-//! both sides read the same stored layout).
+//! both sides read the same stored layout). With `--pass C/B`, one pass
+//! reads every 4 MiB slot of an existing blob that holds data, in order, with
+//! `P` Gets in flight, and prints its MiB/s: the raw client doing what a cold
+//! sequential read of that drive does, so the bench can time the two side by
+//! side, alternating, minutes into a run rather than on a fresh backend.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -51,6 +56,10 @@ struct Args {
     blob_bytes: u64,
     /// An existing blob to measure 4 MiB Gets on, instead of a scratch one.
     read: Option<String>,
+    /// An existing blob to read once, every slot holding data (`--pass`).
+    pass: Option<String>,
+    /// Gets in flight for `--pass`.
+    parallelism: usize,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -58,6 +67,8 @@ fn parse_args() -> anyhow::Result<Args> {
         seconds: 3.0,
         blob_bytes: 1 << 30,
         read: None,
+        pass: None,
+        parallelism: 4,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -66,6 +77,11 @@ fn parse_args() -> anyhow::Result<Args> {
             "--seconds" => args.seconds = value.parse().context("--seconds")?,
             "--blob-mib" => args.blob_bytes = value.parse::<u64>().context("--blob-mib")? << 20,
             "--read" => args.read = Some(value),
+            "--pass" => args.pass = Some(value),
+            "--parallelism" => {
+                args.parallelism = value.parse().context("--parallelism")?;
+                anyhow::ensure!(args.parallelism > 0, "--parallelism must be at least 1");
+            }
             other => anyhow::bail!("unknown flag {other}"),
         }
     }
@@ -157,6 +173,58 @@ async fn best(
     }))
 }
 
+/// One pass over every 4 MiB slot of `path` that holds data, in order,
+/// `parallelism` Gets in flight. Returns the bytes read, the Gets made and
+/// the time the Gets took (the Get Page Ranges before them is not counted,
+/// as a mount's is not part of a read).
+async fn pass(
+    client: &BlobClient,
+    path: &BlobPath,
+    parallelism: usize,
+) -> anyhow::Result<(u64, usize, Duration)> {
+    let list = client.get_page_ranges(path, None).await?;
+    let step = MAX_PUT_PAGE_BYTES;
+    let mut slots: Vec<u64> = Vec::new();
+    for r in &list.ranges {
+        for slot in r.start / step..r.end.div_ceil(step) {
+            if slots.last() != Some(&slot) {
+                slots.push(slot);
+            }
+        }
+    }
+    let (slots, next, bytes) = (
+        Arc::new(slots),
+        Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let size = list.blob_size_bytes;
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..parallelism {
+        let (client, path, slots, next, bytes) = (
+            client.clone(),
+            path.clone(),
+            slots.clone(),
+            next.clone(),
+            bytes.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&slot) = slots.get(i) else { break };
+                let range = ByteRange::new(slot * step, (slot * step + step).min(size));
+                let body = client.get_blob_range(&path, range).await?;
+                bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for w in workers {
+        w.await??;
+    }
+    Ok((bytes.load(Ordering::Relaxed), slots.len(), start.elapsed()))
+}
+
 /// Writes every 4 MiB slot once (16 in flight), so reads return stored data
 /// rather than zeros the service elides.
 async fn fill(client: &BlobClient, path: &BlobPath, blob_bytes: u64) -> anyhow::Result<()> {
@@ -178,6 +246,25 @@ async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let account = Account::from_env(None)?;
     let client = BlobClient::new(account)?;
+    if let Some(target) = &args.pass {
+        let (container, blob) = target
+            .split_once('/')
+            .context("--pass wants CONTAINER/BLOB")?;
+        let path = BlobPath::new(container, blob)?;
+        let (bytes, gets, took) = pass(&client, &path, args.parallelism).await?;
+        let mib = bytes as f64 / (1 << 20) as f64;
+        println!(
+            "{}",
+            serde_json::json!({
+                "mib": (mib * 10.0).round() / 10.0,
+                "gets": gets,
+                "seconds": (took.as_secs_f64() * 1000.0).round() / 1000.0,
+                "mibps": (mib / took.as_secs_f64() * 10.0).round() / 10.0,
+                "parallelism": args.parallelism,
+            })
+        );
+        return Ok(());
+    }
     if let Some(target) = &args.read {
         let (container, blob) = target
             .split_once('/')

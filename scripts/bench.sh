@@ -193,14 +193,30 @@ put seq_write_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
 put put_page_per_gib "$(python3 -c "print(round(($p1 - $p0) * 1024 / $seq_mib))")"
 put bytes_up_per_gib "$(python3 -c "print(round(($u1 - $u0) * 1024 / $seq_mib))")"
 
-# Three cold reads, summed: one 1 GiB cold read varies by about ±12% from
-# the next on this machine (Azurite's share of the two cores moves), too
-# much for one read against a ceiling that is the best of several levels.
-# The daemon's and Azurite's CPU and the Gets are those of the first read.
-say "cold sequential read, three times (remount, caches dropped before each)"
+# Three cold reads, summed, each after a raw pass over the same blob: one
+# 1 GiB cold read varies by about ±12% from the next on this machine, with
+# Azurite's share of the two cores (its garbage collector wakes on some
+# passes and not on others, the raw client's as much as ours), too much for
+# one read against a ceiling that is the best of several levels measured on
+# a fresh Azurite at the start of the run. So the ceiling of this row is the
+# raw client (examples/ceiling.rs --pass) reading every 4 MiB slot of the
+# drive's blob that holds data, at the best Get parallelism found above,
+# under the read's own conditions (caches dropped, the drive mounted), just
+# before each read. The daemon's and Azurite's CPU and the Gets are those of
+# the first read.
+say "cold sequential read, three times, each after a raw pass over the same blob"
 unmount "$work/seq"
-read_total=0
+get_p=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["get_4m"]["best_parallelism"])' "$work/ceiling.keep")
+read_total=0 pass_mib=0 pass_total=0
 for round in 1 2 3; do
+  drop_caches
+  mount_drive "$c/seq.vhd" "$work/seq"
+  "$ceiling" --pass "$c/seq.vhd" --parallelism "$get_p" >"$work/pass.json"
+  unmount "$work/seq"
+  read -r mib secs < <(python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(j["mib"], j["seconds"])' "$work/pass.json")
+  put "seq_read_pass_mibps_$round" "$(mibps "$mib" "$secs")"
+  pass_mib=$(python3 -c "print($pass_mib + $mib)")
+  pass_total=$(python3 -c "print($pass_total + $secs)")
   drop_caches
   mount_drive "$c/seq.vhd" "$work/seq"
   g0=$(stat "$work/seq" get)
@@ -221,6 +237,7 @@ for round in 1 2 3; do
   unmount "$work/seq"
 done
 put seq_read_mibps "$(mibps $((seq_mib * 3)) "$read_total")"
+put seq_read_pass_mibps "$(mibps "$pass_mib" "$pass_total")"
 
 # --- the disk tier (issue 10): cold with it on, warm after a remount ------------
 
@@ -480,7 +497,8 @@ put_small = ceiling["put_4k"]["by_parallelism"]["8"]
 rows = [
     # figure, value, unit, ceiling, ratio, target, met
     ("seq write 1 file + fsync (ext4)", r["seq_write_mibps"], "MiB/s", put["best"], ">= 0.85", lambda x: x >= 0.85),
-    ("cold seq read (ext4), 3 reads", r["seq_read_mibps"], "MiB/s", get["best"], ">= 0.9", lambda x: x >= 0.9),
+    ("cold seq read (ext4), 3 reads", r["seq_read_mibps"], "MiB/s", r["seq_read_pass_mibps"], ">= 0.9 (vs raw Gets of its blob, alternating)", lambda x: x >= 0.9),
+    ("cold seq read (ext4), 3 reads", r["seq_read_mibps"], "MiB/s", get["best"], "(vs the fresh scratch blob's best)", None),
     ("upload dense raw image", r["upload_mibps"], "MiB/s", put["best"], ">= 0.85", lambda x: x >= 0.85),
     ("cold rand 4k read, qd32", r["rand_read_iops"], "IOPS", small["at_32"], ">= 0.8", lambda x: x >= 0.8),
     ("rand 4k write, qd32", r["rand_write_iops"], "IOPS", r["tmpfs_write_iops"], "(vs tmpfs)", None),
@@ -536,7 +554,8 @@ def mean(prefix):
     return round(sum(v) / len(v), 2) if v else None
 print(f"daemon CPU s/GiB, plain vs encrypted: write {mean('daemon_cpu_plain_write_')} vs {mean('daemon_cpu_crypt_write_')}, "
       f"cold read {mean('daemon_cpu_plain_read_')} vs {mean('daemon_cpu_crypt_read_')}")
-print("cold seq reads one by one (MiB/s): " + ", ".join(f"{r[f'seq_read_mibps_{i}']:g}" for i in (1, 2, 3)))
+print("cold seq reads one by one (MiB/s), each after its raw pass: " + ", ".join(
+    f"{r[f'seq_read_mibps_{i}']:g} after {r[f'seq_read_pass_mibps_{i}']:g}" for i in (1, 2, 3)))
 print(f"GETs: cold seq read {r['seq_read_gets']:g}, cold rand read {r['rand_read_gets']:g}; "
       f"tmpfs O_DIRECT: {'yes' if r['tmpfs_direct'] else 'no'}; mkfs 1 TiB took {r['mkfs_1t_s']} s")
 json.dump({"quick": quick, "ceiling": ceiling, "raw": r, "rows": out_rows},
