@@ -10,12 +10,16 @@
 
 mod common;
 mod system;
+mod workload;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::ContainerGuard;
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore};
 use system::is_mounted;
+use workload::fsx::{Exerciser, Mix, Target};
 
 const BIN: &str = env!("CARGO_BIN_EXE_blobdrive");
 const MARKER: &str = "BLOBDRIVE-KNOWN-PLAINTEXT-MARKER";
@@ -495,9 +499,6 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 /// the marker in plaintext.
 #[test]
 fn fsx_operations_on_ext4_over_an_encrypted_drive_with_the_disk_tier_match_a_model() {
-    use rand::rngs::StdRng;
-    use rand::{Rng, RngCore, SeedableRng};
-    use std::os::unix::fs::FileExt;
     if !system::can_run("fsx_on_an_encrypted_drive", true) {
         return;
     }
@@ -505,12 +506,8 @@ fn fsx_operations_on_ext4_over_an_encrypted_drive_with_the_disk_tier_match_a_mod
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000);
-    let seed: u64 = std::env::var("BLOBDRIVE_FSX_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
+    let seed = Exerciser::seed_from_env("BLOBDRIVE_FSX_SEED");
     println!("encrypted fsx: {ops} ops, seed {seed} (BLOBDRIVE_FSX_SEED={seed} BLOBDRIVE_CRYPT_FSX_OPS={ops} reproduces it)");
-    let mut rng = StdRng::seed_from_u64(seed);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -533,122 +530,88 @@ fn fsx_operations_on_ext4_over_an_encrypted_drive_with_the_disk_tier_match_a_mod
         key_s,
     ]);
     let mnt = site.dir("mnt");
-    let mnt_s = mnt.to_str().unwrap().to_string();
     let cache = site.dir("tier");
-    let cache_s = cache.to_str().unwrap().to_string();
-    let mount = || {
-        site.ok(&[
-            "mount",
-            &drive,
-            &mnt_s,
-            "--key-file",
-            key_s,
-            "--cache-dir",
-            &cache_s,
-            "--cache-size",
-            "4M",
-        ]);
+    /// The exerciser's file in ext4 on the encrypted drive, mounted with a
+    /// small memory cache and the disk tier.
+    struct InExt4<'a> {
+        site: &'a Site,
+        drive: &'a str,
+        mnt: &'a Path,
+        key: &'a str,
+        cache: &'a Path,
+    }
+    impl InExt4<'_> {
+        fn mount(&self) {
+            self.site.ok(&[
+                "mount",
+                self.drive,
+                self.mnt.to_str().unwrap(),
+                "--key-file",
+                self.key,
+                "--cache-dir",
+                self.cache.to_str().unwrap(),
+                "--cache-size",
+                "4M",
+            ]);
+        }
+    }
+    impl Target for InExt4<'_> {
+        fn remount(&mut self) -> std::fs::File {
+            self.site.unmount(self.mnt);
+            self.mount();
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(self.mnt.join("fsx"))
+                .expect("open the exerciser's file")
+        }
+        /// Later reads come from the drive (its cache, the tier, the
+        /// blob), not from ext4's page cache.
+        fn after_fsync(&mut self, file: &std::fs::File) {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid open fd; advice only.
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
+        /// One write in ten is a known plaintext, looked for in the tier.
+        fn fill(&mut self, rng: &mut StdRng, buf: &mut [u8]) {
+            if rng.random_range(0..10) == 0 {
+                for (i, b) in buf.iter_mut().enumerate() {
+                    *b = MARKER.as_bytes()[i % MARKER.len()];
+                }
+            } else {
+                rng.fill_bytes(buf);
+            }
+        }
+    }
+    let mut target = InExt4 {
+        site: &site,
+        drive: &drive,
+        mnt: &mnt,
+        key: key_s,
+        cache: &cache,
     };
     let size: u64 = 12 << 20;
-    let open = || {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(mnt.join("fsx"))
-            .expect("open the exerciser's file")
-    };
-    mount();
-    let mut file = std::fs::OpenOptions::new()
+    target.mount();
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
         .open(mnt.join("fsx"))
         .expect("create the exerciser's file");
     file.set_len(size).expect("size the file");
-    let mut model = vec![0u8; size as usize];
-    let max_len = 64 * 1024u64;
-    let mut counts = [0u64; 5];
-    for op in 0..ops {
-        let kind = match rng.random_range(0..10_000u32) {
-            0..4500 => 0,
-            4500..8500 => 1,
-            8500..9400 => 2,
-            9400..9990 => 3,
-            _ => 4,
-        };
-        let offset = rng.random_range(0..size);
-        let len = rng.random_range(1..=max_len).min(size - offset);
-        let (at, n) = (offset as usize, len as usize);
-        match kind {
-            0 => {
-                let mut buf = vec![0u8; n];
-                file.read_exact_at(&mut buf, offset)
-                    .unwrap_or_else(|e| panic!("op {op}: read {offset}+{len}: {e} (seed {seed})"));
-                if buf != model[at..at + n] {
-                    let first = (0..n).find(|&i| buf[i] != model[at + i]).unwrap_or(0);
-                    panic!(
-                        "op {op}: read {offset}+{len} differs from the model at byte {} (seed {seed})",
-                        offset + first as u64
-                    );
-                }
-            }
-            1 => {
-                let mut buf = vec![0u8; n];
-                if rng.random_range(0..10) == 0 {
-                    for (i, b) in buf.iter_mut().enumerate() {
-                        *b = MARKER.as_bytes()[i % MARKER.len()];
-                    }
-                } else {
-                    rng.fill_bytes(&mut buf);
-                }
-                file.write_all_at(&buf, offset)
-                    .unwrap_or_else(|e| panic!("op {op}: write {offset}+{len}: {e} (seed {seed})"));
-                model[at..at + n].copy_from_slice(&buf);
-            }
-            2 => {
-                use std::os::fd::AsRawFd;
-                // SAFETY: a valid open fd and in-range arguments.
-                let rc = unsafe {
-                    libc::fallocate(
-                        file.as_raw_fd(),
-                        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                        offset as libc::off_t,
-                        len as libc::off_t,
-                    )
-                };
-                assert_eq!(
-                    rc,
-                    0,
-                    "op {op}: punch hole {offset}+{len}: {} (seed {seed})",
-                    std::io::Error::last_os_error()
-                );
-                model[at..at + n].fill(0);
-            }
-            3 => {
-                use std::os::fd::AsRawFd;
-                file.sync_all()
-                    .unwrap_or_else(|e| panic!("op {op}: fsync: {e} (seed {seed})"));
-                // SAFETY: a valid open fd; advice only.
-                unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-            }
-            _ => {
-                drop(file);
-                site.unmount(&mnt);
-                mount();
-                let whole = std::fs::read(mnt.join("fsx")).expect("read after remount");
-                assert!(
-                    whole == model,
-                    "op {op}: the file differs from the model after a remount (seed {seed})"
-                );
-                file = open();
-            }
-        }
-        counts[kind] += 1;
-    }
+    let mix = Mix {
+        read: 4500,
+        write: 4000,
+        punch: 900,
+        fsync: 590,
+    };
+    let mut ex = Exerciser::new(seed, size, 64 * 1024, mix);
+    let file = ex.run(0..ops, file, &mut target);
     drop(file);
+    let model = std::mem::take(&mut ex.model);
     // A last remount: the whole file once more, now with the tier warm.
     site.unmount(&mnt);
-    mount();
+    target.mount();
     assert!(
         std::fs::read(mnt.join("fsx")).expect("read after the last remount") == model,
         "the file differs from the model after the last remount (seed {seed})"
@@ -656,9 +619,8 @@ fn fsx_operations_on_ext4_over_an_encrypted_drive_with_the_disk_tier_match_a_mod
     let disk_hits = device_counter(&site, &mnt, "disk_hits");
     site.unmount(&mnt);
     println!(
-        "encrypted fsx: {} reads, {} writes, {} punch holes, {} fsyncs, {} remounts: 0 mismatches; \
-         {disk_hits} pages of the last read from the disk tier",
-        counts[0], counts[1], counts[2], counts[3], counts[4]
+        "encrypted fsx: {}; {disk_hits} pages of the last read from the disk tier",
+        ex.summary()
     );
     assert!(disk_hits > 0, "the last read used the disk tier");
 

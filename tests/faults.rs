@@ -13,6 +13,7 @@
 mod common;
 mod mount_support;
 mod system;
+mod workload;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -28,6 +29,7 @@ use common::fault_proxy::{Fault, FaultProxy, Rates};
 use common::{make_drive, ContainerGuard};
 use mount_support::*;
 use sha2::{Digest, Sha256};
+use workload::fsx::{Exerciser, Mix, Target};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -457,8 +459,6 @@ const FSX_OPS_PER_DRIVE: u64 = 20_000;
 
 #[test]
 fn random_operations_match_a_model_across_fsyncs_and_remounts() {
-    use rand::rngs::StdRng;
-    use rand::{Rng, RngCore, SeedableRng};
     if !can_run("random_operations_match_a_model", false) {
         return;
     }
@@ -466,12 +466,8 @@ fn random_operations_match_a_model_across_fsyncs_and_remounts() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100_000);
-    let seed: u64 = std::env::var("BLOBDRIVE_FSX_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
+    let seed = Exerciser::seed_from_env("BLOBDRIVE_FSX_SEED");
     println!("fsx: {ops} ops, seed {seed} (BLOBDRIVE_FSX_SEED={seed} BLOBDRIVE_FSX_OPS={ops} reproduces it)");
-    let mut rng = StdRng::seed_from_u64(seed);
     let rt = runtime();
     // An emulator of its own: the shared one slows down under the suite's
     // accumulated data, and 100,000 operations would time out behind it.
@@ -480,118 +476,81 @@ fn random_operations_match_a_model_across_fsyncs_and_remounts() {
     let guard = rt.block_on(ContainerGuard::new_in(&account, "faults-fsx"));
     let sandbox = Sandbox::new(account.connection_string());
     let size = 8 * MIB;
-    let mut counts = [0u64; 5];
-    let mut spent = [Duration::ZERO; 5];
-    // Numbers the mounts (and names their directories).
-    let mut generation = 0u32;
+    let mix = Mix {
+        read: 4700,
+        write: 4000,
+        punch: 1000,
+        fsync: 297,
+    };
+    let mut ex = Exerciser::new(seed, size, 128 * 1024, mix);
+    /// A drive file of a namespace mount; a remount is a new mount
+    /// (numbered, so each has its own directory).
+    struct DriveFile<'a> {
+        sandbox: &'a Sandbox,
+        container: &'a str,
+        name: String,
+        generation: u32,
+        mount: Option<DaemonMount>,
+    }
+    impl DriveFile<'_> {
+        fn mount_and_open(&mut self) -> std::fs::File {
+            let mount = self.sandbox.mount(
+                &format!("fsx{}", self.generation),
+                Some(self.container),
+                &[],
+            );
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(mount.path(&self.name))
+                .expect("open the drive file");
+            self.mount = Some(mount);
+            file
+        }
+        fn unmount(&mut self) {
+            if let Some(m) = self.mount.take() {
+                m.unmount();
+            }
+            self.generation += 1;
+        }
+    }
+    impl Target for DriveFile<'_> {
+        fn remount(&mut self) -> std::fs::File {
+            self.unmount();
+            self.mount_and_open()
+        }
+    }
+    let mut target = DriveFile {
+        sandbox: &sandbox,
+        container: &guard.name,
+        name: String::new(),
+        generation: 0,
+        mount: None,
+    };
     let mut first_op = 0;
     while first_op < ops {
         let last_op = ops.min(first_op + FSX_OPS_PER_DRIVE);
         let name = format!("x{}.vhd", first_op / FSX_OPS_PER_DRIVE);
         let path = guard.path(&name);
         rt.block_on(make_drive(&guard.client, &path, size));
-        let open = |mount: &DaemonMount| {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(mount.path(&name))
-                .expect("open the drive file")
-        };
-        let mut model = vec![0u8; size as usize];
-        let mut mount = sandbox.mount(&format!("fsx{generation}"), Some(&guard.name), &[]);
-        let mut file = open(&mount);
-        let max_len = 128 * 1024u64;
-        for op in first_op..last_op {
-            let began = Instant::now();
-            let kind = match rng.random_range(0..10_000u32) {
-                0..4700 => 0,
-                4700..8700 => 1,
-                8700..9700 => 2,
-                9700..9997 => 3,
-                _ => 4,
-            };
-            let offset = rng.random_range(0..size);
-            let len = rng.random_range(1..=max_len).min(size - offset);
-            let (at, n) = (offset as usize, len as usize);
-            match kind {
-                0 => {
-                    let mut buf = vec![0u8; n];
-                    file.read_exact_at(&mut buf, offset).unwrap_or_else(|e| {
-                        panic!("op {op}: read {offset}+{len}: {e} (seed {seed})")
-                    });
-                    if buf != model[at..at + n] {
-                        let first = (0..n).find(|&i| buf[i] != model[at + i]).unwrap_or(0);
-                        panic!(
-                            "op {op}: read {offset}+{len} differs from the model at byte {} (seed {seed})",
-                            offset + first as u64
-                        );
-                    }
-                }
-                1 => {
-                    let mut buf = vec![0u8; n];
-                    rng.fill_bytes(&mut buf);
-                    file.write_all_at(&buf, offset).unwrap_or_else(|e| {
-                        panic!("op {op}: write {offset}+{len}: {e} (seed {seed})")
-                    });
-                    model[at..at + n].copy_from_slice(&buf);
-                }
-                2 => {
-                    use std::os::fd::AsRawFd;
-                    // SAFETY: a valid open fd and in-range arguments.
-                    let rc = unsafe {
-                        libc::fallocate(
-                            file.as_raw_fd(),
-                            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                            offset as libc::off_t,
-                            len as libc::off_t,
-                        )
-                    };
-                    assert_eq!(
-                        rc,
-                        0,
-                        "op {op}: punch hole {offset}+{len}: {} (seed {seed})",
-                        std::io::Error::last_os_error()
-                    );
-                    model[at..at + n].fill(0);
-                }
-                3 => {
-                    file.sync_all()
-                        .unwrap_or_else(|e| panic!("op {op}: fsync: {e} (seed {seed})"));
-                }
-                _ => {
-                    drop(file);
-                    mount.unmount();
-                    generation += 1;
-                    mount = sandbox.mount(&format!("fsx{generation}"), Some(&guard.name), &[]);
-                    file = open(&mount);
-                    let whole = std::fs::read(mount.path(&name)).expect("read after remount");
-                    assert!(
-                        whole == model,
-                        "op {op}: the drive differs from the model after a remount (seed {seed})"
-                    );
-                }
-            }
-            counts[kind] += 1;
-            spent[kind] += began.elapsed();
-        }
+        ex.reset_model();
+        target.name = name.clone();
+        let file = target.mount_and_open();
+        let file = ex.run(first_op..last_op, file, &mut target);
         drop(file);
-        mount.unmount();
+        target.unmount();
         let blob = rt.block_on(blob_bytes(&guard.client, &path, 0, size));
         assert!(
-            blob == model,
+            blob == ex.model,
             "the blob {name} differs from the model after op {last_op} (seed {seed})"
         );
         // Frees Azurite's memory of it.
         rt.block_on(guard.client.delete_blob(&path, true, None))
             .expect("delete a finished drive");
-        generation += 1;
         first_op = last_op;
     }
-    println!(
-        "fsx: {} reads, {} writes, {} punch holes, {} fsyncs, {} remounts: 0 mismatches",
-        counts[0], counts[1], counts[2], counts[3], counts[4]
-    );
-    println!("fsx: seconds spent in each: {spent:.1?}");
+    println!("fsx: {}", ex.summary());
+    println!("fsx: seconds spent in each: {:.1?}", ex.spent);
 }
 
 /// What `kill -9` of an attach daemon leaves behind (the filesystem at DIR,

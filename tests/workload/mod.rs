@@ -1,7 +1,10 @@
 //! File workloads shared by the many-hosts and crash tests: a small seeded
 //! random generator (a failing run prints its seed; set it again to replay
-//! the same choices), file contents and their SHA-256, and tree listings.
+//! the same choices), file contents and their SHA-256, and tree listings;
+//! and the fsx-style exerciser of the fault and encryption tests (`fsx`).
 #![allow(dead_code)]
+
+pub mod fsx;
 
 use std::collections::BTreeMap;
 use std::path::Path;
