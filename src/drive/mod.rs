@@ -128,6 +128,10 @@ pub(crate) struct Inner {
     cache: Cache,
     /// The disk tier, when on.
     disk: Option<Arc<disk_cache::DiskCache>>,
+    /// Chunks whose copy down to the disk tier after a flush found its
+    /// queue full and was dropped: sent again, waiting for room, at close
+    /// (`tier.rs`), so a clean unmount leaves the tier whole.
+    disk_skipped: Mutex<Vec<u64>>,
     extents: Mutex<Extents>,
     meters: Meters,
     /// One flush pass at a time, so a page is never in two uploads at once.
@@ -354,6 +358,7 @@ impl Drive {
             self.inner.flush_pass_locked().await?;
         }
         self.inner.closed.store(true, Ordering::Release);
+        self.inner.persist_skipped().await;
         // After the last flush, before the lease goes: the ETag recorded is
         // the one our writes left.
         self.inner.close_disk().await;

@@ -31,6 +31,10 @@ use super::{Inner, Mode};
 
 const _: () = assert!(CHUNK_PAGES == super::disk_cache::PAGES);
 
+/// Dropped copies remembered for close at most (64 MiB of chunks); more are
+/// left to be fetched again.
+const MAX_SKIPPED: usize = 256;
+
 /// Open the disk tier of the blob in `store` (after the lease, for a
 /// writer, so the ETag seen is the one our writes start from).
 pub(super) async fn open(
@@ -209,8 +213,30 @@ impl Inner {
     pub(crate) fn persist(&self, refs: &[ChunkRef]) {
         let Some(disk) = &self.disk else { return };
         for (idx, ticket, copy) in self.copies(disk, refs) {
-            disk.store(idx, ticket, copy);
+            if !disk.store(idx, ticket, copy) {
+                let mut skipped = self.disk_skipped.lock().expect("skipped mutex poisoned");
+                if skipped.len() < MAX_SKIPPED {
+                    skipped.push(idx);
+                }
+            }
         }
+    }
+
+    /// At close: copy down, waiting for room, the chunks whose copy after a
+    /// flush was dropped and that are still in memory. Without it, a
+    /// superblock written at unmount, right behind a read that filled the
+    /// writer's queue, was missing from the tier and fetched again at the
+    /// next mount.
+    pub(crate) async fn persist_skipped(&self) {
+        if self.disk.is_none() {
+            return;
+        }
+        let mut skipped =
+            std::mem::take(&mut *self.disk_skipped.lock().expect("skipped mutex poisoned"));
+        skipped.sort_unstable();
+        skipped.dedup();
+        let refs: Vec<ChunkRef> = skipped.iter().filter_map(|&i| self.cache.get(i)).collect();
+        self.persist_wait(refs).await;
     }
 
     /// Copy the clean pages of `refs` down to the disk tier, waiting for room.

@@ -563,19 +563,22 @@ impl DiskCache {
 
     /// Keep `chunk` as the file of chunk `idx`, unless the chunk was
     /// invalidated after `ticket` was taken. Never waits: when the writer is
-    /// behind, the copy is dropped (and counted).
-    pub fn store(&self, idx: u64, ticket: u64, chunk: CachedChunk) {
-        let Some(tx) = self.sender() else { return };
-        if tx
+    /// behind, the copy is dropped (and counted) and this returns false.
+    pub fn store(&self, idx: u64, ticket: u64, chunk: CachedChunk) -> bool {
+        let Some(tx) = self.sender() else {
+            return true;
+        };
+        let sent = tx
             .try_send(Job::Store {
                 idx,
                 ticket,
                 chunk: Box::new(chunk),
             })
-            .is_err()
-        {
+            .is_ok();
+        if !sent {
             self.shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
         }
+        sent
     }
 
     /// [`DiskCache::store`], waiting for room in the writer's queue.
