@@ -128,10 +128,10 @@ pub(crate) struct Inner {
     cache: Cache,
     /// The disk tier, when on.
     disk: Option<Arc<disk_cache::DiskCache>>,
-    /// Chunks whose copy down to the disk tier after a flush found its
-    /// queue full and was dropped: sent again, waiting for room, at close
-    /// (`tier.rs`), so a clean unmount leaves the tier whole.
-    disk_skipped: Mutex<Vec<u64>>,
+    /// Copies down to the disk tier after a flush that found the writer's
+    /// queue full: sent again, waiting for room, at close (`tier.rs`), so a
+    /// clean unmount leaves the tier whole.
+    disk_skipped: Mutex<tier::Skipped>,
     extents: Mutex<Extents>,
     meters: Meters,
     /// One flush pass at a time, so a page is never in two uploads at once.

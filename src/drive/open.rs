@@ -124,7 +124,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         drain: Notify::new(),
         stop: Notify::new(),
         stopping: AtomicBool::new(false),
-        disk_skipped: Mutex::new(Vec::new()),
+        disk_skipped: Mutex::new(Default::default()),
     })
 }
 

@@ -31,9 +31,21 @@ use super::{Inner, Mode};
 
 const _: () = assert!(CHUNK_PAGES == super::disk_cache::PAGES);
 
-/// Dropped copies remembered for close at most (64 MiB of chunks); more are
-/// left to be fetched again.
-const MAX_SKIPPED: usize = 256;
+/// Dropped copies kept for close at most (16 MiB); chunks past that are
+/// remembered by index and copied again at close if still in memory.
+const MAX_SKIPPED_COPIES: usize = 64;
+/// Chunks remembered by index at most; more are left to be fetched again.
+const MAX_SKIPPED_INDICES: usize = 4096;
+
+/// Copies down to the tier that found its writer's queue full.
+#[derive(Default)]
+pub(super) struct Skipped {
+    /// Kept whole: (chunk, ticket, copy). The ticket still guards them: a
+    /// chunk written since is not installed.
+    copies: Vec<(u64, u64, CachedChunk)>,
+    /// Only the chunk's index.
+    indices: Vec<u64>,
+}
 
 /// Open the disk tier of the blob in `store` (after the lease, for a
 /// writer, so the ETag seen is the one our writes start from).
@@ -213,29 +225,35 @@ impl Inner {
     pub(crate) fn persist(&self, refs: &[ChunkRef]) {
         let Some(disk) = &self.disk else { return };
         for (idx, ticket, copy) in self.copies(disk, refs) {
-            if !disk.store(idx, ticket, copy) {
+            if let Err(copy) = disk.store(idx, ticket, copy) {
                 let mut skipped = self.disk_skipped.lock().expect("skipped mutex poisoned");
-                if skipped.len() < MAX_SKIPPED {
-                    skipped.push(idx);
+                if skipped.copies.len() < MAX_SKIPPED_COPIES {
+                    skipped.copies.push((idx, ticket, copy));
+                } else if skipped.indices.len() < MAX_SKIPPED_INDICES {
+                    skipped.indices.push(idx);
                 }
             }
         }
     }
 
-    /// At close: copy down, waiting for room, the chunks whose copy after a
-    /// flush was dropped and that are still in memory. Without it, a
-    /// superblock written at unmount, right behind a read that filled the
-    /// writer's queue, was missing from the tier and fetched again at the
-    /// next mount.
+    /// At close: send down, waiting for room, the copies after a flush that
+    /// were dropped (the kept ones as they were, the others copied again if
+    /// still in memory). Without it, metadata ext4 writes during a long
+    /// read (an inode's atime), flushed while the read kept the writer's
+    /// queue full and then evicted, was missing from the tier and fetched
+    /// again at the next mount.
     pub(crate) async fn persist_skipped(&self) {
-        if self.disk.is_none() {
-            return;
+        let Some(disk) = &self.disk else { return };
+        let Skipped {
+            copies,
+            mut indices,
+        } = std::mem::take(&mut *self.disk_skipped.lock().expect("skipped mutex poisoned"));
+        for (idx, ticket, copy) in copies {
+            disk.store_wait(idx, ticket, copy).await;
         }
-        let mut skipped =
-            std::mem::take(&mut *self.disk_skipped.lock().expect("skipped mutex poisoned"));
-        skipped.sort_unstable();
-        skipped.dedup();
-        let refs: Vec<ChunkRef> = skipped.iter().filter_map(|&i| self.cache.get(i)).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        let refs: Vec<ChunkRef> = indices.iter().filter_map(|&i| self.cache.get(i)).collect();
         self.persist_wait(refs).await;
     }
 

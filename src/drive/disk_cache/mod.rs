@@ -563,22 +563,27 @@ impl DiskCache {
 
     /// Keep `chunk` as the file of chunk `idx`, unless the chunk was
     /// invalidated after `ticket` was taken. Never waits: when the writer is
-    /// behind, the copy is dropped (and counted) and this returns false.
-    pub fn store(&self, idx: u64, ticket: u64, chunk: CachedChunk) -> bool {
+    /// behind, the copy is counted as dropped and given back, for the caller
+    /// to keep or let go.
+    pub fn store(&self, idx: u64, ticket: u64, chunk: CachedChunk) -> Result<(), CachedChunk> {
         let Some(tx) = self.sender() else {
-            return true;
+            return Ok(());
         };
-        let sent = tx
-            .try_send(Job::Store {
-                idx,
-                ticket,
-                chunk: Box::new(chunk),
-            })
-            .is_ok();
-        if !sent {
-            self.shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
+        let job = Job::Store {
+            idx,
+            ticket,
+            chunk: Box::new(chunk),
+        };
+        match tx.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
+                match e.into_inner() {
+                    Job::Store { chunk, .. } => Err(*chunk),
+                    Job::Sync(_) => unreachable!("a store job was sent"),
+                }
+            }
         }
-        sent
     }
 
     /// [`DiskCache::store`], waiting for room in the writer's queue.

@@ -35,7 +35,7 @@ fn a_stored_chunk_is_read_back_and_survives_a_clean_close() {
     let c = DiskCache::open(&o, "blob-a", Some("e1"), Access::Writer)
         .unwrap()
         .unwrap();
-    c.store(3, c.ticket(), chunk(7, 10));
+    let _ = c.store(3, c.ticket(), chunk(7, 10));
     c.sync();
     assert_eq!(c.lookup(3), Some(chunk(7, 10)));
     assert!(c.bytes_held() > 0);
@@ -54,7 +54,7 @@ fn a_changed_etag_or_a_writer_without_clean_close_drops_everything() {
     let c = DiskCache::open(&o, "b", Some("e1"), Access::Writer)
         .unwrap()
         .unwrap();
-    c.store(1, c.ticket(), chunk(1, 4));
+    let _ = c.store(1, c.ticket(), chunk(1, 4));
     c.finish(Some("e1")).unwrap();
     drop(c);
     // Another client changed the blob: ETag e9.
@@ -62,7 +62,7 @@ fn a_changed_etag_or_a_writer_without_clean_close_drops_everything() {
         .unwrap()
         .unwrap();
     assert_eq!(c.lookup(1), None);
-    c.store(1, c.ticket(), chunk(2, 4));
+    let _ = c.store(1, c.ticket(), chunk(2, 4));
     c.sync();
     drop(c); // a crash: no finish
     let c = open_when_free(&o, "b", "e9", Access::Writer);
@@ -75,19 +75,19 @@ fn a_copy_taken_before_an_invalidation_is_never_installed() {
     let c = DiskCache::open(&opts(tmp.path(), 64 * MB), "b", Some("e"), Access::Writer)
         .unwrap()
         .unwrap();
-    c.store(5, c.ticket(), chunk(1, 2));
+    let _ = c.store(5, c.ticket(), chunk(1, 2));
     c.sync();
     let old = c.ticket();
     c.invalidate(5);
     assert!(!c.contains(5));
-    c.store(5, old, chunk(2, 2));
+    let _ = c.store(5, old, chunk(2, 2));
     c.sync();
     assert_eq!(c.lookup(5), None);
     assert!(
         !c.shared.chunk_path(5).exists(),
         "the stale file is deleted"
     );
-    c.store(5, c.ticket(), chunk(3, 2));
+    let _ = c.store(5, c.ticket(), chunk(3, 2));
     c.sync();
     assert_eq!(c.lookup(5), Some(chunk(3, 2)));
 }
@@ -98,7 +98,7 @@ fn a_flipped_byte_is_detected_and_the_chunk_dropped() {
     let c = DiskCache::open(&opts(tmp.path(), 64 * MB), "b", Some("e"), Access::Writer)
         .unwrap()
         .unwrap();
-    c.store(0, c.ticket(), chunk(9, 8));
+    let _ = c.store(0, c.ticket(), chunk(9, 8));
     c.sync();
     let path = c.shared.chunk_path(0);
     let mut raw = std::fs::read(&path).unwrap();
@@ -117,7 +117,7 @@ fn readers_share_a_directory_and_a_writer_is_kept_out() {
     let r1 = DiskCache::open(&o, "snap", Some("s"), Access::Reader)
         .unwrap()
         .unwrap();
-    r1.store(2, r1.ticket(), chunk(4, 1));
+    let _ = r1.store(2, r1.ticket(), chunk(4, 1));
     r1.sync();
     let r2 = DiskCache::open(&o, "snap", Some("s"), Access::Reader)
         .unwrap()
@@ -158,7 +158,7 @@ fn the_bytes_held_stay_under_the_bound() {
         .unwrap()
         .unwrap();
     for idx in 0..40 {
-        c.store(idx, c.ticket(), chunk(idx as u8 + 1, PAGES));
+        let _ = c.store(idx, c.ticket(), chunk(idx as u8 + 1, PAGES));
         c.sync();
     }
     assert!(c.bytes_held() <= max, "{}", c.bytes_held());
@@ -196,8 +196,8 @@ fn many_invalidations_collapse_into_a_floor_that_refuses_older_copies() {
     }
     assert!(c.shared.index().invalidated.len() <= MAX_INVALIDATED);
     // Chunk 7 was never invalidated, but its copy predates the floor.
-    c.store(7, old, chunk(1, 1));
-    c.store(8, c.ticket(), chunk(2, 1));
+    let _ = c.store(7, old, chunk(1, 1));
+    let _ = c.store(8, c.ticket(), chunk(2, 1));
     c.sync();
     assert_eq!(c.lookup(7), None);
     assert_eq!(c.lookup(8), Some(chunk(2, 1)));
@@ -212,8 +212,8 @@ fn a_range_invalidation_refuses_copies_in_flight_of_chunks_without_a_file() {
     // Copies of chunks 5 and 6 are taken; neither has a file yet.
     let old = c.ticket();
     c.invalidate_range(4..6);
-    c.store(5, old, chunk(1, 1));
-    c.store(6, old, chunk(2, 1));
+    let _ = c.store(5, old, chunk(1, 1));
+    let _ = c.store(6, old, chunk(2, 1));
     c.sync();
     assert_eq!(
         c.lookup(5),
@@ -224,10 +224,10 @@ fn a_range_invalidation_refuses_copies_in_flight_of_chunks_without_a_file() {
     // A range too long to list refuses every copy taken before it.
     let old = c.ticket();
     c.invalidate_range(0..u64::MAX / 2);
-    c.store(7, old, chunk(3, 1));
+    let _ = c.store(7, old, chunk(3, 1));
     c.sync();
     assert_eq!(c.lookup(7), None);
-    c.store(7, c.ticket(), chunk(3, 1));
+    let _ = c.store(7, c.ticket(), chunk(3, 1));
     c.sync();
     assert_eq!(c.lookup(7), Some(chunk(3, 1)), "later copies are kept");
 }
