@@ -42,7 +42,7 @@ const MAX_SKIPPED_INDICES: usize = 4096;
 pub(super) struct Skipped {
     /// Kept whole: (chunk, ticket, copy). The ticket still guards them: a
     /// chunk written since is not installed.
-    copies: Vec<(u64, u64, CachedChunk)>,
+    copies: Vec<(u64, u64, Box<CachedChunk>)>,
     /// Only the chunk's index.
     indices: Vec<u64>,
 }
@@ -249,7 +249,7 @@ impl Inner {
             mut indices,
         } = std::mem::take(&mut *self.disk_skipped.lock().expect("skipped mutex poisoned"));
         for (idx, ticket, copy) in copies {
-            disk.store_wait(idx, ticket, copy).await;
+            disk.store_wait(idx, ticket, *copy).await;
         }
         indices.sort_unstable();
         indices.dedup();

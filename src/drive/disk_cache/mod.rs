@@ -565,7 +565,7 @@ impl DiskCache {
     /// invalidated after `ticket` was taken. Never waits: when the writer is
     /// behind, the copy is counted as dropped and given back, for the caller
     /// to keep or let go.
-    pub fn store(&self, idx: u64, ticket: u64, chunk: CachedChunk) -> Result<(), CachedChunk> {
+    pub fn store(&self, idx: u64, ticket: u64, chunk: CachedChunk) -> Result<(), Box<CachedChunk>> {
         let Some(tx) = self.sender() else {
             return Ok(());
         };
@@ -579,7 +579,7 @@ impl DiskCache {
             Err(e) => {
                 self.shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
                 match e.into_inner() {
-                    Job::Store { chunk, .. } => Err(*chunk),
+                    Job::Store { chunk, .. } => Err(chunk),
                     Job::Sync(_) => unreachable!("a store job was sent"),
                 }
             }
