@@ -238,10 +238,10 @@ impl Inner {
 
     /// At close: send down, waiting for room, the copies after a flush that
     /// were dropped (the kept ones as they were, the others copied again if
-    /// still in memory). Without it, metadata ext4 writes during a long
-    /// read (an inode's atime), flushed while the read kept the writer's
-    /// queue full and then evicted, was missing from the tier and fetched
-    /// again at the next mount.
+    /// still in memory). Without it, a chunk ext4 wrote during a long read
+    /// (an inode's atime), flushed while the read kept the writer's queue
+    /// full and then evicted, was missing from the tier and fetched again
+    /// at the next mount.
     pub(crate) async fn persist_skipped(&self) {
         let Some(disk) = &self.disk else { return };
         let Skipped {
