@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use blobdrive::blob::{Account, BlobClient, BlobPath};
-use blobdrive::units::{ByteRange, MAX_PUT_PAGE_BYTES};
+use blobdrive::units::{ByteRange, MAX_GET_BYTES, MAX_PUT_PAGE_BYTES};
 use bytes::Bytes;
 use rand::Rng;
 
@@ -183,7 +183,8 @@ async fn pass(
     parallelism: usize,
 ) -> anyhow::Result<(u64, usize, Duration)> {
     let list = client.get_page_ranges(path, None).await?;
-    let step = MAX_PUT_PAGE_BYTES;
+    // The daemon's read-ahead step: one Get per 4 MiB slot.
+    let step = MAX_GET_BYTES;
     let mut slots: Vec<u64> = Vec::new();
     for r in &list.ranges {
         for slot in r.start / step..r.end.div_ceil(step) {
