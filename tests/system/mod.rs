@@ -128,8 +128,7 @@ impl LoopDevice {
         run("losetup", &["-d", &device]);
         let name = device.trim_start_matches("/dev/").to_string();
         // Seconds when the machine is quiet; a CI run once needed more than
-        // 20 with the whole suite sharing two cores (the detach waits for
-        // the file's last writes to reach the daemon).
+        // 20 with the whole suite sharing two cores.
         wait_for(
             "the loop device to let go of its file",
             Duration::from_secs(60),
