@@ -974,9 +974,11 @@ fn interrupt_a_pending_copy(
         .expect("run blobdrive copy");
     let pid = child.id();
     let running = Running(Some(child));
+    // Generous: with the whole suite on two cores, the copy's start and
+    // its first poll once took more than 20 s.
     system::wait_for(
         "a poll of the pending copy",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || {
             about(&proxy).iter().any(|(_, x)| {
                 x.is_properties() && x.response_header("x-ms-copy-status") == Some("pending")
