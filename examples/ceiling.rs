@@ -248,10 +248,7 @@ async fn main() -> anyhow::Result<()> {
     let account = Account::from_env(None)?;
     let client = BlobClient::new(account)?;
     if let Some(target) = &args.pass {
-        let (container, blob) = target
-            .split_once('/')
-            .context("--pass wants CONTAINER/BLOB")?;
-        let path = BlobPath::new(container, blob)?;
+        let path = BlobPath::parse(target).context("--pass wants CONTAINER/BLOB")?;
         let (bytes, gets, took) = pass(&client, &path, args.parallelism).await?;
         let mib = bytes as f64 / (1 << 20) as f64;
         println!(
@@ -267,10 +264,7 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(target) = &args.read {
-        let (container, blob) = target
-            .split_once('/')
-            .context("--read wants CONTAINER/BLOB")?;
-        let path = BlobPath::new(container, blob)?;
+        let path = BlobPath::parse(target).context("--read wants CONTAINER/BLOB")?;
         let get = best(&client, &path, Op::Get4M, &args).await?;
         println!(
             "{}",

@@ -201,44 +201,65 @@ put seq_write_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
 put put_page_per_gib "$(python3 -c "print(round(($p1 - $p0) * 1024 / $seq_mib))")"
 put bytes_up_per_gib "$(python3 -c "print(round(($u1 - $u0) * 1024 / $seq_mib))")"
 
+# Seconds to read the file cold: drop caches, mount (ARGS...), dd, unmount.
+# Leaves the number of Gets the read made in $work/gets. The command in the
+# array `pin` (such as `taskset -c 0`; empty by default) runs the mount and
+# the dd; with `meter` set to KEY, the daemon's CPU s/GiB and Azurite's
+# share during the dd are put as daemon_cpu_KEY and azurite_cpu_KEY.
+pin=() meter=
+cold_read() {
+  drop_caches
+  "${pin[@]}" "$bin" mount "$c/seq.vhd" "$work/seq" "$@" >/dev/null
+  local g0 t0 t1
+  g0=$(stat "$work/seq" get)
+  if [ -n "$meter" ]; then
+    azurite_cpu_begin
+    daemon_cpu_begin "$work/seq"
+  fi
+  t0=$(now)
+  "${pin[@]}" dd if="$work/seq/file" of=/dev/null bs=4M status=none
+  t1=$(now)
+  if [ -n "$meter" ]; then
+    daemon_cpu_end "daemon_cpu_$meter" "$seq_mib"
+    azurite_cpu_end "azurite_cpu_$meter"
+  fi
+  echo $(($(stat "$work/seq" get) - g0)) >"$work/gets"
+  unmount "$work/seq"
+  elapsed "$t0" "$t1"
+}
+
 # Rounds of a raw pass over the drive's blob, then a cold read of the file,
 # both under a read's conditions (caches dropped, the drive mounted):
 # read_rounds KEY ROUNDS [CMD...], CMD (such as `taskset -c 0`) running the
 # mount, the pass and the dd. The pass (examples/ceiling.rs --pass) is the
 # raw client reading every 4 MiB slot of the blob that holds data, at the
 # best Get parallelism of the ceiling above. Puts KEY_mibps_N,
-# KEY_pass_mibps_N, daemon_cpu_KEY_N and azurite_cpu_KEY_N per round, and
-# KEY_mibps, KEY_pass_mibps (bytes over summed time) and daemon_cpu_KEY
-# (the mean: one read's moves from 0.9 to 1.9 s/GiB with the backend's
-# pace). Leaves the drive unmounted.
+# KEY_pass_mibps_N, KEY_gets_N, daemon_cpu_KEY_N and azurite_cpu_KEY_N per
+# round, and KEY_mibps, KEY_pass_mibps (bytes over summed time) and
+# daemon_cpu_KEY (the mean: one read's moves from 0.9 to 1.9 s/GiB with the
+# backend's pace). Leaves the drive unmounted.
 read_rounds() {
-  local key=$1 rounds=$2 round mib secs t0 t1 g0
+  local key=$1 rounds=$2 round mib secs
   shift 2
   local read_total=0 pass_mib=0 pass_total=0
+  pin=("$@")
   for ((round = 1; round <= rounds; round++)); do
     drop_caches
-    "$@" "$bin" mount "$c/seq.vhd" "$work/seq" >/dev/null
-    "$@" "$ceiling" --pass "$c/seq.vhd" --parallelism "$get_p" >"$work/pass.json"
+    "${pin[@]}" "$bin" mount "$c/seq.vhd" "$work/seq" >/dev/null
+    "${pin[@]}" "$ceiling" --pass "$c/seq.vhd" --parallelism "$get_p" >"$work/pass.json"
     unmount "$work/seq"
     read -r mib secs < <(python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(j["mib"], j["seconds"])' "$work/pass.json")
     put "${key}_pass_mibps_$round" "$(mibps "$mib" "$secs")"
     pass_mib=$(python3 -c "print($pass_mib + $mib)")
     pass_total=$(python3 -c "print($pass_total + $secs)")
-    drop_caches
-    "$@" "$bin" mount "$c/seq.vhd" "$work/seq" >/dev/null
-    g0=$(stat "$work/seq" get)
-    azurite_cpu_begin
-    daemon_cpu_begin "$work/seq"
-    t0=$(now)
-    "$@" dd if="$work/seq/file" of=/dev/null bs=4M status=none
-    t1=$(now)
-    daemon_cpu_end "daemon_cpu_${key}_$round" "$seq_mib"
-    azurite_cpu_end "azurite_cpu_${key}_$round"
-    put "${key}_gets_$round" "$(($(stat "$work/seq" get) - g0))"
-    put "${key}_mibps_$round" "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
-    read_total=$(python3 -c "print($read_total + $(elapsed "$t0" "$t1"))")
-    unmount "$work/seq"
+    meter="${key}_$round"
+    secs=$(cold_read)
+    meter=
+    put "${key}_gets_$round" "$(cat "$work/gets")"
+    put "${key}_mibps_$round" "$(mibps "$seq_mib" "$secs")"
+    read_total=$(python3 -c "print($read_total + $secs)")
   done
+  pin=()
   put "${key}_mibps" "$(mibps $((seq_mib * rounds)) "$read_total")"
   put "${key}_pass_mibps" "$(mibps "$pass_mib" "$pass_total")"
   put "daemon_cpu_$key" "$(awk -v k="^daemon_cpu_${key}_[0-9]+\$" '$1 ~ k {s += $2; n++} END {printf "%.2f", s / n}' "$res")"
@@ -270,20 +291,6 @@ fi
 
 # --- the disk tier (issue 10): cold with it on, warm after a remount ------------
 
-# Seconds to read the file cold: mount (ARGS...), drop caches, dd, unmount.
-# Leaves the number of Gets the read made in $work/gets.
-cold_read() {
-  drop_caches
-  mount_drive "$c/seq.vhd" "$work/seq" "$@"
-  local g0 t0 t1
-  g0=$(stat "$work/seq" get)
-  t0=$(now)
-  dd if="$work/seq/file" of=/dev/null bs=4M status=none
-  t1=$(now)
-  echo $(($(stat "$work/seq" get) - g0)) >"$work/gets"
-  unmount "$work/seq"
-  elapsed "$t0" "$t1"
-}
 # Tier off and on alternate, twice each, so the machine's drift hits both.
 say "disk tier: cold reads with and without it, then a warm read after remount"
 tier=$work/tier
