@@ -740,41 +740,6 @@ async fn a_long_sequential_scan_reads_the_blob_in_whole_read_ahead_steps() {
 }
 
 #[tokio::test]
-async fn a_read_hands_out_the_cached_blocks_in_order_with_zeros_for_chunks_without_data() {
-    // What a FUSE read reply sends in one vectored write: the read's bytes
-    // as slices of the cache's own 4 KiB blocks (one slice per block, no
-    // joined copy), and shared zeros for a chunk that holds no data.
-    let store = new_store(4 * MIB);
-    let data = pattern(6, MIB as usize);
-    store.poke(0, &data);
-    let drive = open(&store, opts(Mode::ReadWrite)).await;
-    let mut model = vec![0u8; 2 * MIB as usize];
-    model[..MIB as usize].copy_from_slice(&data);
-    let written = 300 * KIB as usize + 100;
-    drive.write_at(written as u64, &[7u8; 1000]).await.unwrap();
-    model[written..written + 1000].fill(7);
-    // Unaligned, from the first chunk to past the data: 1 MiB to 1.25 MiB
-    // is a chunk never written.
-    let (from, len) = (200 * KIB as usize + 3, 1100 * KIB as usize);
-    let (bytes, slices) = drive
-        .read_with(from as u64, len, |s| {
-            let joined: Vec<u8> = s.iter().flat_map(|x| x.iter().copied()).collect();
-            (joined, s.len())
-        })
-        .await
-        .unwrap();
-    assert!(
-        bytes == model[from..from + len],
-        "the bytes differ from the model"
-    );
-    let blocks_with_data = (MIB as usize - from).div_ceil(4096);
-    assert!(
-        slices >= blocks_with_data,
-        "{slices} slices for {blocks_with_data} blocks with data: the bytes were copied"
-    );
-}
-
-#[tokio::test]
 async fn reads_arriving_out_of_order_still_get_read_ahead() {
     // The loop device sends several reads at once and they arrive out of
     // order: here the second half of every MiB is asked for before the first.

@@ -32,7 +32,6 @@ pub mod registry;
 
 use std::ffi::CString;
 use std::future::Future;
-use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -356,7 +355,6 @@ where
     };
     let core = Arc::new(FsCore::new(catalog, config));
     let fs = BlobFs::new(core.clone(), runtime.handle().clone());
-    let read_replier = fs.read_replier();
     let session = match fuser::Session::new(fs, &fuse_mountpoint, &fuse_config(opts)) {
         Ok(session) => session,
         Err(err) => {
@@ -368,11 +366,6 @@ where
                 .with_context(|| format!("cannot mount FUSE at {}", fuse_mountpoint.display()));
         }
     };
-    match session.as_fd().try_clone_to_owned() {
-        Ok(device) => read_replier.set_device(device),
-        // Reads are then answered through fuser, with one copy more.
-        Err(err) => tracing::warn!(%err, "cannot duplicate the FUSE descriptor"),
-    }
     let background = session
         .spawn()
         .context("cannot start the FUSE session thread")?;

@@ -22,7 +22,6 @@
 //! page's generation, so the flusher clears a dirty bit only when the page
 //! was not written again while its upload was in flight.
 
-use std::io::IoSlice;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -373,16 +372,15 @@ impl Chunk {
         &self.block(page).bytes[at..at + PAGE]
     }
 
-    /// Bytes `[from, to)` of the chunk (any alignment; the pages must be
-    /// valid) as slices of its blocks, appended to `out` in order: what a
-    /// vectored reply sends without copying them first.
-    pub fn slices<'a>(&'a self, from: usize, to: usize, out: &mut Vec<IoSlice<'a>>) {
+    /// Append bytes `[from, to)` of the chunk to `out` (any alignment; the
+    /// pages must be valid).
+    pub fn copy_out(&self, from: usize, to: usize, out: &mut Vec<u8>) {
         let mut at = from;
         while at < to {
             let b = at / BLOCK;
             let end = to.min((b + 1) * BLOCK);
             let block = self.blocks[b].as_deref().expect("a valid page has a block");
-            out.push(IoSlice::new(&block.bytes[at - b * BLOCK..end - b * BLOCK]));
+            out.extend_from_slice(&block.bytes[at - b * BLOCK..end - b * BLOCK]);
             at = end;
         }
     }
@@ -540,13 +538,6 @@ impl Drop for Chunk {
 mod tests {
     use super::*;
 
-    /// Bytes `[from, to)` of a chunk, joined from its slices.
-    fn bytes(c: &Chunk, from: usize, to: usize) -> Vec<u8> {
-        let mut slices = Vec::new();
-        c.slices(from, to, &mut slices);
-        slices.iter().flat_map(|s| s.iter().copied()).collect()
-    }
-
     #[test]
     fn block_masks_cover_the_blocks_of_a_range() {
         assert_eq!(block_mask(0, PageRange::new(0, 1)), 1);
@@ -575,7 +566,8 @@ mod tests {
         // A second write to the same block adds pages, not blocks.
         let d = c.write(16 * PAGE, &[8u8; PAGE]);
         assert_eq!(d.blocks, 0);
-        let out = bytes(&c, 16 * PAGE, 17 * PAGE + 3);
+        let mut out = Vec::new();
+        c.copy_out(16 * PAGE, 17 * PAGE + 3, &mut out);
         assert_eq!(&out[..PAGE], &[8u8; PAGE][..]);
         assert_eq!(&out[PAGE..], &[7u8; 3][..]);
         let mut total = DirtyDelta::default();
@@ -614,7 +606,8 @@ mod tests {
         for p in 1..18 {
             c.received(p);
         }
-        let out = bytes(&c, PAGE, 18 * PAGE);
+        let mut out = Vec::new();
+        c.copy_out(PAGE, 18 * PAGE, &mut out);
         assert_eq!(&out[..PAGE], &body[PAGE..2 * PAGE]);
         assert_eq!(
             &out[PAGE..2 * PAGE],
@@ -632,7 +625,8 @@ mod tests {
         c.allocate(u64::MAX);
         let data: Vec<u8> = (0..3 * BLOCK).map(|i| (i % 251) as u8).collect();
         c.write(BLOCK / 2, &data[..2 * BLOCK]);
-        let out = bytes(&c, BLOCK / 2, BLOCK / 2 + 2 * BLOCK);
+        let mut out = Vec::new();
+        c.copy_out(BLOCK / 2, BLOCK / 2 + 2 * BLOCK, &mut out);
         assert_eq!(out, &data[..2 * BLOCK]);
     }
 }

@@ -7,15 +7,13 @@
 //! has the page filled first and then applies its bytes under the chunk's
 //! lock, so two read-modify-writes of one page never lose an update.
 
-use std::io::IoSlice;
 use std::sync::atomic::Ordering;
-use std::sync::OnceLock;
 
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::cache::{ChunkGuard, ChunkRef};
-use super::chunk::{chunk_pages, chunks_of, BLOCK_BYTES, CHUNK_BYTES, CHUNK_PAGES};
+use super::cache::ChunkRef;
+use super::chunk::{chunk_pages, chunks_of, CHUNK_BYTES, CHUNK_PAGES};
 use super::counters::add;
 use super::error::{Error, Result};
 use super::extents::{intersect, PageRange};
@@ -150,83 +148,58 @@ impl Inner {
         offset_bytes: u64,
         len: usize,
     ) -> Result<(Bytes, Option<(u64, u64)>)> {
-        self.read_with(offset_bytes, len, |slices| {
-            let len = slices.iter().map(|s| s.len()).sum();
-            // Filled in order: zeroing it first would cost one more pass
-            // over every byte read.
-            let mut out = crate::buffers::take(len);
-            for s in slices {
-                out.extend_from_slice(s);
-            }
-            crate::buffers::freeze(out)
-        })
-        .await
-    }
-
-    /// Read `[offset, offset + len)` clipped to the drive and hand its bytes
-    /// to `send` as slices in order, straight from the cache's blocks (and
-    /// shared zeros for holes) while the chunks are locked, so a FUSE reply
-    /// can go out in one vectored write without a copy of its own; `send`
-    /// must not block on the drive. Also returns the read-ahead window the
-    /// caller should start in the background. A read larger than the cache
-    /// pins at once (never a FUSE read) is gathered into one buffer first.
-    pub(crate) async fn read_with<R>(
-        &self,
-        offset_bytes: u64,
-        len: usize,
-        send: impl FnOnce(&[IoSlice<'_>]) -> R,
-    ) -> Result<(R, Option<(u64, u64)>)> {
         self.check_open()?;
         let end = self
             .size_bytes()
             .min(offset_bytes.saturating_add(len as u64));
         if offset_bytes >= end {
-            return Ok((send(&[]), None));
+            return Ok((Bytes::new(), None));
         }
         let want = PageRange::covering(ByteRange::new(offset_bytes, end));
+        // Filled in order, chunk by chunk: zeroing it first would cost one
+        // more pass over every byte read.
+        let mut out = crate::buffers::take((end - offset_bytes) as usize);
         let all: Vec<u64> = chunks_of(offset_bytes, end).collect();
-        let sent = if all.len() <= self.cache.max_pins() {
-            let refs = self.pin_and_fill(&all, want).await?;
-            gather(&all, &refs, offset_bytes, end, send)
-        } else {
-            let mut out = crate::buffers::take((end - offset_bytes) as usize);
-            for batch in all.chunks(self.cache.max_pins()) {
-                let refs = self.pin_and_fill(batch, want).await?;
-                gather(batch, &refs, offset_bytes, end, |slices| {
-                    for s in slices {
-                        out.extend_from_slice(s);
-                    }
-                });
+        for batch in all.chunks(self.cache.max_pins()) {
+            // Chunks not in memory whose pages hold no data read as zeros
+            // without a request or an allocation.
+            let mut need = Vec::with_capacity(batch.len());
+            for &idx in batch {
+                let part = intersect(chunk_pages(idx), want);
+                if !self.cache.contains(idx) && !self.extents().any_in(part) {
+                    add(&self.meters.cache_misses, part.len_pages());
+                    add(&self.meters.pages_elided, part.len_pages());
+                } else {
+                    need.push(idx);
+                }
             }
-            send(&[IoSlice::new(&out)])
-        };
-        let ahead = self.read_ahead_window(offset_bytes, end);
-        Ok((sent, ahead))
-    }
-
-    /// Pin the chunks of `batch` that hold data of `want` and have their
-    /// pages filled; chunks not in memory whose pages hold no data read as
-    /// zeros without a request or an allocation, and are left out.
-    async fn pin_and_fill(&self, batch: &[u64], want: PageRange) -> Result<Vec<ChunkRef>> {
-        let mut need = Vec::with_capacity(batch.len());
-        for &idx in batch {
-            let part = intersect(chunk_pages(idx), want);
-            if !self.cache.contains(idx) && !self.extents().any_in(part) {
-                add(&self.meters.cache_misses, part.len_pages());
-                add(&self.meters.pages_elided, part.len_pages());
+            let refs = if need.is_empty() {
+                Vec::new()
             } else {
-                need.push(idx);
+                let refs = self.pin_all(&need, want).await?;
+                let stats = self.fill(&refs, &[want], want).await?;
+                add(&self.meters.cache_misses, stats.misses);
+                add(&self.meters.cache_hits, stats.hits);
+                add(&self.meters.pages_elided, stats.holes);
+                refs
+            };
+            for &idx in batch {
+                let span = chunk_pages(idx);
+                let from = offset_bytes.max(span.start * PAGE_SIZE);
+                let to = end.min(span.end * PAGE_SIZE);
+                match refs.iter().find(|r| r.index == idx) {
+                    Some(r) => {
+                        let base = span.start * PAGE_SIZE;
+                        r.lock()
+                            .copy_out((from - base) as usize, (to - base) as usize, &mut out);
+                    }
+                    None => out.resize(out.len() + (to - from) as usize, 0),
+                }
             }
         }
-        if need.is_empty() {
-            return Ok(Vec::new());
-        }
-        let refs = self.pin_all(&need, want).await?;
-        let stats = self.fill(&refs, &[want], want).await?;
-        add(&self.meters.cache_misses, stats.misses);
-        add(&self.meters.cache_hits, stats.hits);
-        add(&self.meters.pages_elided, stats.holes);
-        Ok(refs)
+        debug_assert_eq!(out.len() as u64, end - offset_bytes);
+        let ahead = self.read_ahead_window(offset_bytes, end);
+        Ok((crate::buffers::freeze(out), ahead))
     }
 
     fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<u64> {
@@ -420,43 +393,4 @@ impl Inner {
         }
         out.into_iter().map(|(o, b)| (o, Bytes::from(b))).collect()
     }
-}
-
-/// Bytes `[start, end)` of the drive within the chunks of `batch`, handed to
-/// `send` as slices: the pinned chunks' blocks (`refs`, filled), zeros for
-/// chunks left out. Every chunk is locked, in ascending order, for the one
-/// call, so `send` sees one state of the range; no other path holds two
-/// chunk locks, so the order cannot deadlock.
-fn gather<R>(
-    batch: &[u64],
-    refs: &[ChunkRef],
-    start: u64,
-    end: u64,
-    send: impl FnOnce(&[IoSlice<'_>]) -> R,
-) -> R {
-    let mut guards: Vec<(u64, ChunkGuard<'_>)> = refs.iter().map(|r| (r.index, r.lock())).collect();
-    guards.sort_unstable_by_key(|(i, _)| *i);
-    let mut slices = Vec::with_capacity(((end - start) / BLOCK_BYTES) as usize + batch.len() + 1);
-    for &idx in batch {
-        let span = chunk_pages(idx);
-        let base = span.start * PAGE_SIZE;
-        let from = start.max(base);
-        let to = end.min(span.end * PAGE_SIZE);
-        match guards.binary_search_by_key(&idx, |(i, _)| *i) {
-            Ok(at) => {
-                guards[at]
-                    .1
-                    .slices((from - base) as usize, (to - base) as usize, &mut slices)
-            }
-            Err(_) => slices.push(IoSlice::new(&zeros()[..(to - from) as usize])),
-        }
-    }
-    send(&slices)
-}
-
-/// A chunk's worth of zeros, shared (its pages are the kernel's zero page
-/// until written, and nothing writes them).
-fn zeros() -> &'static [u8] {
-    static ZEROS: OnceLock<Vec<u8>> = OnceLock::new();
-    ZEROS.get_or_init(|| vec![0; CHUNK_BYTES as usize])
 }

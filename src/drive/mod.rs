@@ -260,24 +260,6 @@ impl Drive {
         Ok(data)
     }
 
-    /// Read `len` bytes at `offset_bytes` like [`Drive::read_at`] and hand
-    /// them to `send` as slices of the cache's own memory, in order, while
-    /// the chunks holding them are locked: a FUSE reply goes out in one
-    /// vectored write with no copy of ours. `send` runs once, on this
-    /// thread, and must not wait on the drive.
-    pub async fn read_with<R>(
-        &self,
-        offset_bytes: u64,
-        len: usize,
-        send: impl FnOnce(&[std::io::IoSlice<'_>]) -> R,
-    ) -> Result<R> {
-        let (sent, ahead) = self.inner.read_with(offset_bytes, len, send).await?;
-        if let Some((start, end)) = ahead {
-            self.start_read_ahead(start, end);
-        }
-        Ok(sent)
-    }
-
     /// Fetch `[start, end)` in the background, one step of the window per
     /// job. Each job's pages are marked before this returns, so the next
     /// sequential read waits for them instead of fetching them again. At

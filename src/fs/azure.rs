@@ -23,9 +23,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 
-use super::backend::{
-    Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult, SendSlices,
-};
+use super::backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
 use super::rescue::{Rescuable, Rescue, Saved};
 use crate::blob::{self, BlobClient, BlobItem, BlobPath, BlobType, ListBlobsOptions};
 use crate::crypt::{DataKey, KeySlots, UserKey};
@@ -399,18 +397,6 @@ impl Device for DriveDevice {
     async fn read_at(&self, offset_bytes: u64, len: usize) -> FsResult<Bytes> {
         self.drive
             .read_at(offset_bytes, len)
-            .await
-            .map_err(drive_error)
-    }
-
-    async fn read_to(
-        &self,
-        offset_bytes: u64,
-        len: usize,
-        send: &mut SendSlices<'_>,
-    ) -> FsResult<()> {
-        self.drive
-            .read_with(offset_bytes, len, send)
             .await
             .map_err(drive_error)
     }

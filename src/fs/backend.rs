@@ -7,7 +7,6 @@
 //! will see: the mapping happens in the adapter, once, and nowhere else.
 
 use std::fmt;
-use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -66,9 +65,6 @@ impl fmt::Display for FsError {
 
 impl std::error::Error for FsError {}
 
-/// Where a read's bytes go: called once with them as slices, in order.
-pub type SendSlices<'s> = dyn for<'a, 'b> FnMut(&'a [IoSlice<'b>]) + Send + 's;
-
 /// Result type of the FUSE layer and its backend traits.
 pub type FsResult<T> = Result<T, FsError>;
 
@@ -91,19 +87,6 @@ pub trait Device: Send + Sync {
     }
     /// Reads up to `len` bytes at `offset_bytes`, clipped at the end of the disk.
     async fn read_at(&self, offset_bytes: u64, len: usize) -> FsResult<Bytes>;
-    /// Reads like [`Device::read_at`] and hands the bytes to `send`, once, as
-    /// slices in order. A device whose bytes sit in a cache hands out the
-    /// cache's own memory, so a FUSE reply needs no copy of its own.
-    async fn read_to(
-        &self,
-        offset_bytes: u64,
-        len: usize,
-        send: &mut SendSlices<'_>,
-    ) -> FsResult<()> {
-        let data = self.read_at(offset_bytes, len).await?;
-        send(&[IoSlice::new(&data)]);
-        Ok(())
-    }
     /// Writes `data` at `offset_bytes`; the caller keeps the range inside the disk.
     async fn write_at(&self, offset_bytes: u64, data: &[u8]) -> FsResult<()>;
     /// Makes the range read as zeros and frees its storage (Clear Pages).

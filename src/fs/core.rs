@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use fuser::{FileAttr, FileType, INodeNo};
 
-use super::backend::{Catalog, EntryKind, EntryPath, FsError, FsResult, SendSlices};
+use super::backend::{Catalog, EntryKind, EntryPath, FsError, FsResult};
 use super::handles::Handles;
 use super::inodes::{InodeTable, Node, NodeKind};
 
@@ -358,25 +358,6 @@ impl FsCore {
         }
         let len = (len as u64).min(size - offset_bytes) as usize;
         open.device.read_at(offset_bytes, len).await
-    }
-
-    /// Reads like [`FsCore::read`] and hands the bytes to `send`, once, as
-    /// slices in order (the device's own memory where it has it).
-    pub async fn read_to(
-        &self,
-        fh: u64,
-        offset_bytes: u64,
-        len: u32,
-        send: &mut SendSlices<'_>,
-    ) -> FsResult<()> {
-        let (_, open) = self.handles.get(fh)?;
-        let size = open.device.size_bytes();
-        if offset_bytes >= size {
-            send(&[]);
-            return Ok(());
-        }
-        let len = (len as u64).min(size - offset_bytes) as usize;
-        open.device.read_to(offset_bytes, len, send).await
     }
 
     fn writable_device(&self, fh: u64) -> FsResult<super::handles::OpenDevice> {

@@ -7,7 +7,6 @@
 
 use std::ffi::OsStr;
 use std::future::Future;
-use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -21,7 +20,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::backend::FsError;
 use super::core::{FsCore, ATTR_TTL};
-use super::read_reply::ReadReplier;
 
 /// Largest write the kernel sends in one request.
 pub const MAX_WRITE_BYTES: u32 = 1024 * 1024;
@@ -41,8 +39,6 @@ pub struct BlobFs {
     runtime: Handle,
     /// Permits are bytes of write data held by running write tasks.
     write_budget: Arc<Semaphore>,
-    /// Sends read replies from the device's own memory.
-    read_replier: Arc<ReadReplier>,
 }
 
 impl BlobFs {
@@ -52,15 +48,7 @@ impl BlobFs {
             core,
             runtime,
             write_budget: Arc::new(Semaphore::new(MAX_WRITE_DATA_IN_FLIGHT as usize)),
-            read_replier: Arc::new(ReadReplier::default()),
         }
-    }
-
-    /// Where read replies go once the session exists: give it a duplicate
-    /// of the session's `/dev/fuse` descriptor (until then, and without
-    /// it, reads are answered through fuser with a copy).
-    pub fn read_replier(&self) -> Arc<ReadReplier> {
-        self.read_replier.clone()
     }
 
     /// Room for `len` bytes of write data, waiting on the session thread
@@ -201,7 +189,7 @@ impl Filesystem for BlobFs {
 
     fn read(
         &self,
-        req: &Request,
+        _req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -210,20 +198,12 @@ impl Filesystem for BlobFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let unique = req.unique();
-        let replier = self.read_replier.clone();
         self.spawn(move |core| async move {
-            let mut reply = Some(reply);
-            let mut send = |data: &[IoSlice<'_>]| {
-                if let Some(reply) = reply.take() {
-                    replier.send(unique, reply, data);
-                }
-            };
-            let result = core.read_to(fh.0, offset, size, &mut send).await;
-            if let Err(err) = result {
-                tracing::warn!(offset, size, %err, "read failed");
-                if let Some(reply) = reply.take() {
-                    reply.error(errno(&err));
+            match core.read(fh.0, offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(err) => {
+                    tracing::warn!(offset, size, %err, "read failed");
+                    reply.error(errno(&err))
                 }
             }
         });

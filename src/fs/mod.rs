@@ -29,7 +29,6 @@ pub mod handles;
 pub mod inodes;
 pub mod memory;
 pub mod one_drive;
-pub mod read_reply;
 pub mod rescue;
 
 pub use backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
