@@ -71,6 +71,7 @@ impl Site {
     fn command(&self, program: &str) -> Command {
         let mut cmd = Command::new(program);
         cmd.env("BLOBDRIVE_RUN_DIR", self.run_dir.path())
+            .env("BLOBDRIVE_RECOVERY_DIR", common::recovery_dir())
             .env(
                 "AZURE_STORAGE_CONNECTION_STRING",
                 common::connection_string(),

@@ -83,6 +83,7 @@ impl Site {
         let out = Command::new(BIN)
             .args(args)
             .env("BLOBDRIVE_RUN_DIR", self.run_dir.path())
+            .env("BLOBDRIVE_RECOVERY_DIR", common::recovery_dir())
             .env(
                 "AZURE_STORAGE_CONNECTION_STRING",
                 common::connection_string(),

@@ -42,7 +42,8 @@ fn blobdrive_as(args: &[&str], run_dir: Option<&Path>, account: bool) -> Output 
     } else {
         cmd.env_remove("AZURE_STORAGE_CONNECTION_STRING");
     }
-    cmd.env_remove("AZURE_STORAGE_ACCOUNT")
+    cmd.env("BLOBDRIVE_RECOVERY_DIR", common::recovery_dir())
+        .env_remove("AZURE_STORAGE_ACCOUNT")
         .env_remove("AZURE_STORAGE_KEY")
         .env_remove("AZURE_STORAGE_SAS_TOKEN")
         .env_remove("RUST_LOG");

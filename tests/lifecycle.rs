@@ -79,6 +79,7 @@ impl Site {
     fn blobdrive_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut cmd = Command::new(BIN);
         cmd.env("BLOBDRIVE_RUN_DIR", self.run_dir.path())
+            .env("BLOBDRIVE_RECOVERY_DIR", common::recovery_dir())
             .env(
                 "AZURE_STORAGE_CONNECTION_STRING",
                 common::connection_string(),

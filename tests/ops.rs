@@ -30,6 +30,7 @@ fn blobdrive(args: &[&str]) -> Output {
             "AZURE_STORAGE_CONNECTION_STRING",
             common::connection_string(),
         )
+        .env("BLOBDRIVE_RECOVERY_DIR", common::recovery_dir())
         .stdin(Stdio::null())
         .output()
         .expect("run blobdrive")

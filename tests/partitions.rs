@@ -86,6 +86,7 @@ impl Site {
         Command::new(BIN)
             .args(args)
             .env("BLOBDRIVE_RUN_DIR", self.run_dir.path())
+            .env("BLOBDRIVE_RECOVERY_DIR", common::recovery_dir())
             .env(
                 "AZURE_STORAGE_CONNECTION_STRING",
                 common::connection_string(),

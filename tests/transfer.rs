@@ -129,6 +129,7 @@ fn bin() -> Command {
         "AZURE_STORAGE_CONNECTION_STRING",
         common::connection_string(),
     )
+    .env("BLOBDRIVE_RECOVERY_DIR", common::recovery_dir())
     .env_remove("AZURE_STORAGE_ACCOUNT")
     .env_remove("AZURE_STORAGE_KEY")
     .env_remove("AZURE_STORAGE_SAS_TOKEN");

@@ -38,6 +38,14 @@ pub fn connection_string() -> String {
     account().connection_string()
 }
 
+/// Where the binary under test saves recovery files: a directory of this
+/// test process, so a flush that fails in a test never leaves a file in
+/// the machine's own recovery directory (/var/lib/blobdrive/recovery).
+/// Pass it as `BLOBDRIVE_RECOVERY_DIR` to every `blobdrive` run.
+pub fn recovery_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("blobdrive-test-recovery-{}", std::process::id()))
+}
+
 /// A client for the test account; panics with a hint if the emulator is down.
 pub async fn client() -> BlobClient {
     let _ = tracing_subscriber::fmt()

@@ -27,12 +27,17 @@ pub fn can_run(test: &str, needs_loop: bool) -> bool {
     crate::system::can_run(test, needs_loop)
 }
 
-/// Points control sockets at a private directory for this test process.
+/// Points control sockets and recovery files at private directories of this
+/// test process.
 pub fn set_run_dir() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let dir = std::env::temp_dir().join(format!("blobdrive-test-run-{}", std::process::id()));
         std::env::set_var("BLOBDRIVE_RUN_DIR", dir);
+        // Recovery files too: never into the machine's own directory.
+        let recovery =
+            std::env::temp_dir().join(format!("blobdrive-test-recovery-{}", std::process::id()));
+        std::env::set_var("BLOBDRIVE_RECOVERY_DIR", recovery);
     });
 }
 
