@@ -6,6 +6,7 @@
 //!   cargo run --release --example ceiling -- [--seconds S] [--blob-mib N]
 //!   cargo run --release --example ceiling -- --read C/B [--seconds S] [--blob-mib N]
 //!   cargo run --release --example ceiling -- --pass C/B --parallelism P
+//!   cargo run --release --example ceiling -- --put-pass C/B --parallelism P [--blob-mib N]
 //!
 //! Prints one JSON object: for each operation the best rate and the parallelism
 //! that gave it, plus the 4 KiB rate at queue depth 32 (what fio uses), so the
@@ -18,6 +19,10 @@
 //! `P` Gets in flight, and prints its MiB/s: the raw client doing what a cold
 //! sequential read of that drive does, so the bench can time the two side by
 //! side, alternating, minutes into a run rather than on a fresh backend.
+//! With `--put-pass C/B`, one pass writes a new page blob of `--blob-mib`
+//! random bytes, every 4 MiB slot once, in order, with `P` Put Pages in
+//! flight, prints its MiB/s and deletes the blob: the raw client doing what a
+//! sequential write or an upload does, timed just before it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,7 +63,9 @@ struct Args {
     read: Option<String>,
     /// An existing blob to read once, every slot holding data (`--pass`).
     pass: Option<String>,
-    /// Gets in flight for `--pass`.
+    /// A new blob to write once, every slot, then delete (`--put-pass`).
+    put_pass: Option<String>,
+    /// Requests in flight for `--pass` and `--put-pass`.
     parallelism: usize,
 }
 
@@ -68,6 +75,7 @@ fn parse_args() -> anyhow::Result<Args> {
         blob_bytes: 1 << 30,
         read: None,
         pass: None,
+        put_pass: None,
         parallelism: 4,
     };
     let mut it = std::env::args().skip(1);
@@ -78,6 +86,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--blob-mib" => args.blob_bytes = value.parse::<u64>().context("--blob-mib")? << 20,
             "--read" => args.read = Some(value),
             "--pass" => args.pass = Some(value),
+            "--put-pass" => args.put_pass = Some(value),
             "--parallelism" => {
                 args.parallelism = value.parse().context("--parallelism")?;
                 anyhow::ensure!(args.parallelism > 0, "--parallelism must be at least 1");
@@ -226,6 +235,37 @@ async fn pass(
     Ok((bytes.load(Ordering::Relaxed), slots.len(), start.elapsed()))
 }
 
+/// Writes a new page blob of `blob_bytes` at `path`, every 4 MiB slot once,
+/// in order, `parallelism` Put Pages in flight, each slot its own random
+/// bytes (as a file's data would be); returns Put Pages sent and the time.
+async fn put_pass(
+    client: &BlobClient,
+    path: &BlobPath,
+    blob_bytes: u64,
+    parallelism: usize,
+) -> anyhow::Result<(usize, Duration)> {
+    use futures::stream::{self, StreamExt, TryStreamExt};
+    let step = MAX_PUT_PAGE_BYTES;
+    // Made before the clock starts: the pass times the backend, not `rand`.
+    let slots: Vec<(u64, Bytes)> = (0..blob_bytes.div_ceil(step))
+        .map(|slot| {
+            let len = step.min(blob_bytes - slot * step) as usize;
+            let mut data = vec![0u8; len];
+            rand::rng().fill(&mut data[..]);
+            (slot * step, Bytes::from(data))
+        })
+        .collect();
+    let puts = slots.len();
+    client.create_page_blob(path, blob_bytes).await?;
+    let start = Instant::now();
+    stream::iter(slots)
+        .map(|(offset, data)| async move { client.put_pages(path, offset, data, None).await })
+        .buffer_unordered(parallelism)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok((puts, start.elapsed()))
+}
+
 /// Writes every 4 MiB slot once (16 in flight), so reads return stored data
 /// rather than zeros the service elides.
 async fn fill(client: &BlobClient, path: &BlobPath, blob_bytes: u64) -> anyhow::Result<()> {
@@ -256,6 +296,24 @@ async fn main() -> anyhow::Result<()> {
             serde_json::json!({
                 "mib": (mib * 10.0).round() / 10.0,
                 "gets": gets,
+                "seconds": (took.as_secs_f64() * 1000.0).round() / 1000.0,
+                "mibps": (mib / took.as_secs_f64() * 10.0).round() / 10.0,
+                "parallelism": args.parallelism,
+            })
+        );
+        return Ok(());
+    }
+    if let Some(target) = &args.put_pass {
+        let path = BlobPath::parse(target).context("--put-pass wants CONTAINER/BLOB")?;
+        let result = put_pass(&client, &path, args.blob_bytes, args.parallelism).await;
+        let _ = client.delete_blob(&path, true, None).await;
+        let (puts, took) = result?;
+        let mib = args.blob_bytes as f64 / (1 << 20) as f64;
+        println!(
+            "{}",
+            serde_json::json!({
+                "mib": (mib * 10.0).round() / 10.0,
+                "puts": puts,
                 "seconds": (took.as_secs_f64() * 1000.0).round() / 1000.0,
                 "mibps": (mib / took.as_secs_f64() * 10.0).round() / 10.0,
                 "parallelism": args.parallelism,

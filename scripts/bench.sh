@@ -181,6 +181,17 @@ azurite_cpu_begin
 "$ceiling" --seconds "$ceil_seconds" --blob-mib "$ceil_mib" >"$work/ceiling.json"
 azurite_cpu_end azurite_cpu_ceiling
 cp "$work/ceiling.json" "$work/ceiling.keep"
+put_p=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["put_4m"]["best_parallelism"])' "$work/ceiling.keep")
+
+# A raw pass of 4 MiB Put Pages writing SEQ_MIB of random bytes to a new
+# blob (examples/ceiling.rs --put-pass, at the ceiling's best parallelism,
+# the blob deleted after): the write ceiling timed just before the write it
+# is compared with, as the read's is, rather than minutes earlier on a
+# fresh backend. put_pass KEY puts KEY_pass_mibps.
+put_pass() {
+  "$ceiling" --put-pass "$c/put-pass.bin" --parallelism "$put_p" --blob-mib "$seq_mib" >"$work/put-pass.json"
+  put "${1}_pass_mibps" "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["mibps"])' "$work/put-pass.json")"
+}
 
 # --- sequential write and cold read through ext4 on an attached drive ----------
 
@@ -188,6 +199,7 @@ c=bench
 say "sequential write: $seq_mib MiB into ext4 on an attached drive, then fsync"
 "$bin" create "$c/seq.vhd" --size "$((seq_mib * 2 + 512))M" --mkfs ext4 >/dev/null
 mount_drive "$c/seq.vhd" "$work/seq"
+put_pass seq_write
 p0=$(stat "$work/seq" put_page) u0=$(stat "$work/seq" bytes_up)
 azurite_cpu_begin
 daemon_cpu_begin "$work/seq"
@@ -480,6 +492,7 @@ put mount_10k_extents_s "$(open_time "$c-mt" "$work/mt" frag.vhd)"
 # --- upload of a dense image (issue 9) ---------------------------------------------
 
 say "upload: $seq_mib MiB dense raw image"
+put_pass upload
 t0=$(now)
 "$bin" upload "$shm/random" "$c/upload.vhd" >/dev/null 2>&1
 t1=$(now)
@@ -537,13 +550,15 @@ n_reads = sum(1 for k in r if k.startswith("seq_read_mibps_"))
 put_small = ceiling["put_4k"]["by_parallelism"]["8"]
 rows = [
     # figure, value, unit, ceiling, ratio, target, met
-    ("seq write 1 file + fsync (ext4)", r["seq_write_mibps"], "MiB/s", put["best"], ">= 0.85", lambda x: x >= 0.85),
+    ("seq write 1 file + fsync (ext4)", r["seq_write_mibps"], "MiB/s", r["seq_write_pass_mibps"], ">= 0.85 (vs raw Puts just before)", lambda x: x >= 0.85),
+    ("seq write 1 file + fsync (ext4)", r["seq_write_mibps"], "MiB/s", put["best"], "(vs the fresh scratch blob's best)", None),
     (f"cold seq read (ext4), {n_reads} reads", r["seq_read_mibps"], "MiB/s", r["seq_read_pass_mibps"], ">= 0.9 (vs raw Gets of its blob, alternating)", lambda x: x >= 0.9),
     (f"cold seq read (ext4), {n_reads} reads", r["seq_read_mibps"], "MiB/s", get["best"], "(vs the fresh scratch blob's best)", None),
 ] + ([
     ("cold seq read, Azurite on its own core", r["seq_read_pinned_mibps"], "MiB/s", r["seq_read_pinned_pass_mibps"], "(vs raw Gets, same cores)", None),
 ] if "seq_read_pinned_mibps" in r else []) + [
-    ("upload dense raw image", r["upload_mibps"], "MiB/s", put["best"], ">= 0.85", lambda x: x >= 0.85),
+    ("upload dense raw image", r["upload_mibps"], "MiB/s", r["upload_pass_mibps"], ">= 0.85 (vs raw Puts just before)", lambda x: x >= 0.85),
+    ("upload dense raw image", r["upload_mibps"], "MiB/s", put["best"], "(vs the fresh scratch blob's best)", None),
     ("cold rand 4k read, qd32", r["rand_read_iops"], "IOPS", small["at_32"], ">= 0.8", lambda x: x >= 0.8),
     ("rand 4k write, qd32", r["rand_write_iops"], "IOPS", r["tmpfs_write_iops"], "(vs tmpfs)", None),
     ("drain: fsync after the burst", r["drain_put_per_s"], "Put Page/s", put_small, ">= 0.8 (vs raw 4k Put Page, p8)", lambda x: x >= 0.8),
