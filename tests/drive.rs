@@ -693,6 +693,37 @@ async fn background_flushes_during_a_sequential_write_send_full_put_pages() {
 }
 
 #[tokio::test]
+async fn a_sequential_write_sends_each_whole_4_mib_window_without_waiting_for_the_delay() {
+    // Write-behind: a window the stream has filled cannot become a fuller
+    // Put Page by waiting, so it goes out while the stream is still being
+    // written, even with an hour's flush delay; the head stays dirty.
+    let store = new_store(64 * MIB);
+    let o = DriveOptions {
+        flush_delay: Duration::from_secs(3600),
+        ..opts(Mode::ReadWrite)
+    };
+    let drive = open(&store, o).await;
+    let chunk = pattern(8, MIB as usize);
+    for i in 0..18 {
+        drive.write_at(i * MIB, &chunk).await.unwrap();
+    }
+    // 18 MiB written: windows 0-3 (16 MiB) are whole, the head (2 MiB) is not.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while drive.counters().put_page < 4 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let c = drive.counters();
+    assert_eq!(c.put_page, 4, "whole windows sent before any flush");
+    assert_eq!(c.dirty_bytes, 2 * MIB, "the stream's head waits");
+    assert!(
+        store.contents(ByteRange::new(0, 16 * MIB)) == chunk.repeat(16),
+        "the sent windows hold what was written"
+    );
+    drive.close().await.unwrap();
+    assert_eq!(drive.counters().put_page, 5);
+}
+
+#[tokio::test]
 async fn sequential_reads_use_read_ahead_in_large_requests() {
     let store = new_store(32 * MIB);
     store.poke(0, &pattern(2, 16 * MIB as usize));

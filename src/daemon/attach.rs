@@ -34,6 +34,12 @@ const LOOP_RELEASE_TIMEOUT: Duration = Duration::from_secs(20);
 /// How often the daemon checks that DIR is still mounted.
 const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
+/// Dirty page cache the kernel may hold for a writable attached drive's
+/// filesystem (see [`LoopDevice::limit_dirty_cache`]): sixteen Put Pages,
+/// enough to keep the daemon's flush busy; the daemon's own dirty budget
+/// absorbs bursts beyond it.
+const KERNEL_DIRTY_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
+
 /// What `blobdrive mount C/B DIR` asks for beyond a FUSE mount.
 #[derive(Debug, Clone)]
 pub struct AttachOptions {
@@ -151,6 +157,13 @@ impl Attachment {
             .with_context(|| format!("cannot attach a loop device to drive {name}"))?;
         tracing::info!(device = %device.device.display(), "loop device attached");
         self.loop_device = Some(device.clone());
+        if writable {
+            if let Err(err) = device.limit_dirty_cache(KERNEL_DIRTY_LIMIT_BYTES) {
+                // Older kernels lack the setting: writes then start
+                // reaching the drive at the kernel's own thresholds.
+                tracing::debug!(%err, "cannot bound the loop device's dirty page cache");
+            }
+        }
 
         let probe = device.device.clone();
         let fs = blocking(move || filesystem::detect(&probe))

@@ -7,8 +7,9 @@
 //! at most 4 MiB. A short stretch of zero pages between data pages (a zero
 //! sector inside a filesystem block) is written as part of the update rather
 //! than splitting it into three requests. Runs span chunk boundaries and go
-//! out in parallel (bounded). A background pass (the flusher's timer, not an
-//! fsync, a close or a writer waiting for room) leaves the head of a write
+//! out in parallel (bounded). A background pass (the flusher's timer, or a
+//! write stream that has just filled a whole 4 MiB window; not an fsync, a
+//! close or a writer waiting for room) leaves the head of a write
 //! stream still going, back to its last 4 MiB boundary of the drive, for its
 //! next pass, so a long sequential write goes out in full, aligned 4 MiB
 //! requests. A writer that finds the dirty budget full asks for a drain:
@@ -578,8 +579,12 @@ impl PassLog {
 
 /// Start the background flusher: after a write, wait `flush_delay`, then
 /// run a pass (and again after a failed one, unless the lease is lost). A
-/// writer waiting for room asks for a drain: a full pass at once, without
-/// the delay. It stops when `close` signals `stop` (the drive awaits it).
+/// sequential stream that fills a whole 4 MiB window cuts the wait short:
+/// the pass sends the whole windows behind the stream's head (which it
+/// holds back as ever), so a long write keeps Put Pages going while it is
+/// written instead of one pass per delay. A writer waiting for room asks
+/// for a drain: a full pass at once, without the delay. It stops when
+/// `close` signals `stop` (the drive awaits it).
 pub(super) fn spawn_background(inner: &Arc<Inner>) -> JoinHandle<()> {
     let me = inner.clone();
     tokio::spawn(async move {
@@ -594,6 +599,7 @@ pub(super) fn spawn_background(inner: &Arc<Inner>) -> JoinHandle<()> {
             if !me.drain_wanted.load(Ordering::Acquire) {
                 tokio::select! {
                     _ = tokio::time::sleep(me.flush_delay) => {}
+                    _ = me.window_full.notified() => {}
                     _ = me.drain.notified() => {}
                     _ = me.stop.notified() => return,
                 }

@@ -252,19 +252,47 @@ impl Inner {
                 self.disk_invalidate(r.index);
             }
         }
-        {
+        let window_full = {
             let mut last = self.last_write.lock().expect("last-write mutex poisoned");
-            // A write far from where the last one ended starts a new stream:
-            // its progress is counted from here.
-            if last.is_none_or(|(e, _)| e.abs_diff(offset_bytes) > MAX_PUT_PAGE_BYTES) {
-                *self.stream.lock().expect("stream mutex poisoned") =
-                    Some(super::flush::StreamMarks::starting_at(offset_bytes));
-            }
+            let prev = *last;
             *last = Some((end, std::time::Instant::now()));
-        }
+            match prev {
+                // A write far from where the last one ended starts a new
+                // stream: its progress is counted from here.
+                Some((e, _)) if e.abs_diff(offset_bytes) <= MAX_PUT_PAGE_BYTES => {
+                    e / MAX_PUT_PAGE_BYTES < end / MAX_PUT_PAGE_BYTES
+                }
+                _ => {
+                    *self.stream.lock().expect("stream mutex poisoned") =
+                        Some(super::flush::StreamMarks::starting_at(offset_bytes));
+                    false
+                }
+            }
+        };
         self.writes_accepted.fetch_add(1, Ordering::AcqRel);
         self.kick.notify_one();
+        // The stream went past a 4 MiB boundary and the window behind it is
+        // all dirty: waiting cannot make its Put Page any fuller. (Not when
+        // writes arrive out of order and leave holes in it: a pass now would
+        // cut it into ragged requests.)
+        if window_full
+            && self.window_all_dirty(
+                end / MAX_PUT_PAGE_BYTES * MAX_PUT_PAGE_BYTES - MAX_PUT_PAGE_BYTES,
+            )
+        {
+            self.window_full.notify_one();
+        }
         Ok(())
+    }
+
+    /// True when every page of the 4 MiB window of the drive starting at
+    /// `start` is in memory and dirty: a whole Put Page waiting to go.
+    fn window_all_dirty(&self, start: u64) -> bool {
+        chunks_of(start, start + MAX_PUT_PAGE_BYTES).all(|idx| {
+            self.cache
+                .get(idx)
+                .is_some_and(|r| r.lock().dirty_pages() == CHUNK_PAGES)
+        })
     }
 
     pub(crate) async fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {

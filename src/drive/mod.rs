@@ -154,6 +154,9 @@ pub(crate) struct Inner {
     writes_accepted: std::sync::atomic::AtomicU64,
     /// Wakes the background flusher after a write (or to stop it).
     kick: Notify,
+    /// A sequential write stream has filled a whole 4 MiB window of the
+    /// drive: the flusher sends it without waiting out `flush_delay`.
+    window_full: Notify,
     /// Writers are waiting for room: the flusher runs a full pass at once.
     drain_wanted: AtomicBool,
     /// Wakes the flusher for a drain, even during its delay.

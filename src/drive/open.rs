@@ -120,6 +120,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         closed: AtomicBool::new(false),
         writes_accepted: Default::default(),
         kick: Notify::new(),
+        window_full: Notify::new(),
         drain_wanted: AtomicBool::new(false),
         drain: Notify::new(),
         stop: Notify::new(),
