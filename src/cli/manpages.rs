@@ -337,7 +337,8 @@ fn mount_helper_page() -> String {
                 Item::Term(
                     "flush-delay=DURATION",
                     "How long written data may stay only in memory before the background \
-                     flush sends it (default 1s; fsync always sends it at once).",
+                     flush sends it (default 1s; fsync always sends it at once, and a \
+                     sequential write each whole 4 MiB it has written).",
                 ),
                 Item::Term(
                     "partition=N|auto",

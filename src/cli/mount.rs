@@ -52,8 +52,9 @@ pub struct MountArgs {
     #[arg(long, value_name = "SIZE", default_value = "32M", value_parser = values::size)]
     pub read_ahead: u64,
     /// How long written data may stay only in memory before the background
-    /// flush sends it to the blob (fsync always sends it at once): seconds
-    /// (`1`, `0.5`, `30s`), `500ms`, `5m` or `1h`, at most an hour.
+    /// flush sends it to the blob (fsync always sends it at once, and a
+    /// sequential write each whole 4 MiB it has written): seconds (`1`,
+    /// `0.5`, `30s`), `500ms`, `5m` or `1h`, at most an hour.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = values::duration)]
     pub flush_delay: std::time::Duration,
     /// Keep clean pages on local disk in DIR too, so the drive is warm after a
