@@ -282,6 +282,20 @@ async fn fill(client: &BlobClient, path: &BlobPath, blob_bytes: u64) -> anyhow::
     Ok(())
 }
 
+/// Prints one pass as JSON: MiB moved, its requests (`(name, count)`),
+/// seconds, MiB/s and the parallelism.
+fn print_pass(bytes: u64, requests: (&str, usize), took: Duration, parallelism: usize) {
+    let mib = bytes as f64 / (1 << 20) as f64;
+    let mut out = serde_json::json!({
+        "mib": (mib * 10.0).round() / 10.0,
+        "seconds": (took.as_secs_f64() * 1000.0).round() / 1000.0,
+        "mibps": (mib / took.as_secs_f64() * 10.0).round() / 10.0,
+        "parallelism": parallelism,
+    });
+    out[requests.0] = requests.1.into();
+    println!("{out}");
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
@@ -290,17 +304,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(target) = &args.pass {
         let path = BlobPath::parse(target).context("--pass wants CONTAINER/BLOB")?;
         let (bytes, gets, took) = pass(&client, &path, args.parallelism).await?;
-        let mib = bytes as f64 / (1 << 20) as f64;
-        println!(
-            "{}",
-            serde_json::json!({
-                "mib": (mib * 10.0).round() / 10.0,
-                "gets": gets,
-                "seconds": (took.as_secs_f64() * 1000.0).round() / 1000.0,
-                "mibps": (mib / took.as_secs_f64() * 10.0).round() / 10.0,
-                "parallelism": args.parallelism,
-            })
-        );
+        print_pass(bytes, ("gets", gets), took, args.parallelism);
         return Ok(());
     }
     if let Some(target) = &args.put_pass {
@@ -308,17 +312,7 @@ async fn main() -> anyhow::Result<()> {
         let result = put_pass(&client, &path, args.blob_bytes, args.parallelism).await;
         let _ = client.delete_blob(&path, true, None).await;
         let (puts, took) = result?;
-        let mib = args.blob_bytes as f64 / (1 << 20) as f64;
-        println!(
-            "{}",
-            serde_json::json!({
-                "mib": (mib * 10.0).round() / 10.0,
-                "puts": puts,
-                "seconds": (took.as_secs_f64() * 1000.0).round() / 1000.0,
-                "mibps": (mib / took.as_secs_f64() * 10.0).round() / 10.0,
-                "parallelism": args.parallelism,
-            })
-        );
+        print_pass(args.blob_bytes, ("puts", puts), took, args.parallelism);
         return Ok(());
     }
     if let Some(target) = &args.read {
