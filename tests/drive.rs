@@ -709,7 +709,10 @@ async fn a_sequential_write_sends_each_whole_4_mib_window_without_waiting_for_th
     }
     // 18 MiB written: windows 0-3 (16 MiB) are whole, the head (2 MiB) is not.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while drive.counters().put_page < 4 && tokio::time::Instant::now() < deadline {
+    // Until the Put Pages are done and their pages clean, not just sent.
+    while (drive.counters().put_page < 4 || drive.counters().dirty_bytes > 2 * MIB)
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let c = drive.counters();

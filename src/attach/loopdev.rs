@@ -176,7 +176,11 @@ impl LoopDevice {
     pub fn limit_dirty_cache(&self, bytes: u64) -> std::io::Result<()> {
         let bdi = self.bdi_dir()?;
         std::fs::write(bdi.join("max_bytes"), bytes.to_string())?;
-        std::fs::write(bdi.join("strict_limit"), "1")
+        std::fs::write(bdi.join("strict_limit"), "1").inspect_err(|_| {
+            // Not half set: without the strict flag the bound is undone here,
+            // since detach looks only at that flag.
+            let _ = std::fs::write(bdi.join("max_ratio"), "100");
+        })
     }
 
     /// The kernel's writeback settings of this device (`/sys/class/bdi/MAJ:MIN`).

@@ -36,8 +36,8 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Dirty page cache the kernel may hold for a writable attached drive's
 /// filesystem (see [`LoopDevice::limit_dirty_cache`]): sixteen Put Pages,
-/// enough to keep the daemon's flush busy; the daemon's own dirty budget
-/// absorbs bursts beyond it.
+/// enough to keep the daemon's flush busy; what the writeback hands the
+/// daemon, its own dirty budget absorbs.
 const KERNEL_DIRTY_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// What `blobdrive mount C/B DIR` asks for beyond a FUSE mount.
@@ -158,7 +158,9 @@ impl Attachment {
         tracing::info!(device = %device.device.display(), "loop device attached");
         self.loop_device = Some(device.clone());
         if writable {
-            if let Err(err) = device.limit_dirty_cache(KERNEL_DIRTY_LIMIT_BYTES) {
+            let bounded = device.clone();
+            let limit = blocking(move || bounded.limit_dirty_cache(KERNEL_DIRTY_LIMIT_BYTES));
+            if let Err(err) = limit.await {
                 // Older kernels lack the setting: writes then start
                 // reaching the drive at the kernel's own thresholds.
                 tracing::debug!(%err, "cannot bound the loop device's dirty page cache");

@@ -252,7 +252,11 @@ impl Inner {
                 self.disk_invalidate(r.index);
             }
         }
-        let window_full = {
+        // The 4 MiB window of the drive this write may have completed: the
+        // one behind a boundary the stream just went past, or, for a write
+        // that arrived late (the loop device sends several at once), its own
+        // window when the stream is already past it.
+        let window = {
             let mut last = self.last_write.lock().expect("last-write mutex poisoned");
             let prev = *last;
             *last = Some((end, std::time::Instant::now()));
@@ -260,26 +264,28 @@ impl Inner {
                 // A write far from where the last one ended starts a new
                 // stream: its progress is counted from here.
                 Some((e, _)) if e.abs_diff(offset_bytes) <= MAX_PUT_PAGE_BYTES => {
-                    e / MAX_PUT_PAGE_BYTES < end / MAX_PUT_PAGE_BYTES
+                    let own = (end - 1) / MAX_PUT_PAGE_BYTES * MAX_PUT_PAGE_BYTES;
+                    if e / MAX_PUT_PAGE_BYTES < end / MAX_PUT_PAGE_BYTES {
+                        Some(end / MAX_PUT_PAGE_BYTES * MAX_PUT_PAGE_BYTES - MAX_PUT_PAGE_BYTES)
+                    } else if own + MAX_PUT_PAGE_BYTES <= e {
+                        Some(own)
+                    } else {
+                        None
+                    }
                 }
                 _ => {
                     *self.stream.lock().expect("stream mutex poisoned") =
                         Some(super::flush::StreamMarks::starting_at(offset_bytes));
-                    false
+                    None
                 }
             }
         };
         self.writes_accepted.fetch_add(1, Ordering::AcqRel);
         self.kick.notify_one();
-        // The stream went past a 4 MiB boundary and the window behind it is
-        // all dirty: waiting cannot make its Put Page any fuller. (Not when
-        // writes arrive out of order and leave holes in it: a pass now would
-        // cut it into ragged requests.)
-        if window_full
-            && self.window_all_dirty(
-                end / MAX_PUT_PAGE_BYTES * MAX_PUT_PAGE_BYTES - MAX_PUT_PAGE_BYTES,
-            )
-        {
+        // A window all dirty cannot become a fuller Put Page by waiting. (One
+        // with holes, writes still on their way, waits: a pass now would cut
+        // it into ragged requests.)
+        if window.is_some_and(|start| self.window_all_dirty(start)) {
             self.window_full.notify_one();
         }
         Ok(())

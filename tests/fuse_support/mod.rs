@@ -34,7 +34,9 @@ pub fn set_run_dir() {
     ONCE.call_once(|| {
         let dir = std::env::temp_dir().join(format!("blobdrive-test-run-{}", std::process::id()));
         std::env::set_var("BLOBDRIVE_RUN_DIR", dir);
-        // Recovery files too: never into the machine's own directory.
+        // Recovery files too: never into the machine's own directory (the
+        // same directory as `common::recovery_dir`, which this harness does
+        // not include).
         let recovery =
             std::env::temp_dir().join(format!("blobdrive-test-recovery-{}", std::process::id()));
         std::env::set_var("BLOBDRIVE_RECOVERY_DIR", recovery);
