@@ -181,7 +181,9 @@ azurite_cpu_begin
 "$ceiling" --seconds "$ceil_seconds" --blob-mib "$ceil_mib" >"$work/ceiling.json"
 azurite_cpu_end azurite_cpu_ceiling
 cp "$work/ceiling.json" "$work/ceiling.keep"
-put_p=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["put_4m"]["best_parallelism"])' "$work/ceiling.keep")
+# The ceiling's best parallelism for OP (put_4m, get_4m).
+best_p() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["best_parallelism"])' "$work/ceiling.keep" "$1"; }
+put_p=$(best_p put_4m)
 
 # A raw pass of 4 MiB Put Pages writing SEQ_MIB of random bytes to a new
 # blob (examples/ceiling.rs --put-pass, at the ceiling's best parallelism,
@@ -285,7 +287,7 @@ read_rounds() {
 # at the start of the run (that one is reported too).
 say "cold sequential read, $n_read_rounds times, each after a raw pass over the same blob"
 unmount "$work/seq"
-get_p=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["get_4m"]["best_parallelism"])' "$work/ceiling.keep")
+get_p=$(best_p get_4m)
 read_rounds seq_read "$n_read_rounds"
 put seq_read_gets "$(awk '$1 == "seq_read_gets_1" {print $2}' "$res")"
 

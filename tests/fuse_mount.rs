@@ -3,6 +3,7 @@
 //! or loop devices print `SKIPPED: ...` where those are missing (a failure under
 //! `BLOBDRIVE_REQUIRE_FUSE=1`).
 
+mod common;
 mod fuse_support;
 mod system;
 

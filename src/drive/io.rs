@@ -264,10 +264,11 @@ impl Inner {
                 // A write far from where the last one ended starts a new
                 // stream: its progress is counted from here.
                 Some((e, _)) if e.abs_diff(offset_bytes) <= MAX_PUT_PAGE_BYTES => {
-                    let own = (end - 1) / MAX_PUT_PAGE_BYTES * MAX_PUT_PAGE_BYTES;
-                    if e / MAX_PUT_PAGE_BYTES < end / MAX_PUT_PAGE_BYTES {
-                        Some(end / MAX_PUT_PAGE_BYTES * MAX_PUT_PAGE_BYTES - MAX_PUT_PAGE_BYTES)
-                    } else if own + MAX_PUT_PAGE_BYTES <= e {
+                    const W: u64 = MAX_PUT_PAGE_BYTES;
+                    let own = (end - 1) / W * W;
+                    if e / W < end / W {
+                        Some(end / W * W - W)
+                    } else if own + W <= e {
                         Some(own)
                     } else {
                         None

@@ -34,12 +34,8 @@ pub fn set_run_dir() {
     ONCE.call_once(|| {
         let dir = std::env::temp_dir().join(format!("blobdrive-test-run-{}", std::process::id()));
         std::env::set_var("BLOBDRIVE_RUN_DIR", dir);
-        // Recovery files too: never into the machine's own directory (the
-        // same directory as `common::recovery_dir`, which this harness does
-        // not include).
-        let recovery =
-            std::env::temp_dir().join(format!("blobdrive-test-recovery-{}", std::process::id()));
-        std::env::set_var("BLOBDRIVE_RECOVERY_DIR", recovery);
+        // Recovery files too: never into the machine's own directory.
+        std::env::set_var("BLOBDRIVE_RECOVERY_DIR", crate::common::recovery_dir());
     });
 }
 
