@@ -157,6 +157,24 @@ azurite_cpu_end() { # KEY
   t1=$(now) c1=$(cpu_ticks "$azurite_pid")
   put "$1" "$(python3 -c "import os,sys; print(f'{(int(sys.argv[2]) - int(sys.argv[1])) / os.sysconf(\"SC_CLK_TCK\") / (float(sys.argv[4]) - float(sys.argv[3])):.2f}')" "$az_c0" "$c1" "$az_t0" "$t1")"
 }
+# CPU ticks of Azurite's threads other than its main one (which serves the
+# requests): V8's helper threads, busy with its garbage collector. Node's
+# `--trace-gc` showed that some passes and reads run into a string of full
+# collections (15-49 per GiB) that take those threads from about 0.1 to
+# 2-3.4 CPU-seconds per GiB on the two cores the client shares, and others
+# run into none: the main source of the spread from round to round.
+helper_ticks() {
+  local t ticks=0
+  for t in /proc/"$azurite_pid"/task/*; do
+    [ "${t##*/}" = "$azurite_pid" ] && continue
+    ticks=$((ticks + $(awk '{print $14 + $15}' "$t/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$ticks"
+}
+# Puts KEY: helper CPU-seconds per GiB between ticks T0 and now, for MIB.
+helpers_end() { # KEY T0 MIB
+  put "$1" "$(python3 -c "import os,sys; print(f'{(int(sys.argv[2]) - int(sys.argv[1])) / os.sysconf(\"SC_CLK_TCK\") * 1024 / float(sys.argv[3]):.2f}')" "$2" "$(helper_ticks)" "$3")"
+}
 
 say "random source: $seq_mib MiB in $shm"
 head -c $((seq_mib << 20)) /dev/urandom >"$shm/random"
@@ -229,6 +247,7 @@ cold_read() {
   if [ -n "$meter" ]; then
     azurite_cpu_begin
     daemon_cpu_begin "$work/seq"
+    h0=$(helper_ticks)
   fi
   t0=$(now)
   "${pin[@]}" dd if="$work/seq/file" of=/dev/null bs=4M status=none
@@ -236,6 +255,7 @@ cold_read() {
   if [ -n "$meter" ]; then
     daemon_cpu_end "daemon_cpu_$meter" "$seq_mib"
     azurite_cpu_end "azurite_cpu_$meter"
+    helpers_end "azurite_helpers_$meter" "$h0" "$seq_mib"
   fi
   echo $(($(stat "$work/seq" get) - g0)) >"$work/gets"
   unmount "$work/seq"
@@ -260,9 +280,12 @@ read_rounds() {
   for ((round = 1; round <= rounds; round++)); do
     drop_caches
     "${pin[@]}" "$bin" mount "$c/seq.vhd" "$work/seq" >/dev/null
+    h0=$(helper_ticks)
     "${pin[@]}" "$ceiling" --pass "$c/seq.vhd" --parallelism "$get_p" >"$work/pass.json"
+    h1=$(helper_ticks)
     unmount "$work/seq"
     read -r mib secs < <(python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(j["mib"], j["seconds"])' "$work/pass.json")
+    put "azurite_helpers_${key}_pass_$round" "$(python3 -c "import os; print(f'{($h1 - $h0) / os.sysconf(\"SC_CLK_TCK\") * 1024 / $mib:.2f}')")"
     put "${key}_pass_mibps_$round" "$(mibps "$mib" "$secs")"
     pass_mib=$(python3 -c "print($pass_mib + $mib)")
     pass_total=$(python3 -c "print($pass_total + $secs)")
@@ -620,7 +643,9 @@ for key, what in (("seq_read", "cold seq reads"), ("seq_read_pinned", "with Azur
     if rounds:
         print(f"{what}, one by one (MiB/s), each after its raw pass: " + ", ".join(
             f"{r[f'{key}_mibps_{i}']:g} after {r[f'{key}_pass_mibps_{i}']:g}" for i in rounds)
-            + "; daemon CPU s/GiB: " + ", ".join(f"{r[f'daemon_cpu_{key}_{i}']:g}" for i in rounds))
+            + "; daemon CPU s/GiB: " + ", ".join(f"{r[f'daemon_cpu_{key}_{i}']:g}" for i in rounds)
+            + "; Azurite's helper threads (its garbage collector) s/GiB, pass / read: "
+            + ", ".join(f"{r[f'azurite_helpers_{key}_pass_{i}']:g} / {r[f'azurite_helpers_{key}_{i}']:g}" for i in rounds))
 print(f"GETs: cold seq read {r['seq_read_gets']:g}, cold rand read {r['rand_read_gets']:g}; "
       f"tmpfs O_DIRECT: {'yes' if r['tmpfs_direct'] else 'no'}; mkfs 1 TiB took {r['mkfs_1t_s']} s")
 json.dump({"quick": quick, "ceiling": ceiling, "raw": r, "rows": out_rows},
