@@ -161,7 +161,7 @@ azurite_cpu_end() { # KEY
 # requests): V8's helper threads, busy with its garbage collector. Node's
 # `--trace-gc` showed that some passes and reads run into a string of full
 # collections (15-49 per GiB) that take those threads from about 0.1 to
-# 2-3.4 CPU-seconds per GiB on the two cores the client shares, and others
+# 1.5-3.4 CPU-seconds per GiB on the two cores the client shares, and others
 # run into none: the main source of the spread from round to round.
 helper_ticks() {
   local t ticks=0
