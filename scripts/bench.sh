@@ -151,6 +151,8 @@ start_azurite
 
 # Azurite's CPU share over a step: CPU seconds it used / wall seconds.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# CPU-seconds per GiB moved, from ticks T0 to T1 over MIB: per_gib T0 T1 MIB.
+per_gib() { python3 -c "import os,sys; print(f'{(int(sys.argv[2]) - int(sys.argv[1])) / os.sysconf(\"SC_CLK_TCK\") * 1024 / float(sys.argv[3]):.2f}')" "$1" "$2" "$3"; }
 azurite_cpu_begin() { az_t0=$(now) az_c0=$(cpu_ticks "$azurite_pid"); }
 azurite_cpu_end() { # KEY
   local t1 c1
@@ -164,17 +166,12 @@ azurite_cpu_end() { # KEY
 # 1.5-3.4 CPU-seconds per GiB on the two cores the client shares, and others
 # run into none: the main source of the spread from round to round.
 helper_ticks() {
-  local t ticks=0
-  for t in /proc/"$azurite_pid"/task/*; do
-    [ "${t##*/}" = "$azurite_pid" ] && continue
-    ticks=$((ticks + $(awk '{print $14 + $15}' "$t/stat" 2>/dev/null || echo 0)))
-  done
-  echo "$ticks"
+  # A thread may end between the glob and the read: skip it.
+  { cat /proc/"$azurite_pid"/task/*/stat 2>/dev/null || true; } |
+    awk -v main="$azurite_pid" '$1 != main {s += $14 + $15} END {print s + 0}'
 }
 # Puts KEY: helper CPU-seconds per GiB between ticks T0 and now, for MIB.
-helpers_end() { # KEY T0 MIB
-  put "$1" "$(python3 -c "import os,sys; print(f'{(int(sys.argv[2]) - int(sys.argv[1])) / os.sysconf(\"SC_CLK_TCK\") * 1024 / float(sys.argv[3]):.2f}')" "$2" "$(helper_ticks)" "$3")"
-}
+helpers_end() { put "$1" "$(per_gib "$2" "$(helper_ticks)" "$3")"; } # KEY T0 MIB
 
 say "random source: $seq_mib MiB in $shm"
 head -c $((seq_mib << 20)) /dev/urandom >"$shm/random"
@@ -189,7 +186,7 @@ daemon_cpu_begin() { dm_pid=$(daemon_pid "$1") dm_c0=$(cpu_ticks "$dm_pid"); }
 daemon_cpu_end() { # KEY MIB
   local c1
   c1=$(cpu_ticks "$dm_pid")
-  put "$1" "$(python3 -c "import os,sys; print(f'{(int(sys.argv[2]) - int(sys.argv[1])) / os.sysconf(\"SC_CLK_TCK\") * 1024 / int(sys.argv[3]):.2f}')" "$dm_c0" "$c1" "$2")"
+  put "$1" "$(per_gib "$dm_c0" "$c1" "$2")"
 }
 
 # --- ceiling -------------------------------------------------------------------
@@ -282,10 +279,9 @@ read_rounds() {
     "${pin[@]}" "$bin" mount "$c/seq.vhd" "$work/seq" >/dev/null
     h0=$(helper_ticks)
     "${pin[@]}" "$ceiling" --pass "$c/seq.vhd" --parallelism "$get_p" >"$work/pass.json"
-    h1=$(helper_ticks)
-    unmount "$work/seq"
     read -r mib secs < <(python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(j["mib"], j["seconds"])' "$work/pass.json")
-    put "azurite_helpers_${key}_pass_$round" "$(python3 -c "import os; print(f'{($h1 - $h0) / os.sysconf(\"SC_CLK_TCK\") * 1024 / $mib:.2f}')")"
+    helpers_end "azurite_helpers_${key}_pass_$round" "$h0" "$mib"
+    unmount "$work/seq"
     put "${key}_pass_mibps_$round" "$(mibps "$mib" "$secs")"
     pass_mib=$(python3 -c "print($pass_mib + $mib)")
     pass_total=$(python3 -c "print($pass_total + $secs)")
