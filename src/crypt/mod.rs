@@ -3,7 +3,8 @@
 //!
 //! What it owns: AES-256-XTS over 512-byte pages with the page number as the
 //! tweak (16 bytes, little-endian: the layout of dm-crypt's `aes-xts-plain64`,
-//! so a downloaded image opens with standard tools and the dumped key), and
+//! so the written pages of a downloaded image open with standard tools and
+//! the dumped key; holes read as zeros here and as noise there), and
 //! the key slots (`slots.rs`) that wrap the random data key with a user's key
 //! file or a passphrase (Argon2id). It knows nothing of the drive engine or
 //! of HTTP.
