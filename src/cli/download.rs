@@ -28,7 +28,11 @@ pub struct DownloadArgs {
     /// The local image to write.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
-    /// Read this snapshot of the blob.
+    /// Read this snapshot of the blob (with --since: the snapshot FILE is
+    /// brought to; required there). FILE records what it holds: drive,
+    /// snapshot, ETag, --decrypt, --raw (in the extended attribute
+    /// user.blobdrive.download, or FILE.blobdrive.json where the filesystem
+    /// has none).
     #[arg(long, value_name = "TIME")]
     pub snapshot: Option<String>,
     /// Leave out the VHD footer: write the plain disk image.
@@ -50,7 +54,7 @@ pub struct DownloadArgs {
           value_parser = clap::value_parser!(u16).range(1..=transfer::MAX_PARALLEL as i64))]
     pub parallel: u16,
     /// Write the plaintext of an encrypted drive (default: its ciphertext,
-    /// as stored).
+    /// as stored); with --since, FILE must be a --decrypt download.
     #[arg(long)]
     pub decrypt: bool,
     #[command(flatten)]
