@@ -377,9 +377,9 @@ pub async fn update_file(
         up_to_date: plan == Plan::UpToDate,
         ..UpdateReport::default()
     };
-    let Some(mut state) = record else {
-        unreachable!("plan_update refuses a file without a record");
-    };
+    // `plan_update` refused a file without a record.
+    let mut state =
+        record.ok_or_else(|| anyhow::anyhow!("{} has no download record", path.display()))?;
     match plan {
         Plan::UpToDate => return Ok(report),
         Plan::Resume => {

@@ -16,7 +16,9 @@
 //! after the file was synced at the end. A run that finds its own mark
 //! applies the whole T1→T2 difference again: every written range gets T2's
 //! bytes again and every cleared range is punched again, so the result is
-//! the same as an uninterrupted run.
+//! the same as an uninterrupted run. (Such a run cannot tell its own part-way
+//! writes from another program's, so it checks the record, not the file's
+//! modification time.)
 //!
 //! Invariants: a file whose record is missing, unreadable, for another drive
 //! or mode, or whose size or modification time moved since blobdrive wrote
@@ -383,10 +385,7 @@ pub fn plan_update(
             u.to, u.to
         ));
     }
-    if held == ask.to && held != from {
-        return Ok(Plan::UpToDate);
-    }
-    if held != from {
+    if held != from && held != ask.to {
         return Err(format!(
             "{file} holds snapshot {held} of {}, not {from}: give --since {held}",
             s.blob
@@ -394,8 +393,11 @@ pub fn plan_update(
     }
     if !s.matches(meta) {
         return Err(format!(
-            "{file} was changed after blobdrive wrote it (its size or modification time is not the recorded one: written to, or mounted read-write?), so it may no longer hold {from}; {fresh}"
+            "{file} was changed after blobdrive wrote it (its size or modification time is not the recorded one: written to, or mounted read-write?), so it may no longer hold {held}; {fresh}"
         ));
+    }
+    if held == ask.to {
+        return Ok(Plan::UpToDate);
     }
     Ok(Plan::Update)
 }
