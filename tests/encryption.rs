@@ -486,6 +486,120 @@ fn upload_encrypt_of_a_plain_image_decrypts_with_an_independent_aes_xts() {
     );
 }
 
+/// `download --since T1 --snapshot T2 --decrypt` on a decrypted download of
+/// T1 gives exactly the file a full `download --decrypt` of T2 gives (it
+/// decrypts the changed ranges the same way), and without `--decrypt` the
+/// ciphertext copy is updated to the ciphertext of T2. The writes between the
+/// snapshots go through the drive's encryption (`EncryptedStore` with the
+/// data key `key dump` prints), and a range is cleared.
+#[test]
+fn download_since_with_decrypt_equals_a_full_decrypted_download() {
+    use blobdrive::crypt::{DataKey, Secret};
+    use blobdrive::drive::{BlobPageStore, EncryptedStore, PageStore};
+    use blobdrive::units::ByteRange;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("cryptsince"));
+    let site = Site::new();
+    let drive = format!("{}/inc.vhd", guard.name);
+    let key = site.path("key");
+    write_key(&key, 9);
+    let key_s = key.to_str().unwrap();
+    let mut image = vec![0u8; 16 << 20];
+    rand::rng().fill_bytes(&mut image[..1 << 20]);
+    rand::rng().fill_bytes(&mut image[(6 << 20)..(7 << 20)]);
+    let img = site.path("plain.img");
+    std::fs::write(&img, &image).unwrap();
+    site.ok(&[
+        "upload",
+        img.to_str().unwrap(),
+        &drive,
+        "--encrypt",
+        "--key-file",
+        key_s,
+    ]);
+    let t1 = site.ok(&["snapshot", &drive]);
+    let file = |name: &str| site.path(name).to_string_lossy().into_owned();
+    let (plain, cipher) = (file("plain.vhd"), file("cipher.vhd"));
+    let decrypt = ["--decrypt", "--key-file", key_s];
+    let with = |args: &[&str], extra: &[&str]| {
+        let mut v = args.to_vec();
+        v.extend_from_slice(extra);
+        site.ok(&v)
+    };
+    with(&["download", &drive, &plain, "--snapshot", &t1], &decrypt);
+    site.ok(&["download", &drive, &cipher, "--snapshot", &t1]);
+
+    // Writes through the drive's encryption, and a clear.
+    let hex = site.ok(&["key", "dump", &drive, "--key-file", key_s]);
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    let data_key = std::sync::Arc::new(DataKey::from_secret(Secret::copy_of(&bytes)));
+    let store = EncryptedStore::new(
+        std::sync::Arc::new(BlobPageStore::new(
+            guard.client.clone(),
+            guard.path("inc.vhd"),
+        )),
+        data_key,
+    );
+    let marker = |len: usize| {
+        MARKER
+            .as_bytes()
+            .iter()
+            .copied()
+            .cycle()
+            .take(len)
+            .collect::<Vec<u8>>()
+    };
+    rt.block_on(async {
+        store.size_bytes().await.unwrap();
+        store
+            .write_pages(64 << 10, marker(64 << 10).into(), None)
+            .await
+            .unwrap();
+        store
+            .write_pages(9 << 20, marker(8192).into(), None)
+            .await
+            .unwrap();
+        store
+            .clear_pages(ByteRange::new(6 << 20, (6 << 20) + (256 << 10)), None)
+            .await
+            .unwrap();
+    });
+    let t2 = site.ok(&["snapshot", &drive]);
+
+    let since = ["--since", t1.as_str(), "--snapshot", t2.as_str()];
+    let full = file("full.vhd");
+    with(
+        &["download", &drive, &plain],
+        &[&since[..], &decrypt[..]].concat(),
+    );
+    with(&["download", &drive, &full, "--snapshot", &t2], &decrypt);
+    let (mine, theirs) = (
+        std::fs::read(&plain).unwrap(),
+        std::fs::read(&full).unwrap(),
+    );
+    assert!(
+        mine == theirs,
+        "the update equals a full decrypted download of T2"
+    );
+    assert!(
+        mine[(64 << 10)..(128 << 10)] == marker(64 << 10)[..],
+        "the written range is plaintext"
+    );
+    // Without --decrypt: the ciphertext, as a full download gives it.
+    with(&["download", &drive, &cipher], &since);
+    site.ok(&["download", &drive, &full, "--snapshot", &t2, "--overwrite"]);
+    assert!(
+        std::fs::read(&cipher).unwrap() == std::fs::read(&full).unwrap(),
+        "the ciphertext update equals a full download of T2"
+    );
+}
+
 /// The one device's counter `name` in `blobdrive stats DIR --json`.
 fn device_counter(site: &Site, dir: &Path, name: &str) -> u64 {
     let stats: serde_json::Value =

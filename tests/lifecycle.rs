@@ -633,8 +633,14 @@ fn incremental_download_against_a_prevsnapshot_model_fetches_only_changed_pages(
     assert_eq!(d.written_bytes, 8 * 512);
     assert_eq!(d.cleared, vec![ByteRange::new(20 * 512, 30 * 512)]);
     model.read_bytes.store(0, Ordering::Relaxed);
+    let open = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&file)
+        .unwrap();
+    let progress = blobdrive::transfer::Progress::new(0);
     let r = rt
-        .block_on(diff::update_file(&model, &d, &file, false))
+        .block_on(diff::apply(&model, &d, &open, false, 1, &progress))
         .unwrap();
     assert_eq!(r.fetched_bytes, 8 * 512, "only the changed pages");
     assert_eq!(
@@ -719,10 +725,18 @@ fn incremental_download_on_azurite_matches_a_full_download() {
         .write_all_at(b"x", 1000)
         .unwrap();
     let line = site.fails(
-        &["download", &drive, &short.to_string_lossy(), "--since", &t1],
+        &[
+            "download",
+            &drive,
+            &short.to_string_lossy(),
+            "--since",
+            &t1,
+            "--snapshot",
+            &t2,
+        ],
         1,
     );
-    assert!(line.contains("not a copy made at that snapshot"), "{line}");
+    assert!(line.contains("has no download record"), "{line}");
 }
 
 const PY_SAS: &str = r#"

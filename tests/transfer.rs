@@ -881,3 +881,318 @@ async fn dense_256mib_upload_throughput_against_the_put_page_ceiling() {
     assert!(report.complete);
     assert_eq!(report.sent_bytes, len + 512);
 }
+
+/// Runs a command that must succeed; its stdout, trimmed.
+fn ok(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "blobdrive {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `blobdrive snapshot C/B`: the new snapshot's time.
+fn snapshot(drive: &str) -> String {
+    let t = ok(&["snapshot", drive]);
+    assert!(!t.is_empty() && !t.contains(' '), "snapshot printed {t:?}");
+    t
+}
+
+/// A 16 MiB drive with data, and three snapshots T0, T1, T2 with writes
+/// and a clear in between; returns the drive operand and the times.
+async fn drive_with_three_snapshots(c: &ContainerGuard, name: &str) -> (String, [String; 3]) {
+    let drive = format!("{}/{name}", c.name);
+    ok(&["create", &drive, "--size", "16M"]);
+    let blob = c.path(name);
+    let put = |at: u64, len: u64, seed: u64| {
+        let client = c.client.clone();
+        let blob = blob.clone();
+        async move {
+            client
+                .put_pages(&blob, at, random(len, seed).into(), None)
+                .await
+                .expect("put pages");
+        }
+    };
+    put(0, 256 * 1024, 1).await;
+    put(4 * MIB, MIB, 2).await;
+    let t0 = snapshot(&drive);
+    put(64 * 1024, 64 * 1024, 3).await;
+    put(9 * MIB, 4096, 4).await;
+    let t1 = snapshot(&drive);
+    put(128 * 1024, 8192, 5).await;
+    c.client
+        .clear_pages(&blob, ByteRange::new(4 * MIB, 4 * MIB + 256 * 1024), None)
+        .await
+        .expect("clear pages");
+    put(12 * MIB, 512 * 1024, 6).await;
+    let t2 = snapshot(&drive);
+    (drive, [t0, t1, t2])
+}
+
+/// `download --since T1` only updates a file whose record says it holds
+/// snapshot T1 of that drive, in that mode, unchanged since: another
+/// snapshot, no record (a plain copy), the live drive, another mode and a
+/// file written to after the download are each refused with one line and
+/// left as they were; `--since` needs `--snapshot`; the right T1 gives a file
+/// equal to a full download of T2, and a second run has nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_since_refuses_a_file_that_does_not_hold_t1() {
+    let c = ContainerGuard::new("since-refuse").await;
+    let (drive, [t0, t1, t2]) = drive_with_three_snapshots(&c, "d.vhd").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |n: &str| tmp.path().join(n).to_string_lossy().into_owned();
+    let (held, full2) = (p("held.vhd"), p("full2.vhd"));
+    ok(&["download", &drive, &held, "--snapshot", &t0]);
+    ok(&["download", &drive, &full2, "--snapshot", &t2]);
+    let before = std::fs::read(&held).unwrap();
+    let since = |file: &str, t1: &str, extra: &[&str]| {
+        let mut args = vec!["download", &drive, file, "--since", t1, "--snapshot", &t2];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+
+    // It holds T0, not T1 (same size: the size alone cannot tell).
+    let out = since(&held, &t1, &[]);
+    assert_refused(&out, &format!("holds snapshot {t0}"));
+    assert_refused(&out, &format!("give --since {t0}"));
+    // Another mode.
+    assert_refused(&since(&held, &t0, &["--raw"]), "leave out --raw");
+    // To the live drive: refused, the file must name a snapshot.
+    let out = run(&["download", &drive, &held, "--since", &t0]);
+    assert_refused(&out, "--since needs --snapshot T2");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        std::fs::read(&held).unwrap() == before,
+        "refusals leave the file"
+    );
+
+    // A copy without the record: refused, and the advice writes a new file.
+    let copy = p("copy.vhd");
+    std::fs::copy(&held, &copy).unwrap();
+    let out = since(&copy, &t0, &[]);
+    assert_refused(&out, "has no download record");
+    let line = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        line.contains("NEW-FILE") && !line.contains("--overwrite"),
+        "{line}"
+    );
+    // A download of the live drive names no snapshot.
+    let live = p("live.vhd");
+    ok(&["download", &drive, &live]);
+    assert_refused(&since(&live, &t1, &[]), "holds the live drive");
+    // Written to after the download (as a read-write mount of it would).
+    let touched = p("touched.vhd");
+    ok(&["download", &drive, &touched, "--snapshot", &t0]);
+    std::thread::sleep(Duration::from_millis(20));
+    File::options()
+        .write(true)
+        .open(&touched)
+        .unwrap()
+        .write_all_at(b"local change", 8 * MIB)
+        .unwrap();
+    assert_refused(
+        &since(&touched, &t0, &[]),
+        "was changed after blobdrive wrote it",
+    );
+
+    // The right T1: the same bytes as a full download of T2, then nothing to do.
+    let text = ok(&["download", &drive, &held, "--since", &t0, "--snapshot", &t2]);
+    assert!(text.starts_with("updated "), "{text}");
+    assert!(
+        same_content(Path::new(&held), Path::new(&full2)),
+        "update equals full download"
+    );
+    let text = ok(&["download", &drive, &held, "--since", &t0, "--snapshot", &t2]);
+    assert!(text.contains("already holds snapshot"), "{text}");
+}
+
+/// An update killed (SIGKILL) part way leaves a file that holds neither
+/// state: an update to another snapshot is refused, and running the same
+/// command again finishes it, byte for byte a full download of T2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_since_killed_mid_way_reruns_to_a_full_download() {
+    let c = ContainerGuard::new("since-kill").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |n: &str| tmp.path().join(n).to_string_lossy().into_owned();
+    let len = 128 * MIB;
+    let img = tmp.path().join("src.img");
+    dense_file(&img, len, 11);
+    let drive = format!("{}/big.vhd", c.name);
+    ok(&["upload", img.to_str().unwrap(), &drive]);
+    std::fs::remove_file(&img).unwrap();
+    let blob = c.path("big.vhd");
+    let t1 = snapshot(&drive);
+    let local = p("local.vhd");
+    ok(&["download", &drive, &local, "--snapshot", &t1]);
+    // T2: 4 KiB rewritten at the start of every 4 MiB, and 1 MiB cleared.
+    let piece = |k: u64| random(4096, 100 + k);
+    for k in 0..len / (4 * MIB) {
+        c.client
+            .put_pages(&blob, k * 4 * MIB, piece(k).into(), None)
+            .await
+            .expect("put pages");
+    }
+    c.client
+        .clear_pages(&blob, ByteRange::new(100 * MIB, 101 * MIB), None)
+        .await
+        .expect("clear pages");
+    let t2 = snapshot(&drive);
+    c.client
+        .put_pages(&blob, 50 * MIB, random(4096, 999).into(), None)
+        .await
+        .expect("put pages");
+    let t3 = snapshot(&drive);
+
+    let mut child = bin()
+        .args([
+            "download",
+            &drive,
+            &local,
+            "--since",
+            &t1,
+            "--snapshot",
+            &t2,
+            "--parallel",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // SIGKILL it once the first changed range reached the file.
+    let file = File::open(&local).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut head = vec![0u8; 4096];
+    loop {
+        assert!(Instant::now() < deadline, "the update never started");
+        file.read_exact_at(&mut head, 0).unwrap();
+        if head == piece(0) {
+            child.kill().unwrap();
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the update ended before it could be killed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.wait().unwrap();
+    let mut tail = vec![0u8; 4096];
+    file.read_exact_at(&mut tail, len - 4 * MIB).unwrap();
+    assert!(
+        tail != piece(len / (4 * MIB) - 1),
+        "killed before the last range"
+    );
+
+    // Half T1, half T2: an update to another snapshot must not start from it.
+    let out = run(&[
+        "download",
+        &drive,
+        &local,
+        "--since",
+        &t1,
+        "--snapshot",
+        &t3,
+    ]);
+    assert_refused(
+        &out,
+        &format!("was being updated from snapshot {t1} to {t2}"),
+    );
+    // The same command again finishes it.
+    let text = ok(&[
+        "download",
+        &drive,
+        &local,
+        "--since",
+        &t1,
+        "--snapshot",
+        &t2,
+    ]);
+    assert!(text.contains("applied again"), "{text}");
+    let full = p("full.vhd");
+    ok(&["download", &drive, &full, "--snapshot", &t2]);
+    sh("cmp", &[&local, &full]);
+    // And it holds T2 now: on to T3.
+    ok(&[
+        "download",
+        &drive,
+        &local,
+        "--since",
+        &t2,
+        "--snapshot",
+        &t3,
+    ]);
+    ok(&["download", &drive, &full, "--snapshot", &t3, "--overwrite"]);
+    sh("cmp", &[&local, &full]);
+}
+
+/// On a filesystem without user extended attributes (ramfs; also vfat, some
+/// NFS) the record is the file FILE.blobdrive.json beside the download, and
+/// is honoured the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_keeps_its_record_beside_the_file_where_xattrs_are_missing() {
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            std::env::var("BLOBDRIVE_REQUIRE_FUSE").as_deref() != Ok("1"),
+            "mounting ramfs needs root (BLOBDRIVE_REQUIRE_FUSE=1)"
+        );
+        println!("SKIPPED: mounting ramfs needs root");
+        return;
+    }
+    let c = ContainerGuard::new("since-ramfs").await;
+    let (drive, [t0, t1, t2]) = drive_with_three_snapshots(&c, "d.vhd").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    sh("mount", &["-t", "ramfs", "ramfs", mnt.to_str().unwrap()]);
+    /// Unmounts the ramfs however the test ends.
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&mnt);
+    let local = mnt.join("d.vhd");
+    let local_s = local.to_string_lossy().into_owned();
+    ok(&["download", &drive, &local_s, "--snapshot", &t1]);
+    let side = mnt.join("d.vhd.blobdrive.json");
+    let record = std::fs::read_to_string(&side).expect("the record beside the file");
+    assert!(record.contains(&t1), "{record}");
+    let out = run(&[
+        "download",
+        &drive,
+        &local_s,
+        "--since",
+        &t0,
+        "--snapshot",
+        &t2,
+    ]);
+    assert_refused(&out, &format!("holds snapshot {t1}"));
+    ok(&[
+        "download",
+        &drive,
+        &local_s,
+        "--since",
+        &t1,
+        "--snapshot",
+        &t2,
+    ]);
+    let full = tmp.path().join("full.vhd");
+    ok(&[
+        "download",
+        &drive,
+        full.to_str().unwrap(),
+        "--snapshot",
+        &t2,
+    ]);
+    assert!(same_content(&local, &full), "update equals full download");
+    let record = std::fs::read_to_string(&side).unwrap();
+    assert!(
+        record.contains(&t2) && !record.contains("updating\":{"),
+        "{record}"
+    );
+}

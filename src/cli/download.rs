@@ -1,8 +1,14 @@
 //! `blobdrive download C/B FILE`: copy a page blob into a local sparse image,
 //! reading only the ranges that hold data, in parallel, with a progress bar.
 //! The work is in `crate::transfer`. With `--since T1`, FILE is a download
-//! made at snapshot T1, brought up to date in place: only the ranges written
-//! since are fetched and the cleared ones punched out (`crate::lifecycle::diff`).
+//! made at snapshot T1, brought up to date in place to snapshot T2: only the
+//! ranges written since are fetched (decrypted with `--decrypt`, as a full
+//! download does) and the cleared ones punched out (`crate::lifecycle::diff`).
+//! Every download records in the file what it holds
+//! (`crate::transfer::file_state`), and `--since` refuses a file whose record
+//! does not say T1. `--since` needs `--snapshot`: the file must always hold a
+//! state a snapshot names, and taking that snapshot is `blobdrive snapshot`'s
+//! job (it freezes a filesystem attached here first).
 
 use std::path::PathBuf;
 
@@ -22,7 +28,11 @@ pub struct DownloadArgs {
     /// The local image to write.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
-    /// Read this snapshot of the blob.
+    /// Read this snapshot of the blob (with --since: the snapshot FILE is
+    /// brought to; required there). FILE records what it holds: drive,
+    /// snapshot, ETag, --decrypt, --raw (in the extended attribute
+    /// user.blobdrive.download, or FILE.blobdrive.json where the filesystem
+    /// has none).
     #[arg(long, value_name = "TIME")]
     pub snapshot: Option<String>,
     /// Leave out the VHD footer: write the plain disk image.
@@ -31,7 +41,9 @@ pub struct DownloadArgs {
     /// Replace FILE if it exists.
     #[arg(long, conflicts_with = "since")]
     pub overwrite: bool,
-    /// FILE is a download of snapshot T1: fetch only what changed since.
+    /// FILE is a download of snapshot T1 (its record says so): bring it to
+    /// the snapshot given with --snapshot, fetching only what changed.
+    /// Re-run after an interruption to finish.
     #[arg(long, value_name = "T1")]
     pub since: Option<String>,
     /// Print the result of `--since` as JSON.
@@ -42,7 +54,7 @@ pub struct DownloadArgs {
           value_parser = clap::value_parser!(u16).range(1..=transfer::MAX_PARALLEL as i64))]
     pub parallel: u16,
     /// Write the plaintext of an encrypted drive (default: its ciphertext,
-    /// as stored).
+    /// as stored); with --since, FILE must be a --decrypt download.
     #[arg(long)]
     pub decrypt: bool,
     #[command(flatten)]
@@ -51,6 +63,12 @@ pub struct DownloadArgs {
 
 /// Run `download`.
 pub fn run(ctx: &Context, args: &DownloadArgs) -> CmdResult {
+    if args.key.source().is_given() && !args.decrypt {
+        return Err(super::CodedError::usage(
+            "--key-file and --passphrase-file need --decrypt (without it the download is the ciphertext as stored)",
+        )
+        .into());
+    }
     if let Some(since) = &args.since {
         return run_since(ctx, args, since);
     }
@@ -65,12 +83,6 @@ pub fn run(ctx: &Context, args: &DownloadArgs) -> CmdResult {
         parallel: usize::from(args.parallel),
         decrypt: None,
     };
-    if args.key.source().is_given() && !args.decrypt {
-        return Err(super::CodedError::usage(
-            "--key-file and --passphrase-file need --decrypt (without it the download is the ciphertext as stored)",
-        )
-        .into());
-    }
     let mut opts = opts;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -114,23 +126,61 @@ pub fn summary(blob: &BlobPath, file: &std::path::Path, r: &DownloadReport) -> S
     )
 }
 
-/// `download C/B FILE --since T1 [--snapshot T2]`.
+/// `download C/B FILE --since T1 --snapshot T2 [--decrypt] [--raw]`.
 fn run_since(ctx: &Context, args: &DownloadArgs, since: &str) -> CmdResult {
-    use crate::lifecycle::diff::{self, BlobStates};
+    use crate::lifecycle::diff::{self, BlobStates, UpdateTarget};
+    use crate::transfer::file_state::{Content, Format};
     let path = super::drives::parse_blob(&args.blob, None)?;
     super::drives::require_base(
         &path,
         "give the drive, and the later snapshot with --snapshot",
     )?;
+    let Some(to) = args.snapshot.clone() else {
+        return Err(super::CodedError::usage(format!(
+            "--since needs --snapshot T2: the file must hold a state a snapshot names; take one with 'blobdrive snapshot {path}' and give its time"
+        ))
+        .into());
+    };
     let client = super::drives::connect_for(ctx, &args.blob)?;
-    let to = args.snapshot.clone();
     super::drives::block_on(async move {
-        super::diff::check_states(&client, &path, since, to.as_deref()).await?;
-        let states = BlobStates::new(client.clone(), &path);
-        let d = diff::diff(&states, since, to.as_deref())
+        super::diff::check_states(&client, &path, since, Some(&to)).await?;
+        let mut states = BlobStates::new(client.clone(), &path);
+        if args.decrypt {
+            let at = path.clone().with_snapshot(Some(&to));
+            let Some(key) = super::key::unlock(&client, &at, &args.key).await? else {
+                return Err(super::CodedError::usage(format!(
+                    "{path} is not encrypted; --decrypt applies to encrypted drives"
+                ))
+                .into());
+            };
+            states = states.decrypting(key);
+        }
+        let d = diff::diff(&states, since, Some(&to))
             .await
             .map_err(super::drives::blob_err)?;
-        let report = diff::update_file(&states, &d, &args.file, args.raw).await?;
+        let flags = format!(
+            "{}{}",
+            if args.raw { " --raw" } else { "" },
+            if args.decrypt { " --decrypt" } else { "" }
+        );
+        let target = UpdateTarget {
+            path: &args.file,
+            account: client.account_name().to_string(),
+            blob: path.to_string(),
+            content: if args.decrypt {
+                Content::Decrypted
+            } else {
+                Content::Stored
+            },
+            format: Format::of(args.raw),
+            parallel: usize::from(args.parallel),
+            full_download: format!("blobdrive download {path} NEW-FILE --snapshot {to}{flags}"),
+        };
+        let progress = Progress::new(0);
+        let reporter = Reporter::start(progress.clone(), "update", Display::auto());
+        let result = diff::update_file(&states, &d, &target, &progress).await;
+        reporter.finish();
+        let report = result?;
         if args.json {
             output::print_json(&serde_json::json!({
                 "drive": path.to_string(),
@@ -141,13 +191,24 @@ fn run_since(ctx: &Context, args: &DownloadArgs, since: &str) -> CmdResult {
                 "fetched_bytes": report.fetched_bytes,
                 "punched_bytes": report.punched_bytes,
                 "requests": report.requests,
+                "resumed": report.resumed,
+                "up_to_date": report.up_to_date,
             }));
+        } else if report.up_to_date {
+            output::print_text(&format!(
+                "{} already holds snapshot {to} of {path}: nothing to do\n",
+                args.file.display()
+            ));
         } else {
             output::print_text(&format!(
-                "updated {} from {path} at {} to {}: fetched {} in {} requests, punched {}\n",
+                "updated {} from {path} at {} to {to}{}: fetched {} in {} requests, punched {}\n",
                 args.file.display(),
                 d.from,
-                d.to.as_deref().unwrap_or("now"),
+                if report.resumed {
+                    " (the interrupted update applied again)"
+                } else {
+                    ""
+                },
                 format_size(report.fetched_bytes),
                 report.requests,
                 format_size(report.punched_bytes)

@@ -12,16 +12,35 @@
 //! answers the diff properly only changed pages are fetched; elsewhere more
 //! is fetched, never less. All ranges are half-open byte ranges of the data
 //! area (the VHD footer is not part of it).
+//!
+//! The update of a local copy ([`update_file`]) reads the later state
+//! through the same store as a full download (`transfer::download::
+//! source_store`: decrypted with the key, or as stored), and trusts the file
+//! only as far as its record says (`transfer::file_state`): the record must
+//! name this drive, snapshot T1 at its ETag, the same content and format,
+//! and a file unchanged since. It marks the record "updating to T2" before
+//! it writes, and records T2 only once the file is synced; a run that finds
+//! its own mark applies the whole difference again, which writes every
+//! written range with T2's bytes and punches every cleared range, so an
+//! interrupted update re-run ends byte for byte where an uninterrupted one
+//! would.
 
+use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::StreamExt;
 use serde::Serialize;
 
 use crate::blob::{BlobClient, BlobPath, Result as BlobResult};
-use crate::drive::{BlobPageStore, PageStore};
+use crate::crypt::DataKey;
+use crate::drive::PageStore;
+use crate::transfer::download::source_store;
+use crate::transfer::file_state::{self, Content, FileState, Format, Plan, Source, Updating};
+use crate::transfer::Progress;
 use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES, VHD_FOOTER_BYTES};
 
 /// Two states of one page blob, as the diff needs them. A state is a
@@ -41,25 +60,51 @@ pub trait StateStore: Send + Sync {
     async fn written_since(&self, state: Option<&str>, prev: &str) -> BlobResult<Vec<ByteRange>>;
     /// Reads `range` of that state.
     async fn read(&self, state: Option<&str>, range: ByteRange) -> BlobResult<Bytes>;
+    /// The ETag of that state (`None` where the store has none).
+    async fn etag(&self, _state: Option<&str>) -> BlobResult<Option<String>> {
+        Ok(None)
+    }
 }
 
 /// A drive of an account as a [`StateStore`].
 pub struct BlobStates {
     client: BlobClient,
     path: BlobPath,
+    key: Option<Arc<DataKey>>,
+    /// The store each state is read through, made at its first read.
+    stores: Mutex<HashMap<Option<String>, Arc<dyn PageStore>>>,
 }
 
 impl BlobStates {
-    /// The states of the drive `path` (its base blob and snapshots).
+    /// The states of the drive `path` (its base blob and snapshots), read
+    /// as stored.
     pub fn new(client: BlobClient, path: &BlobPath) -> Self {
         BlobStates {
             client,
             path: path.base(),
+            key: None,
+            stores: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same states read decrypted with `key` (an encrypted drive's
+    /// plaintext; the footer as stored), as a full `download --decrypt`
+    /// reads them.
+    pub fn decrypting(mut self, key: Arc<DataKey>) -> Self {
+        self.key = Some(key);
+        self
     }
 
     fn at(&self, state: Option<&str>) -> BlobPath {
         self.path.clone().with_snapshot(state)
+    }
+
+    fn store(&self, state: Option<&str>) -> Arc<dyn PageStore> {
+        let mut stores = self.stores.lock().expect("stores mutex poisoned");
+        stores
+            .entry(state.map(str::to_string))
+            .or_insert_with(|| source_store(&self.client, &self.at(state), self.key.clone()))
+            .clone()
     }
 }
 
@@ -78,9 +123,7 @@ impl StateStore for BlobStates {
         state: Option<&str>,
         within: ByteRange,
     ) -> BlobResult<Vec<ByteRange>> {
-        BlobPageStore::new(self.client.clone(), self.at(state))
-            .page_ranges(within)
-            .await
+        self.store(state).page_ranges(within).await
     }
 
     async fn written_since(&self, state: Option<&str>, prev: &str) -> BlobResult<Vec<ByteRange>> {
@@ -92,7 +135,11 @@ impl StateStore for BlobStates {
     }
 
     async fn read(&self, state: Option<&str>, range: ByteRange) -> BlobResult<Bytes> {
-        self.client.get_blob_range(&self.at(state), range).await
+        self.store(state).read(range).await
+    }
+
+    async fn etag(&self, state: Option<&str>) -> BlobResult<Option<String>> {
+        Ok(self.client.get_properties(&self.at(state)).await?.etag)
     }
 }
 
@@ -223,6 +270,10 @@ pub struct UpdateReport {
     pub punched_bytes: u64,
     /// Get Blob requests made for data.
     pub requests: u64,
+    /// An interrupted update of the same two states was applied again.
+    pub resumed: bool,
+    /// The file held the later state already: nothing was done.
+    pub up_to_date: bool,
 }
 
 /// The size a download of a state of `data_bytes` has: with the footer,
@@ -260,60 +311,173 @@ fn punch(file: &std::fs::File, r: ByteRange) -> std::io::Result<()> {
     Err(err)
 }
 
-/// Brings `file`, a download of the state `diff.from` (with the footer, or
-/// `raw` without), up to the state `diff.to`: fetches the written ranges,
-/// punches holes for the cleared ones, sizes it, writes the new footer, and
-/// syncs. Refuses a file whose size is not that of a download of `diff.from`.
+/// The local file `download --since` brings up to date, and how.
+#[derive(Debug, Clone)]
+pub struct UpdateTarget<'a> {
+    /// The file, a download of the diff's earlier snapshot.
+    pub path: &'a Path,
+    /// The storage account of the drive.
+    pub account: String,
+    /// The drive, `container/path`.
+    pub blob: String,
+    /// Decrypted (`--decrypt`, the states read with the key) or as stored.
+    pub content: Content,
+    /// With the footer, or `--raw`.
+    pub format: Format,
+    /// Get Blob requests in flight.
+    pub parallel: usize,
+    /// The command that downloads the later snapshot in full into a new
+    /// file: the advice when the file cannot be updated.
+    pub full_download: String,
+}
+
+/// Brings the file `target.path`, a download of the snapshot `diff.from`,
+/// up to the snapshot `diff.to`, after its record says it holds `diff.from`
+/// (or an interrupted update between the same two): see the module head.
+/// `store` must read as `target.content` says (decrypted or as stored).
 pub async fn update_file(
     store: &dyn StateStore,
     diff: &Diff,
-    file_path: &Path,
-    raw: bool,
+    target: &UpdateTarget<'_>,
+    progress: &Arc<Progress>,
 ) -> anyhow::Result<UpdateReport> {
+    let path = target.path;
+    let Some(to) = diff.to.as_deref() else {
+        anyhow::bail!(
+            "an update of {} needs the later state to be a snapshot (--snapshot T2), so the file names the state it holds",
+            path.display()
+        );
+    };
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(file_path)
-        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", file_path.display()))?;
-    let have = file.metadata()?.len();
-    let want = file_size_of(diff.from_size_bytes, raw);
-    if have != want {
-        anyhow::bail!(
-            "{} is {have} bytes, but a {}download of snapshot {} is {want} bytes: it is not a copy made at that snapshot{}",
-            file_path.display(),
-            if raw { "--raw " } else { "" },
-            diff.from,
-            if raw { " (or it was made without --raw)" } else { " (or it was made with --raw)" }
-        );
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+    let meta = file.metadata()?;
+    let record = file_state::read(path)?;
+    let from = Source {
+        account: target.account.clone(),
+        blob: target.blob.clone(),
+        snapshot: Some(diff.from.clone()),
+        etag: store.etag(Some(&diff.from)).await?,
+    };
+    let ask = file_state::UpdateAsk {
+        path,
+        from: &from,
+        to,
+        content: target.content,
+        format: target.format,
+        full_download: &target.full_download,
+    };
+    let plan = file_state::plan_update(record.as_ref(), &meta, &ask).map_err(anyhow::Error::msg)?;
+    let raw = target.format == Format::Raw;
+    let mut report = UpdateReport {
+        file_bytes: meta.len(),
+        resumed: plan == Plan::Resume,
+        up_to_date: plan == Plan::UpToDate,
+        ..UpdateReport::default()
+    };
+    // `plan_update` refused a file without a record.
+    let mut state =
+        record.ok_or_else(|| anyhow::anyhow!("{} has no download record", path.display()))?;
+    match plan {
+        Plan::UpToDate => return Ok(report),
+        Plan::Resume => {
+            tracing::info!(file = %path.display(), from = %diff.from, to, "applying an interrupted update again");
+        }
+        Plan::Update => {
+            let want = file_size_of(diff.from_size_bytes, raw);
+            if meta.len() != want {
+                anyhow::bail!(
+                    "{} is {} bytes, but a {}download of snapshot {} is {want} bytes: it is not a copy made at that snapshot",
+                    path.display(),
+                    meta.len(),
+                    if raw { "--raw " } else { "" },
+                    diff.from,
+                );
+            }
+        }
     }
+    // From here on the file mixes the two states until the end: say so first.
+    state.updating = Some(Updating { to: to.to_string() });
+    file_state::write(&file, path, &state)
+        .map_err(|e| anyhow::anyhow!("cannot record the update in {}: {e}", path.display()))?;
+    let applied = apply(store, diff, &file, raw, target.parallel, progress)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "the update of {} from {} to {to} stopped: {e}; the file holds neither state now: run the same command again to finish it",
+                path.display(),
+                diff.from
+            )
+        })?;
+    report = UpdateReport {
+        resumed: report.resumed,
+        ..applied
+    };
+    let holds = Source {
+        snapshot: Some(to.to_string()),
+        etag: store.etag(Some(to)).await?,
+        ..from
+    };
+    let done = FileState::holding(&holds, target.content, target.format, &file)?;
+    file_state::write(&file, path, &done)
+        .map_err(|e| anyhow::anyhow!("cannot record the update in {}: {e}", path.display()))?;
+    Ok(report)
+}
+
+/// Applies `diff` to `file`, a download of `diff.from` (with the footer, or
+/// `raw` without) or a part-way update from it to `diff.to`: sizes it,
+/// fetches the written ranges (`parallel` requests in flight), punches
+/// holes for the cleared ones, writes the new footer and syncs. Idempotent:
+/// it writes only the ranges that differ, each wholly, so running it again
+/// on a file it stopped half way through gives the same file.
+pub async fn apply(
+    store: &dyn StateStore,
+    diff: &Diff,
+    file: &std::fs::File,
+    raw: bool,
+    parallel: usize,
+    progress: &Arc<Progress>,
+) -> anyhow::Result<UpdateReport> {
+    use std::sync::atomic::Ordering;
     let mut report = UpdateReport::default();
     let (s1, s2) = (diff.from_size_bytes, diff.to_size_bytes);
     if !raw && s2 > s1 {
         // The old footer page is part of the new data area: zero unless written.
-        punch(&file, ByteRange::new(s1, s1 + VHD_FOOTER_BYTES))?;
+        punch(file, ByteRange::new(s1, s1 + VHD_FOOTER_BYTES))?;
     }
     let new_len = file_size_of(s2, raw);
     file.set_len(new_len)?;
-    for r in &diff.written {
-        let mut at = r.start;
-        while at < r.end {
-            let end = r.end.min(at + MAX_PUT_PAGE_BYTES);
-            let piece = ByteRange::new(at, end);
-            let data = store.read(diff.to.as_deref(), piece).await?;
-            report.requests += 1;
-            report.fetched_bytes += data.len() as u64;
-            file.write_all_at(&data, at)?;
-            at = end;
-        }
+    progress
+        .total_bytes
+        .store(diff.written_bytes, Ordering::Relaxed);
+    let pieces = diff.written.iter().flat_map(|r| {
+        (r.start..r.end)
+            .step_by(MAX_PUT_PAGE_BYTES as usize)
+            .map(move |at| ByteRange::new(at, r.end.min(at + MAX_PUT_PAGE_BYTES)))
+    });
+    let to = diff.to.as_deref();
+    let mut fetches = futures::stream::iter(pieces)
+        .map(|piece| async move { (piece, store.read(to, piece).await) })
+        .buffered(parallel.max(1));
+    while let Some((piece, data)) = fetches.next().await {
+        let data = data?;
+        file.write_all_at(&data, piece.start)?;
+        report.requests += 1;
+        report.fetched_bytes += data.len() as u64;
+        Progress::add(&progress.requests, 1);
+        Progress::add(&progress.transferred_bytes, data.len() as u64);
+        Progress::add(&progress.scanned_bytes, data.len() as u64);
     }
+    drop(fetches);
     for r in &diff.cleared {
-        punch(&file, *r)?;
+        punch(file, *r)?;
         report.punched_bytes += r.len();
     }
     if !raw {
-        let blob = s2 + VHD_FOOTER_BYTES;
         let footer = store
-            .read(diff.to.as_deref(), ByteRange::new(s2, blob))
+            .read(to, ByteRange::new(s2, s2 + VHD_FOOTER_BYTES))
             .await?;
         file.write_all_at(&footer, s2)?;
     }
@@ -321,8 +485,7 @@ pub async fn update_file(
     report.file_bytes = file.metadata()?.len();
     if report.file_bytes != new_len {
         anyhow::bail!(
-            "{} is {} bytes after the update, not {new_len}",
-            file_path.display(),
+            "the file is {} bytes after the update, not {new_len}",
             report.file_bytes
         );
     }

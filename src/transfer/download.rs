@@ -5,7 +5,13 @@
 //! in pieces of at most 4 MiB, `parallel` at a time, and of what arrives only
 //! the non-zero pages are written. The file is sized first, so everything
 //! else stays a hole and costs no disk. With `raw`, the VHD footer is checked
-//! and left out, which leaves the plain disk image.
+//! and left out, which leaves the plain disk image. With a key, the data area
+//! is read through `drive::EncryptedStore` ([`source_store`], which
+//! `download --since` reads through too), so the file is the plaintext.
+//!
+//! The finished file carries the record of what it holds
+//! (`super::file_state`: drive, snapshot, ETag, decrypted or not, raw or
+//! not), written once the file is synced and before it is renamed into place.
 //!
 //! Invariants: the target is written under a temporary name in the same
 //! directory and renamed into place only after every byte arrived and was
@@ -22,11 +28,12 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures::StreamExt;
 
+use super::file_state::{self, Content, FileState, Format, Source};
 use super::progress::Progress;
 use super::scan::{nonzero_runs, BLOCK_BYTES};
 use super::{io_error, Error, Result, DEFAULT_PARALLEL, MAX_PARALLEL};
 use crate::blob::{BlobClient, BlobPath, BlobType};
-use crate::drive::{BlobPageStore, PageStore};
+use crate::drive::{BlobPageStore, EncryptedStore, PageStore};
 use crate::units::{ByteRange, PAGE_SIZE, VHD_FOOTER_BYTES};
 use crate::vhd::Footer;
 
@@ -108,6 +115,23 @@ fn temp_name(target: &Path) -> PathBuf {
     target.with_file_name(tmp)
 }
 
+/// The store a download reads `blob` (a snapshot when it names one)
+/// through: its bytes as stored, or with `key` an encrypted drive's
+/// plaintext (the pages below the footer decrypted, the footer as stored).
+/// A full download and `download --since` both read through it, so both
+/// give the same bytes.
+pub fn source_store(
+    client: &BlobClient,
+    blob: &BlobPath,
+    key: Option<Arc<crate::crypt::DataKey>>,
+) -> Arc<dyn PageStore> {
+    let stored = Arc::new(BlobPageStore::new(client.clone(), blob.clone()));
+    match key {
+        Some(key) => Arc::new(EncryptedStore::new(stored, key)),
+        None => stored,
+    }
+}
+
 /// Download `blob` (a snapshot when it names one) into `target`.
 pub async fn download(
     client: &BlobClient,
@@ -167,7 +191,7 @@ pub async fn download(
         .map_err(io_error("size", &tmp_path))?;
     let file = Arc::new(file);
 
-    let store = BlobPageStore::new(client.clone(), blob.clone());
+    let store = source_store(client, blob, opts.decrypt.clone());
     let ranges = if file_len == 0 {
         Vec::new()
     } else {
@@ -178,24 +202,8 @@ pub async fn download(
     Progress::add(&progress.scanned_bytes, file_len - data);
     let pieces = ranges.iter().flat_map(|r| split(*r));
     let parallel = opts.parallel.clamp(1, MAX_PARALLEL);
-    // The footer, the last 512 bytes of the blob, is plaintext.
-    let decrypt = opts
-        .decrypt
-        .clone()
-        .map(|k| (k, blob_len.saturating_sub(VHD_FOOTER_BYTES)));
     let mut results = futures::stream::iter(pieces)
-        .map(|piece| {
-            let decrypt = decrypt.clone();
-            fetch_and_write(
-                client,
-                blob,
-                piece,
-                file.clone(),
-                &tmp_path,
-                progress,
-                decrypt,
-            )
-        })
+        .map(|piece| fetch_and_write(store.as_ref(), piece, file.clone(), &tmp_path, progress))
         .buffer_unordered(parallel);
     while let Some(r) = results.next().await {
         r?;
@@ -207,6 +215,21 @@ pub async fn download(
         .map_err(|e| std::io::Error::other(e.to_string()))
         .and_then(|r| r)
         .map_err(io_error("sync", &tmp_path))?;
+    let source = Source {
+        account: client.account_name().to_string(),
+        blob: blob.base().to_string(),
+        snapshot: blob.snapshot.clone(),
+        etag: props.etag.clone(),
+    };
+    let content = if opts.decrypt.is_some() {
+        Content::Decrypted
+    } else {
+        Content::Stored
+    };
+    let state = FileState::holding(&source, content, Format::of(opts.raw), &file)
+        .and_then(|state| file_state::write(&file, target, &state))
+        .map_err(io_error("record the state of", &tmp_path))?;
+    tracing::debug!(file = %target.display(), kept = ?state, "download recorded");
     std::fs::rename(&tmp_path, target).map_err(io_error("rename into", target))?;
     guard.armed = false;
     Ok(DownloadReport {
@@ -235,23 +258,13 @@ fn split(r: ByteRange) -> impl Iterator<Item = ByteRange> {
 }
 
 async fn fetch_and_write(
-    client: &BlobClient,
-    blob: &BlobPath,
+    store: &dyn PageStore,
     piece: ByteRange,
     file: Arc<File>,
     path: &Path,
     progress: &Arc<Progress>,
-    decrypt: Option<(Arc<crate::crypt::DataKey>, u64)>,
 ) -> Result<()> {
-    let mut data: Bytes = client.get_blob_range(blob, piece).await?;
-    if let Some((key, data_end)) = decrypt {
-        if piece.start < data_end {
-            let n = (data_end.min(piece.end) - piece.start) as usize;
-            let mut buf = data.to_vec();
-            key.decrypt_pages(piece.start / PAGE_SIZE, &mut buf[..n]);
-            data = Bytes::from(buf);
-        }
-    }
+    let data: Bytes = store.read(piece).await?;
     Progress::add(&progress.requests, 1);
     Progress::add(&progress.transferred_bytes, data.len() as u64);
     let progress = progress.clone();

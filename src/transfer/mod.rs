@@ -11,6 +11,9 @@
 //! - `image.rs`: what a local file is (raw, fixed VHD, dynamic VHD read
 //!   through `vhd::dynamic`, refused) and its sizes;
 //! - `journal.rs`: the resume record kept in the blob's metadata;
+//! - `file_state.rs`: the record of what a downloaded file holds (which
+//!   drive, snapshot and ETag; decrypted or stored; raw or VHD), read by
+//!   `download --since` before it updates the file;
 //! - `upload.rs`, `download.rs`: the pipelines; `progress.rs`: counters and display;
 //! - `crc.rs`: CRC32C.
 //!
@@ -18,12 +21,14 @@
 //! write until after its last (two uploads cannot interleave, a mount cannot
 //! attach a half-written drive); the VHD footer is written last, so an
 //! incomplete upload is never a valid drive; a chunk is recorded as done only
-//! after every Put Page of it succeeded.
+//! after every Put Page of it succeeded; a download's file is recorded as
+//! holding a state only after it was synced.
 
 use std::path::PathBuf;
 
 pub mod crc;
 pub mod download;
+pub mod file_state;
 pub mod image;
 pub mod journal;
 pub mod progress;
