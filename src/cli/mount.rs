@@ -444,9 +444,7 @@ fn mount_namespace(
     // Read here, before the fork: a missing or malformed key file fails in
     // the user's terminal. Which drives it opens is found at each open.
     let user_key = if args.key.source().is_given() {
-        let key = args.key.source().read("", false)?;
-        crate::crypt::forbid_core_dumps();
-        key
+        args.key.source().read("", false)?
     } else {
         None
     };
