@@ -280,8 +280,13 @@ fn dump(ctx: &Context, args: &DumpArgs) -> CmdResult {
         // Straight to the descriptor: stdout's buffer would keep a copy
         // of the key in freed memory.
         let cannot = |e: std::io::Error| anyhow!("cannot write the key to stdout: {e}");
-        let fd = std::io::stdout().as_fd().try_clone_to_owned().map_err(cannot)?;
-        std::fs::File::from(fd).write_all(hex.bytes()).map_err(cannot)?;
+        let fd = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(cannot)?;
+        std::fs::File::from(fd)
+            .write_all(hex.bytes())
+            .map_err(cannot)?;
         Ok(())
     })
 }

@@ -323,7 +323,9 @@ mod tests {
 
     #[test]
     fn endless_key_and_passphrase_files_are_refused_after_a_bounded_read() {
-        let e = read_key_file(Path::new("/dev/zero")).unwrap_err().to_string();
+        let e = read_key_file(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("holds more than 32 bytes"), "{e}");
         let e = read_passphrase_file(Path::new("/dev/zero"))
             .unwrap_err()
