@@ -195,13 +195,16 @@ impl KeySource {
 /// At most `limit` bytes of the file at `path` (`what` names it in errors),
 /// read straight into a locked buffer: no copy of a key is left behind, and
 /// an endless file (`/dev/zero`, a pipe) costs `limit` bytes, not all memory.
-/// Warns when the file may be read by someone else.
-fn read_bounded(path: &Path, what: &str, limit: usize) -> anyhow::Result<Secret> {
+/// Also the file's metadata, for [`warn_if_exposed`] once the content was
+/// accepted (a refused key gets its one error line, no warning).
+fn read_bounded(
+    path: &Path,
+    what: &str,
+    limit: usize,
+) -> anyhow::Result<(Secret, Option<std::fs::Metadata>)> {
     let cannot = |e: std::io::Error| anyhow!("cannot read {what} {}: {e}", path.display());
     let mut file = std::fs::File::open(path).map_err(cannot)?;
-    if let Ok(meta) = file.metadata() {
-        warn_if_exposed(path, what, &meta);
-    }
+    let meta = file.metadata().ok();
     let mut buf = Secret::zeroed(limit);
     let mut len = 0;
     while len < limit {
@@ -212,16 +215,16 @@ fn read_bounded(path: &Path, what: &str, limit: usize) -> anyhow::Result<Secret>
             Err(e) => return Err(cannot(e)),
         }
     }
-    Ok(Secret::copy_of(&buf.bytes()[..len]))
+    Ok((Secret::copy_of(&buf.bytes()[..len]), meta))
 }
 
 /// The warning cryptsetup gives too: a key file other users may read, or
 /// that belongs to someone else (who could replace it), is not private.
 /// Only regular files are judged (a device or pipe has its own rules).
-fn warn_if_exposed(path: &Path, what: &str, meta: &std::fs::Metadata) {
-    if !meta.file_type().is_file() {
+fn warn_if_exposed(path: &Path, what: &str, meta: Option<&std::fs::Metadata>) {
+    let Some(meta) = meta.filter(|m| m.file_type().is_file()) else {
         return;
-    }
+    };
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let mode = meta.mode() & 0o777;
@@ -244,7 +247,7 @@ fn warn_if_exposed(path: &Path, what: &str, meta: &std::fs::Metadata) {
 
 /// Read a key file: exactly [`KEY_FILE_BYTES`] bytes.
 pub fn read_key_file(path: &Path) -> anyhow::Result<UserKey> {
-    let key = read_bounded(path, "key file", KEY_FILE_BYTES + 1)?;
+    let (key, meta) = read_bounded(path, "key file", KEY_FILE_BYTES + 1)?;
     if key.len() != KEY_FILE_BYTES {
         let holds = if key.len() > KEY_FILE_BYTES {
             format!("more than {KEY_FILE_BYTES}")
@@ -257,6 +260,7 @@ pub fn read_key_file(path: &Path) -> anyhow::Result<UserKey> {
             path.display()
         );
     }
+    warn_if_exposed(path, "key file", meta.as_ref());
     Ok(UserKey::KeyFile(key))
 }
 
@@ -264,7 +268,7 @@ pub fn read_key_file(path: &Path) -> anyhow::Result<UserKey> {
 pub fn read_passphrase_file(path: &Path) -> anyhow::Result<UserKey> {
     // Room for the longest passphrase, "\r\n", and one byte to tell a
     // longer file.
-    let raw = read_bounded(path, "passphrase file", MAX_PASSPHRASE_BYTES + 3)?;
+    let (raw, meta) = read_bounded(path, "passphrase file", MAX_PASSPHRASE_BYTES + 3)?;
     let mut end = raw.len();
     if raw.bytes()[..end].ends_with(b"\n") {
         end -= 1;
@@ -274,6 +278,7 @@ pub fn read_passphrase_file(path: &Path) -> anyhow::Result<UserKey> {
     }
     let pass = Secret::copy_of(&raw.bytes()[..end]);
     check_passphrase(&pass, &format!("passphrase file {}", path.display()))?;
+    warn_if_exposed(path, "passphrase file", meta.as_ref());
     Ok(UserKey::Passphrase(pass))
 }
 
