@@ -22,6 +22,7 @@ use anyhow::{anyhow, bail};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
+use zeroize::Zeroize;
 
 use super::secret::{Secret, UserKey};
 use super::{DataKey, CIPHER_NAME, DATA_KEY_BYTES};
@@ -244,11 +245,15 @@ fn aead_key(kek: &Secret) -> LessSafeKey {
 fn derive(a: &Argon2Params, pass: &Secret) -> anyhow::Result<Secret> {
     let params = argon2::Params::new(a.m_kib, a.t, a.p, Some(32))
         .map_err(|_| anyhow!("argon2 parameters out of range"))?;
+    // Argon2's memory is ours, to wipe after: it is derived from the
+    // passphrase (`hash_password_into` would free it as it is).
+    let mut blocks = vec![argon2::Block::default(); params.block_count()];
     let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
     let mut out = Secret::zeroed(32);
-    argon
-        .hash_password_into(pass.bytes(), &a.salt, out.bytes_mut())
-        .map_err(|_| anyhow!("argon2 parameters out of range"))?;
+    let derived =
+        argon.hash_password_into_with_memory(pass.bytes(), &a.salt, out.bytes_mut(), &mut blocks);
+    blocks.zeroize();
+    derived.map_err(|_| anyhow!("argon2 parameters out of range"))?;
     Ok(out)
 }
 
