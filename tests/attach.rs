@@ -616,6 +616,110 @@ fn mount_dash_t_blobdrive_and_an_fstab_line_attach_the_drive() {
     });
 }
 
+/// A container SAS that may read, write and lease (a read-write attach).
+const PY_SAS_RW: &str = r#"
+import os, sys, datetime
+from azure.storage.blob import generate_container_sas, ContainerSasPermissions
+cs = dict(kv.split("=", 1) for kv in os.environ["CS"].split(";") if kv)
+print(generate_container_sas(cs["AccountName"], sys.argv[1], account_key=cs["AccountKey"],
+    permission=ContainerSasPermissions(read=True, add=True, create=True, write=True,
+                                       delete=True, list=True),
+    expiry=datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)))
+"#;
+
+/// Every process whose command line (`/proc/PID/cmdline`, which any local
+/// user may read) `shows` the secret, as `PID: args`.
+fn command_lines_showing(shows: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let line = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if shows(&line) {
+            found.push(format!("{name}: {line}"));
+        }
+    }
+    found
+}
+
+/// A drive attached by its SAS URL, by `blobdrive mount` and by
+/// `mount -t blobdrive` (mount.blobdrive): while the mount lives, no
+/// process's command line (the daemon's, the command's, the helper's)
+/// shows the signature.
+#[test]
+fn a_sas_url_attach_leaves_no_signature_in_any_command_line() {
+    if !can_run("a_sas_url_attach_leaves_no_signature_in_any_command_line") {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-sas"));
+    let drive = drive_name(&guard, "sas.vhd");
+    site.ok(&["create", &drive, "--size", "32M", "--mkfs", "ext4"]);
+    let sas = common::python(PY_SAS_RW, &[&guard.name]);
+    let sig = sas
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("sig="))
+        .expect("the SAS has a signature")
+        .to_string();
+    let url = format!("{}/{}/sas.vhd?{sas}", common::azurite_url(), guard.name);
+    let dir = site.dir("sas");
+    let dir_s = dir.to_string_lossy().to_string();
+    // This test's signature, or any `sig=` next to its container (other
+    // tests' SAS URLs may be in flight on this host).
+    let shows_sas =
+        |line: &str| line.contains(&sig) || (line.contains("sig=") && line.contains(&guard.name));
+
+    // The SAS is the only credential the commands get.
+    let out = site
+        .command(BIN)
+        .env_remove("AZURE_STORAGE_CONNECTION_STRING")
+        .args(["mount", &url, &dir_s])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(is_mounted(&dir));
+    std::fs::write(dir.join("by-url.txt"), b"attached by a SAS URL\n").unwrap();
+    let shown = command_lines_showing(shows_sas);
+    assert!(
+        shown.is_empty(),
+        "the signature is in a command line: {shown:?}"
+    );
+    site.ok(&["unmount", &dir_s]);
+
+    let _helper = HelperLink::install();
+    let out = site
+        .command("mount")
+        .env_remove("AZURE_STORAGE_CONNECTION_STRING")
+        .args(["-t", "blobdrive", &url, &dir_s])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(dir.join("by-url.txt")).unwrap(),
+        b"attached by a SAS URL\n"
+    );
+    let shown = command_lines_showing(shows_sas);
+    assert!(
+        shown.is_empty(),
+        "the signature is in a command line: {shown:?}"
+    );
+    site.ok(&["unmount", &dir_s]);
+    assert_eq!(lease_state(&guard, "sas.vhd"), Some(LeaseState::Available));
+}
+
 #[test]
 fn unit_template_passes_systemd_analyze_verify() {
     if !blobdrive::attach::tool_exists("systemd-analyze") {

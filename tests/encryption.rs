@@ -168,7 +168,22 @@ impl Drop for Site {
 
 fn write_key(path: &Path, byte: u8) {
     let key: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(31) ^ byte).collect();
-    std::fs::write(path, key).expect("write key file");
+    write_private(path, &key);
+}
+
+/// Writes a key or passphrase file only its owner may read (a looser one
+/// is warned about).
+fn write_private(path: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, bytes))
+        .expect("write a private file");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
 }
 
 /// The ETag of `blob`, asked on `rt`: the runtime the guard's client was
@@ -321,7 +336,7 @@ fn key_slots_add_change_remove_and_dump_without_touching_the_data() {
     let (k1, k2, pass) = (site.path("k1"), site.path("k2"), site.path("pass"));
     write_key(&k1, 1);
     write_key(&k2, 2);
-    std::fs::write(&pass, "correct horse battery staple\n").unwrap();
+    write_private(&pass, b"correct horse battery staple\n");
     let (k1, k2, pass) = (
         k1.to_str().unwrap(),
         k2.to_str().unwrap(),
@@ -915,4 +930,429 @@ fn namespace_mount_with_a_key_serves_the_drives_it_opens_decrypted_and_writable(
     ]);
     let plain = std::fs::read(&plain).unwrap();
     assert!(plain[at as usize..at as usize + data.len()] == data[..]);
+}
+
+/// A running command's PID whose arguments include `mount` and `dir` (the
+/// daemon of that mount, once the command that started it has returned).
+fn daemon_pid(dir: &Path) -> i32 {
+    let dir = dir.to_string_lossy().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).to_string())
+            .collect();
+        if args.first().is_some_and(|a| a.ends_with("blobdrive"))
+            && args.iter().any(|a| a == "mount")
+            && args.contains(&dir)
+        {
+            found.push(pid);
+        }
+    }
+    assert_eq!(found.len(), 1, "one daemon for {dir}: {found:?}");
+    found[0]
+}
+
+/// A `/proc/PID/status` field's number (`VmLck:  4 kB` gives 4).
+fn status_number(pid: i32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|rest| rest.trim_start_matches(':').split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in {status}"))
+}
+
+/// Memory locks do not survive a fork: the daemon of an encrypted attach,
+/// which got the data key unlocked by its parent, locks it again itself.
+#[test]
+fn the_daemon_of_an_encrypted_attach_keeps_its_data_key_locked_in_memory() {
+    if !system::can_run("encrypted attach key locked", true) {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("crypt-mlock"));
+    let site = Site::new();
+    let key = site.path("key");
+    write_key(&key, 9);
+    let key_s = key.to_str().unwrap();
+    let drive = format!("{}/locked.vhd", guard.name);
+    site.ok(&[
+        "create",
+        &drive,
+        "--size",
+        "32M",
+        "--encrypt",
+        "--key-file",
+        key_s,
+        "--mkfs",
+        "ext4",
+    ]);
+    let dir = site.dir("locked");
+    site.ok(&["mount", &drive, dir.to_str().unwrap(), "--key-file", key_s]);
+    std::fs::write(dir.join("f"), b"data").unwrap();
+    let pid = daemon_pid(&dir);
+    let locked_kib = status_number(pid, "VmLck");
+    site.unmount(&dir);
+    assert!(
+        locked_kib > 0,
+        "the daemon {pid} holds the data key in memory that may be swapped (VmLck 0 kB)"
+    );
+}
+
+/// Runs the built binary with at most `address_space` bytes of memory
+/// (RLIMIT_AS: a regression that reads or allocates without bound fails
+/// fast instead of taking the host's memory) and kills it after a minute.
+fn run_bounded(site: &Site, args: &[&str], address_space: u64) -> Output {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env("BLOBDRIVE_RUN_DIR", site.run_dir.path())
+        .env(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            common::connection_string(),
+        )
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe and touches no shared state.
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: address_space,
+                rlim_max: address_space,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("run blobdrive");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("blobdrive {args:?} ran for over a minute");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// The one stderr line of a failed command.
+fn failure_line(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "succeeded: {err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("blobdrive: "), "{err}");
+    err
+}
+
+/// `--key-file /dev/zero` (or any endless file, or a pipe that never ends)
+/// is refused after reading a few bytes, with one line.
+#[test]
+fn an_endless_key_or_passphrase_file_is_refused_after_a_bounded_read() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("crypt-zero"));
+    let site = Site::new();
+    let key = site.path("key");
+    write_key(&key, 5);
+    let drive = format!("{}/z.vhd", guard.name);
+    site.ok(&[
+        "create",
+        &drive,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        key.to_str().unwrap(),
+    ]);
+    let gib = 1 << 30;
+    let out = run_bounded(
+        &site,
+        &["key", "dump", &drive, "--key-file", "/dev/zero"],
+        gib,
+    );
+    let line = failure_line(&out);
+    assert!(
+        line.contains("key file /dev/zero holds more than 32 bytes"),
+        "{line}"
+    );
+    let out = run_bounded(
+        &site,
+        &["key", "dump", &drive, "--passphrase-file", "/dev/zero"],
+        gib,
+    );
+    let line = failure_line(&out);
+    assert!(
+        line.contains("passphrase file /dev/zero is longer than 1024 bytes"),
+        "{line}"
+    );
+}
+
+/// Like cryptsetup: a key file others may read, or that another user
+/// owns, is warned about (and still used); a private one is not.
+#[test]
+fn a_key_file_others_can_read_or_another_user_owns_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("crypt-perm"));
+    let site = Site::new();
+    let key = site.path("key");
+    write_key(&key, 6);
+    let key_s = key.to_str().unwrap();
+    let drive = format!("{}/p.vhd", guard.name);
+    let out = site.blobdrive(&[
+        "create",
+        &drive,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        key_s,
+    ]);
+    assert!(out.status.success());
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dump = |what: &str| {
+        let out = site.blobdrive(&["key", "dump", &drive, "--key-file", key_s]);
+        assert!(out.status.success(), "{what}: {out:?}");
+        assert_eq!(
+            out.stdout.len(),
+            129,
+            "{what}: the key in hex and a newline"
+        );
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    assert_eq!(
+        dump("private"),
+        "",
+        "a private key file is not warned about"
+    );
+
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = dump("mode 0644");
+    assert!(
+        err.contains(&format!(
+            "key file {key_s} can be read or changed by other users (mode 0644): chmod 600"
+        )),
+        "{err}"
+    );
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(&key, Some(65534), None).unwrap();
+    let err = dump("owned by nobody");
+    assert!(
+        err.contains(&format!("key file {key_s} belongs to user 65534")),
+        "{err}"
+    );
+}
+
+const PASSPHRASE: &[u8] = b"a passphrase for the Argon2 test\n";
+
+/// A passphrase slot altered to ask Argon2 for 1 GiB (which would run for
+/// seconds and could have a namespace daemon serving other drives
+/// OOM-killed) is refused by name, before Argon2 runs.
+#[test]
+fn a_key_slot_altered_to_ask_argon2_for_a_gigabyte_is_refused_without_running_it() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("crypt-argon"));
+    let site = Site::new();
+    let pass = site.path("pass");
+    write_private(&pass, PASSPHRASE);
+    let pass_s = pass.to_str().unwrap();
+    let drive = format!("{}/a.vhd", guard.name);
+    site.ok(&[
+        "create",
+        &drive,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--passphrase-file",
+        pass_s,
+    ]);
+    let path = guard.path("a.vhd");
+    let mut metadata = rt
+        .block_on(guard.client.get_properties(&path))
+        .expect("properties")
+        .metadata;
+    let slot = metadata["blobdrivekey0"].clone();
+    assert!(slot.contains(" m=65536 "), "{slot}");
+    metadata.insert(
+        "blobdrivekey0".into(),
+        slot.replace(" m=65536 ", " m=1048576 "),
+    );
+    let pairs: Vec<(String, String)> = metadata.into_iter().collect();
+    rt.block_on(guard.client.set_metadata(&path, &pairs, None))
+        .expect("alter the slot");
+
+    let out = run_bounded(
+        &site,
+        &["key", "dump", &drive, "--passphrase-file", pass_s],
+        3 << 30,
+    );
+    let line = failure_line(&out);
+    assert!(
+        line.contains("key slot 0 was not tried")
+            && line.contains("memory 1048576 KiB")
+            && line.contains("exceed what this version runs"),
+        "{line}"
+    );
+    // SAFETY: getrusage fills the struct it is given.
+    let peak_kib = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
+        usage.ru_maxrss
+    };
+    assert!(
+        peak_kib < 512 * 1024,
+        "a command of this test peaked at {peak_kib} KiB"
+    );
+}
+
+/// Whether `/proc/PID/limits` says core files are off (soft and hard 0).
+fn core_dumps_off(pid: i32) -> bool {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max core file size"))
+        .expect("core size line");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words[words.len() - 3..] == ["0", "0", "bytes"]
+}
+
+/// `key change`, run as an unprivileged user, holds the drive's data key
+/// while it waits for the new passphrase (a FIFO here): by then it cannot
+/// be dumped (its /proc files are root's, its core size limit 0), and the
+/// change completes once the passphrase comes.
+#[test]
+fn key_change_holding_the_data_key_cannot_be_dumped() {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    if !system::can_run("key change undumpable", false) {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("crypt-dump"));
+    let site = Site::new();
+    let key = site.path("key");
+    write_key(&key, 8);
+    let drive = format!("{}/d.vhd", guard.name);
+    let key_s = key.to_str().unwrap();
+    site.ok(&[
+        "create",
+        &drive,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        key_s,
+    ]);
+    let data_key = site.ok(&["key", "dump", &drive, "--key-file", key_s]);
+
+    // Files the unprivileged user (nobody) can read.
+    let shared = tempfile::Builder::new()
+        .prefix("blobdrive-crypt-nobody-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let their_key = shared.path().join("key");
+    std::fs::copy(&key, &their_key).unwrap();
+    std::os::unix::fs::chown(&their_key, Some(65534), Some(65534)).unwrap();
+    let fifo = shared.path().join("new-passphrase");
+    system::run("mkfifo", &["-m", "0666", fifo.to_str().unwrap()]);
+
+    let mut child = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+        .args(["key", "change", &drive, "--key-file"])
+        .arg(&their_key)
+        .arg("--new-passphrase-file")
+        .arg(&fifo)
+        .env(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            common::connection_string(),
+        )
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run blobdrive as nobody");
+    let pid = child.id() as i32;
+    // The FIFO opens for writing once blobdrive opens it to read the new
+    // passphrase: it has unlocked the data key by then.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut writer = loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+        {
+            Ok(w) => break w,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
+            Err(e) => panic!("open the FIFO: {e}"),
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            panic!("key change ended first ({status}): {out:?}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "key change never read the FIFO"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status_number(pid, "Uid"), 65534, "runs as nobody");
+    let owner = std::fs::metadata(format!("/proc/{pid}/status"))
+        .unwrap()
+        .uid();
+    let core_off = core_dumps_off(pid);
+    std::io::Write::write_all(&mut writer, PASSPHRASE).unwrap();
+    drop(writer);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        owner, 0,
+        "a process holding a data key is dumpable (its /proc files belong to it)"
+    );
+    assert!(
+        core_off,
+        "a process holding a data key may write a core file"
+    );
+    // The change went through: the new passphrase opens the same data key.
+    let pass = site.path("pass");
+    write_private(&pass, PASSPHRASE);
+    let after = site.ok(&[
+        "key",
+        "dump",
+        &drive,
+        "--passphrase-file",
+        pass.to_str().unwrap(),
+    ]);
+    assert_eq!(after, data_key);
 }

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -106,7 +107,6 @@ pub async fn unlock(
         .unlock(&user)
         .map_err(|e| anyhow!("cannot unlock drive {path}: {e}"))?;
     tracing::info!(drive = %path, slot, "unlocked");
-    crate::crypt::forbid_core_dumps();
     Ok(Some(Arc::new(key)))
 }
 
@@ -277,11 +277,16 @@ fn dump(ctx: &Context, args: &DumpArgs) -> CmdResult {
     drives::block_on(async move {
         let (_, _, key, _) = open_slots(&client, &path, &args.key).await?;
         let hex = crate::crypt::slots::key_hex(&key);
-        let mut out = std::io::stdout().lock();
-        out.write_all(hex.bytes())
-            .and_then(|_| out.write_all(b"\n"))
-            .and_then(|_| out.flush())
-            .map_err(|e| anyhow!("cannot write the key to stdout: {e}"))?;
+        // Straight to the descriptor: stdout's buffer would keep a copy
+        // of the key in freed memory.
+        let cannot = |e: std::io::Error| anyhow!("cannot write the key to stdout: {e}");
+        let fd = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(cannot)?;
+        std::fs::File::from(fd)
+            .write_all(hex.bytes())
+            .map_err(cannot)?;
         Ok(())
     })
 }

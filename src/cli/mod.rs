@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 use crate::blob;
 
+pub mod argv;
 pub mod break_lease;
 pub mod cache;
 pub mod completions;
@@ -61,10 +62,15 @@ login (service principal from AZURE_TENANT_ID/AZURE_CLIENT_ID/AZURE_CLIENT_SECRE
 AZURE_CLIENT_CERTIFICATE_PATH, else managed identity, else 'az login'), msi (managed identity; \
 AZURE_CLIENT_ID picks a user-assigned one; IDENTITY_ENDPOINT/IDENTITY_HEADER on App Service and Arc), \
 sp (service principal; AZURE_AUTHORITY_HOST for other clouds), cli (Azure CLI). \
-Entra sign-in needs a role such as Storage Blob Data Contributor on the account."
+Entra sign-in needs a role such as Storage Blob Data Contributor on the account.\n\
+Secrets: the environment (or a mount's credentials= file) is the safe channel for a key, \
+connection string or SAS. blobdrive hides --connection-string values and SAS URLs from \
+its command line (/proc/PID/cmdline) as it starts, but other local users may see them before."
 )]
 pub struct Cli {
     /// Storage account connection string (default: from the environment, else Azurite).
+    /// Safer in AZURE_STORAGE_CONNECTION_STRING: a command line is visible to other
+    /// local users until blobdrive hides it.
     #[arg(long, global = true, value_name = "S", hide_env_values = true)]
     pub connection_string: Option<String>,
 
@@ -227,6 +233,18 @@ pub type CmdResult = anyhow::Result<()>;
 /// Entry point of the `blobdrive` binary; returns the process exit code.
 pub fn main() -> i32 {
     let args: Vec<OsString> = std::env::args_os().collect();
+    // First thing, now that the arguments are copied, and before a mount
+    // forks its daemon: the credentials among them go from the command line.
+    if let Err(err) = argv::hide_credentials() {
+        use std::os::unix::ffi::OsStrExt;
+        if args.iter().any(|a| argv::redact(a.as_bytes()).is_some()) {
+            let _ = writeln!(
+                std::io::stderr(),
+                "blobdrive: warning: cannot hide the credentials on the command line from \
+                 other users ({err}); give them in the environment or a credentials= file"
+            );
+        }
+    }
     if args.first().is_some_and(mount_helper::invoked_as_helper) {
         return mount_helper::main(args);
     }

@@ -28,6 +28,9 @@ use crate::units::VHD_FOOTER_BYTES;
 #[derive(Debug, Args)]
 pub struct MountArgs {
     /// `C/B DIR` for a drive, `C DIR` for a container, `DIR` for the account.
+    /// A drive may be a blob URL, also one with a SAS, which is safer off the
+    /// command line: in AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_SAS_TOKEN with
+    /// C/B as the drive, or in mount.blobdrive's credentials= file.
     #[arg(value_name = "SOURCE", num_args = 1..=2, required = true)]
     pub operands: Vec<String>,
     /// Mount read-only (no lease; any number of hosts may do this).
@@ -444,9 +447,7 @@ fn mount_namespace(
     // Read here, before the fork: a missing or malformed key file fails in
     // the user's terminal. Which drives it opens is found at each open.
     let user_key = if args.key.source().is_given() {
-        let key = args.key.source().read("", false)?;
-        crate::crypt::forbid_core_dumps();
-        key
+        args.key.source().read("", false)?
     } else {
         None
     };

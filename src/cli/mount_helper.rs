@@ -14,6 +14,13 @@
 //!
 //! The helper returns once the filesystem is mounted at DIR (the daemon stays
 //! in the background), which is what mount(8) and systemd mount units expect.
+//!
+//! Secrets: the mount runs in this process ([`run_with_args`], no exec), so
+//! the `blobdrive mount` arguments built here never reach another process's
+//! command line; a SAS URL given as SOURCE was already overwritten in this
+//! process's own arguments when it started (`argv.rs`), before the daemon
+//! forks. `credentials=` variables go into this process's environment,
+//! which only its user and root can read.
 
 use std::ffi::OsString;
 use std::path::Path;

@@ -15,7 +15,8 @@
 //! leaves all-zero pages as zeros (they are holes, not data). Secret bytes
 //! (data key, key-encryption keys, passphrases) live in [`Secret`] buffers
 //! that are locked in memory where the system allows it and zeroed on drop;
-//! they have no `Debug` or `Display` that shows them.
+//! they have no `Debug` or `Display` that shows them. A process that has
+//! read a user key cannot be dumped ([`forbid_core_dumps`]).
 
 pub mod secret;
 pub mod slots;
@@ -96,12 +97,23 @@ impl DataKey {
 }
 
 /// Stop the process from being dumped (core files, ptrace by other users)
-/// once it holds a data key. Best effort: failure is logged, not fatal.
+/// once it holds key material: not dumpable (which also makes its `/proc`
+/// files root's), and a core size limit of 0, soft and hard, which the
+/// programs it runs inherit and a later change of credentials (which resets
+/// the dumpable flag) keeps. Best effort: failure is logged, not fatal.
 pub fn forbid_core_dumps() {
     // SAFETY: prctl(PR_SET_DUMPABLE, 0) has no memory preconditions.
     let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     if rc != 0 {
         tracing::warn!("could not turn off core dumps for this process");
+    }
+    let none = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: setrlimit reads the struct it is given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) } != 0 {
+        tracing::warn!("could not set the core file size limit of this process to 0");
     }
 }
 

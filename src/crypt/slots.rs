@@ -22,6 +22,7 @@ use anyhow::{anyhow, bail};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
+use zeroize::Zeroize;
 
 use super::secret::{Secret, UserKey};
 use super::{DataKey, CIPHER_NAME, DATA_KEY_BYTES};
@@ -39,10 +40,13 @@ pub const MAX_SLOTS: u8 = 8;
 const ARGON2_M_KIB: u32 = 64 * 1024;
 const ARGON2_T: u32 = 3;
 const ARGON2_P: u32 = 4;
-/// Upper bounds accepted when opening a slot (a tampered slot must not make
-/// the unlock allocate gigabytes).
-const ARGON2_MAX_M_KIB: u32 = 4 * 1024 * 1024;
-const ARGON2_MAX_T: u32 = 64;
+/// Upper bounds accepted when opening a slot: twice what new slots get. A
+/// tampered slot must not make an unlock (in a namespace daemon serving
+/// other drives too) allocate gigabytes or run for minutes; such a slot is
+/// refused by name, before Argon2 runs.
+const ARGON2_MAX_M_KIB: u32 = 2 * ARGON2_M_KIB;
+const ARGON2_MAX_T: u32 = 2 * ARGON2_T;
+const ARGON2_MAX_P: u32 = 2 * ARGON2_P;
 const SALT_BYTES: usize = 16;
 const CHECK_BYTES: usize = 16;
 
@@ -62,6 +66,22 @@ struct Argon2Params {
     t: u32,
     p: u32,
     salt: Vec<u8>,
+}
+
+impl Argon2Params {
+    /// Why these parameters are not run: more memory, passes or lanes than
+    /// the caps allow (`None` when they are within them).
+    fn over_cap(&self) -> Option<String> {
+        let over = self.m_kib > ARGON2_MAX_M_KIB || self.t > ARGON2_MAX_T || self.p > ARGON2_MAX_P;
+        over.then(|| {
+            format!(
+                "its Argon2 parameters (memory {} KiB, {} passes, {} lanes) exceed what this \
+                 version runs (at most {ARGON2_MAX_M_KIB} KiB, {ARGON2_MAX_T} passes, \
+                 {ARGON2_MAX_P} lanes): the slot was altered, or written by a newer blobdrive",
+                self.m_kib, self.t, self.p
+            )
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,9 +147,6 @@ impl Slot {
                     p: num("p")?,
                     salt: b64("salt")?,
                 };
-                if a.m_kib > ARGON2_MAX_M_KIB || a.t > ARGON2_MAX_T || a.p == 0 || a.p > 64 {
-                    bail!("argon2 parameters out of range");
-                }
                 Some(a)
             }
             _ => bail!("unknown kind"),
@@ -150,10 +167,15 @@ impl Slot {
 
     /// The key-encryption key for `user`, or `None` when `user` is not of
     /// this slot's kind.
+    /// A passphrase slot whose parameters exceed the caps is an error
+    /// saying so; Argon2 does not run.
     fn kek(&self, user: &UserKey) -> anyhow::Result<Option<Secret>> {
         match (&self.kdf, user) {
             (None, UserKey::KeyFile(k)) => Ok(Some(Secret::copy_of(k.bytes()))),
-            (Some(a), UserKey::Passphrase(p)) => derive(a, p).map(Some),
+            (Some(a), UserKey::Passphrase(p)) => match a.over_cap() {
+                Some(why) => Err(anyhow!(why)),
+                None => derive(a, p).map(Some),
+            },
             _ => Ok(None),
         }
     }
@@ -183,15 +205,18 @@ impl Slot {
             .kek(user)
             .expect("our own Argon2 parameters are valid")
             .expect("the slot's kind follows the user key");
-        let mut buf = data_key.bytes().to_vec();
-        aead_key(&kek)
-            .seal_in_place_append_tag(
+        // Sealed in a secret buffer, in place: no copy of the plain data
+        // key is left in freed memory (appending the tag to a Vec could
+        // move it).
+        let mut buf = Secret::copy_of(data_key.bytes());
+        let tag = aead_key(&kek)
+            .seal_in_place_separate_tag(
                 Nonce::assume_unique_for_key(nonce),
                 Aad::from(slot.aad().as_bytes()),
-                &mut buf,
+                buf.bytes_mut(),
             )
             .expect("sealing 64 bytes cannot fail");
-        slot.wrapped = buf;
+        slot.wrapped = [buf.bytes(), tag.as_ref()].concat();
         slot
     }
 
@@ -220,11 +245,15 @@ fn aead_key(kek: &Secret) -> LessSafeKey {
 fn derive(a: &Argon2Params, pass: &Secret) -> anyhow::Result<Secret> {
     let params = argon2::Params::new(a.m_kib, a.t, a.p, Some(32))
         .map_err(|_| anyhow!("argon2 parameters out of range"))?;
+    // Argon2's memory is ours, to wipe after: it is derived from the
+    // passphrase (`hash_password_into` would free it as it is).
+    let mut blocks = vec![argon2::Block::default(); params.block_count()];
     let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
     let mut out = Secret::zeroed(32);
-    argon
-        .hash_password_into(pass.bytes(), &a.salt, out.bytes_mut())
-        .map_err(|_| anyhow!("argon2 parameters out of range"))?;
+    let derived =
+        argon.hash_password_into_with_memory(pass.bytes(), &a.salt, out.bytes_mut(), &mut blocks);
+    blocks.zeroize();
+    derived.map_err(|_| anyhow!("argon2 parameters out of range"))?;
     Ok(out)
 }
 
@@ -321,16 +350,28 @@ impl KeySlots {
                 self.describe()
             );
         }
+        // A slot refused for its parameters does not stop the others from
+        // being tried; it is named when none opens.
+        let mut refused = None;
         for (&i, slot) in &self.slots {
-            if let Some(raw) = slot.open(user)? {
-                if raw.len() != DATA_KEY_BYTES {
+            let raw = match slot.open(user) {
+                Ok(Some(raw)) => raw,
+                Ok(None) => continue,
+                Err(e) => {
+                    refused.get_or_insert(format!("key slot {i} was not tried: {e}"));
                     continue;
                 }
-                let key = DataKey::from_secret(raw);
-                if check_value(&key) == self.check {
-                    return Ok((key, i));
-                }
+            };
+            if raw.len() != DATA_KEY_BYTES {
+                continue;
             }
+            let key = DataKey::from_secret(raw);
+            if check_value(&key) == self.check {
+                return Ok((key, i));
+            }
+        }
+        if let Some(why) = refused {
+            bail!("{why}; no other slot opens with this {}", kind_name(want));
         }
         bail!(
             "the {} does not open it (wrong key, or its key slots were altered)",
@@ -408,9 +449,19 @@ fn kind_name(k: SlotKind) -> &'static str {
     }
 }
 
-/// The data key as lower-case hex (for `key dump`), in a secret buffer.
+/// The data key as lower-case hex and a newline (for `key dump`), written
+/// straight into a secret buffer: no other copy exists.
 pub fn key_hex(key: &DataKey) -> Secret {
-    Secret::copy_of(hex(key.bytes()).as_bytes())
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let bytes = key.bytes();
+    let mut out = Secret::zeroed(2 * bytes.len() + 1);
+    let buf = out.bytes_mut();
+    for (i, b) in bytes.iter().enumerate() {
+        buf[2 * i] = DIGITS[usize::from(b >> 4)];
+        buf[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+    }
+    buf[2 * bytes.len()] = b'\n';
+    out
 }
 
 #[cfg(test)]
@@ -465,6 +516,53 @@ mod tests {
         md.insert("blobdrivekey0".into(), "v1 kind=keyfile nonce=x".into());
         let e = KeySlots::from_metadata(&md).unwrap_err().to_string();
         assert!(e.contains("key slot 0 is malformed"), "{e}");
+    }
+
+    #[test]
+    fn a_slot_asking_for_more_argon2_than_the_caps_is_refused_by_name_and_others_still_open() {
+        let dk = DataKey::generate();
+        let pass = UserKey::Passphrase(Secret::copy_of(b"correct horse"));
+        let mut s = KeySlots::new(&dk, &pass);
+        s.add(&dk, &pass).unwrap();
+        let mut md = BTreeMap::new();
+        s.apply_to(&mut md);
+        // Slot 0 altered to ask for 4 GiB: refused before Argon2 runs
+        // (which would take seconds and 4 GiB), slot 1 opens.
+        let tampered = md["blobdrivekey0"].replace("m=65536", "m=4194304");
+        md.insert("blobdrivekey0".into(), tampered);
+        let s = KeySlots::from_metadata(&md).unwrap().unwrap();
+        let started = std::time::Instant::now();
+        let (k, i) = s.unlock(&pass).unwrap();
+        assert_eq!((k.bytes(), i), (dk.bytes(), 1));
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+        // With slot 1 gone, the line says why slot 0 was not tried.
+        md.remove("blobdrivekey1");
+        let s = KeySlots::from_metadata(&md).unwrap().unwrap();
+        let e = s.unlock(&pass).unwrap_err().to_string();
+        assert!(
+            e.contains("key slot 0 was not tried") && e.contains("memory 4194304 KiB"),
+            "{e}"
+        );
+        for (field, value) in [("t=3", "t=7"), ("p=4", "p=9")] {
+            let mut one = BTreeMap::new();
+            KeySlots::new(&dk, &pass).apply_to(&mut one);
+            let slot = one["blobdrivekey0"].replace(field, value);
+            one.insert("blobdrivekey0".into(), slot);
+            let s = KeySlots::from_metadata(&one).unwrap().unwrap();
+            let e = s.unlock(&pass).unwrap_err().to_string();
+            assert!(e.contains("exceed what this version runs"), "{e}");
+        }
+    }
+
+    #[test]
+    fn key_hex_is_the_key_in_lower_case_hex_and_a_newline() {
+        let mut raw = Secret::zeroed(DATA_KEY_BYTES);
+        for (i, b) in raw.bytes_mut().iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(37);
+        }
+        let key = DataKey::from_secret(raw);
+        let want = format!("{}\n", hex(key.bytes()));
+        assert_eq!(key_hex(&key).bytes(), want.as_bytes());
     }
 
     #[test]

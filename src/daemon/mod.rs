@@ -14,6 +14,10 @@
 //! by a loop device or an open file is detached lazily and the daemon waits for
 //! its last user; an `unmount` request answers "busy" instead.
 //!
+//! Key material unlocked before the fork (an encrypted drive's data key, a
+//! namespace mount's user key) is locked in memory again in the daemon:
+//! `mlock` does not survive a fork.
+//!
 //! Attach mode (`MountOptions::attach`, see `attach.rs`): the FUSE mount is a
 //! private one under the run directory, the drive file in it backs a loop
 //! device whose filesystem is mounted at the user's directory, and readiness
@@ -118,10 +122,17 @@ where
         };
     }
     drop(read_end);
+    // The data key or passphrase unlocked before the fork is in this
+    // process's memory too, but memory locks are not inherited: lock it
+    // again before it can be swapped out.
+    let relocked = crate::crypt::secret::relock_after_fork();
     let mut ready = Readiness::pipe(write_end);
     if let Err(err) = detach_from_terminal(opts.log_file.as_deref()) {
         ready.failed(&format!("cannot start the daemon: {err:#}"));
         std::process::exit(1);
+    }
+    if !relocked {
+        tracing::warn!("could not lock the key material in memory: it may be written to swap");
     }
     let code = match serve(&mountpoint, opts, make_catalog, ready) {
         Ok(()) => 0,
