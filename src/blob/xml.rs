@@ -5,6 +5,13 @@
 //! The document is first read into a small element tree (bodies are at most
 //! a few MiB), then the typed results are picked out of it. Unknown elements
 //! are ignored, so newer service versions do not break parsing.
+//!
+//! Invariants: no body makes a parser panic, overflow or recurse without
+//! bound. Elements nest at most [`MAX_DEPTH`] deep (the service's documents
+//! nest five), so a hostile or broken body of nested elements is refused
+//! instead of building a tree whose drop would exhaust the stack; numbers are
+//! checked before any arithmetic (an inclusive `End` of `u64::MAX` has no
+//! half-open end).
 
 use std::collections::BTreeMap;
 
@@ -16,6 +23,11 @@ use super::types::{
     BlobItem, BlobListPage, BlobType, ContainerItem, LeaseDuration, LeaseState, LeaseStatus,
 };
 use crate::units::ByteRange;
+
+/// Deepest nesting of elements accepted. The service's documents nest five
+/// deep (`EnumerationResults/Blobs/Blob/Metadata/Key`); anything near this
+/// is not one of them.
+pub(crate) const MAX_DEPTH: usize = 32;
 
 /// One XML element: name, attributes, text and child elements.
 #[derive(Debug, Default)]
@@ -62,7 +74,15 @@ pub(crate) fn parse_tree(body: &[u8]) -> Result<Node, String> {
             .read_event()
             .map_err(|e| format!("malformed XML: {e}"))?;
         match ev {
-            Event::Start(e) => stack.push(start_node(&e)?),
+            Event::Start(e) => {
+                // The stack holds the document node too.
+                if stack.len() > MAX_DEPTH {
+                    return Err(format!(
+                        "malformed XML: elements nested more than {MAX_DEPTH} deep"
+                    ));
+                }
+                stack.push(start_node(&e)?)
+            }
             Event::Empty(e) => {
                 let node = start_node(&e)?;
                 stack
@@ -252,15 +272,20 @@ pub(crate) fn parse_page_list(body: &[u8]) -> Result<(Vec<ByteRange>, Option<Str
                 .parse()
                 .map_err(|_| format!("a PageRange has a bad {n}"))
         };
-        let (start, end) = (num("Start")?, num("End")?);
-        if end < start {
-            return Err(format!(
-                "a PageRange ends ({end}) before it starts ({start})"
-            ));
-        }
-        ranges.push(ByteRange::new(start, end + 1));
+        ranges.push(half_open("PageRange", num("Start")?, num("End")?)?);
     }
     Ok((ranges, next_marker(&root)))
+}
+
+/// The half-open range of an element's inclusive `Start` and `End`.
+fn half_open(what: &str, start: u64, end: u64) -> Result<ByteRange, String> {
+    if end < start {
+        return Err(format!("a {what} ends ({end}) before it starts ({start})"));
+    }
+    let end = end
+        .checked_add(1)
+        .ok_or_else(|| format!("a {what} ends at {end}, past any blob"))?;
+    Ok(ByteRange::new(start, end))
 }
 
 /// A page-range diff (`prevsnapshot`): the ranges written and the ranges
@@ -286,14 +311,7 @@ pub(crate) fn parse_page_diff(body: &[u8]) -> Result<PageDiffPage, String> {
                 .parse()
                 .map_err(|_| format!("a {} has a bad {n}", r.name))
         };
-        let (start, end) = (num("Start")?, num("End")?);
-        if end < start {
-            return Err(format!(
-                "a {} ends ({end}) before it starts ({start})",
-                r.name
-            ));
-        }
-        out.push(ByteRange::new(start, end + 1));
+        out.push(half_open(&r.name, num("Start")?, num("End")?)?);
     }
     Ok((written, cleared, next_marker(&root)))
 }
@@ -376,6 +394,41 @@ mod tests {
         assert_eq!(w, vec![ByteRange::new(0, 512), ByteRange::new(4096, 8192)]);
         assert_eq!(c, vec![ByteRange::new(512, 1024)]);
         assert_eq!(m, None);
+    }
+
+    #[test]
+    fn a_range_ending_at_the_largest_number_is_refused_not_wrapped() {
+        // `End` is inclusive: u64::MAX + 1 overflowed (a panic in debug
+        // builds, a range ending at 0 in release ones).
+        let max = u64::MAX;
+        let list =
+            format!("<PageList><PageRange><Start>0</Start><End>{max}</End></PageRange></PageList>");
+        let e = parse_page_list(list.as_bytes()).unwrap_err();
+        assert!(e.contains("past any blob"), "{e}");
+        let diff = format!(
+            "<PageList><ClearRange><Start>512</Start><End>{max}</End></ClearRange></PageList>"
+        );
+        let e = parse_page_diff(diff.as_bytes()).unwrap_err();
+        assert!(e.contains("ClearRange ends at"), "{e}");
+    }
+
+    #[test]
+    fn deeply_nested_elements_are_refused_without_exhausting_the_stack() {
+        // 200,000 nested elements (1.4 MB): the tree of them overflowed the
+        // stack when it was dropped, aborting the process.
+        let depth = 200_000;
+        let body = format!("{}{}", "<a>".repeat(depth), "</a>".repeat(depth));
+        for parse in [
+            |b: &[u8]| parse_page_list(b).map(|_| ()),
+            |b: &[u8]| parse_blobs(b).map(|_| ()),
+        ] {
+            let e = parse(body.as_bytes()).unwrap_err();
+            assert!(e.contains("nested more than"), "{e}");
+        }
+        assert!(parse_error(body.as_bytes()).is_none());
+        // The service's own depth is well inside the bound.
+        let nested = format!("{}{}", "<a>".repeat(MAX_DEPTH), "</a>".repeat(MAX_DEPTH));
+        assert!(parse_tree(nested.as_bytes()).is_ok());
     }
 
     #[test]
