@@ -1,6 +1,8 @@
 //! Parsing the service's XML: container and blob listings
 //! (`EnumerationResults`), page lists (`PageList`) and error bodies
-//! (`<Error><Code/><Message/></Error>`).
+//! (`<Error><Code/><Message/></Error>`). Public so that the fuzz tests
+//! (`tests/fuzz_parsers.rs`) can feed the parsers arbitrary bytes; the
+//! client is their only caller.
 //!
 //! The document is first read into a small element tree (bodies are at most
 //! a few MiB), then the typed results are picked out of it. Unknown elements
@@ -27,7 +29,7 @@ use crate::units::ByteRange;
 /// Deepest nesting of elements accepted. The service's documents nest five
 /// deep (`EnumerationResults/Blobs/Blob/Metadata/Key`); anything near this
 /// is not one of them.
-pub(crate) const MAX_DEPTH: usize = 32;
+pub const MAX_DEPTH: usize = 32;
 
 /// One XML element: name, attributes, text and child elements.
 #[derive(Debug, Default)]
@@ -194,9 +196,7 @@ fn next_marker(root: &Node) -> Option<String> {
 }
 
 /// A container listing page: the containers and the next marker.
-pub(crate) fn parse_containers(
-    body: &[u8],
-) -> Result<(Vec<ContainerItem>, Option<String>), String> {
+pub fn parse_containers(body: &[u8]) -> Result<(Vec<ContainerItem>, Option<String>), String> {
     let root = parse_tree(body)?;
     let mut out = Vec::new();
     if let Some(cs) = root.child("Containers") {
@@ -216,7 +216,7 @@ pub(crate) fn parse_containers(
 }
 
 /// A blob listing page.
-pub(crate) fn parse_blobs(body: &[u8]) -> Result<BlobListPage, String> {
+pub fn parse_blobs(body: &[u8]) -> Result<BlobListPage, String> {
     let root = parse_tree(body)?;
     let mut page = BlobListPage {
         next_marker: next_marker(&root),
@@ -261,7 +261,7 @@ pub(crate) fn parse_blobs(body: &[u8]) -> Result<BlobListPage, String> {
 
 /// A page list: the ranges holding data (inclusive offsets in the XML,
 /// half-open here) and the next marker, if the service paginated.
-pub(crate) fn parse_page_list(body: &[u8]) -> Result<(Vec<ByteRange>, Option<String>), String> {
+pub fn parse_page_list(body: &[u8]) -> Result<(Vec<ByteRange>, Option<String>), String> {
     let root = parse_tree(body)?;
     let mut ranges = Vec::new();
     for r in root.children("PageRange") {
@@ -291,11 +291,11 @@ fn half_open(what: &str, start: u64, end: u64) -> Result<ByteRange, String> {
 /// A page-range diff (`prevsnapshot`): the ranges written and the ranges
 /// cleared (half-open, in the order the service gave them), and the marker
 /// of the next page.
-pub(crate) type PageDiffPage = (Vec<ByteRange>, Vec<ByteRange>, Option<String>);
+pub type PageDiffPage = (Vec<ByteRange>, Vec<ByteRange>, Option<String>);
 
 /// Parses the answer of Get Page Ranges with `prevsnapshot`: `PageRange` and
 /// `ClearRange` elements, interleaved.
-pub(crate) fn parse_page_diff(body: &[u8]) -> Result<PageDiffPage, String> {
+pub fn parse_page_diff(body: &[u8]) -> Result<PageDiffPage, String> {
     let root = parse_tree(body)?;
     let (mut written, mut cleared) = (Vec::new(), Vec::new());
     for r in &root.children {
@@ -317,7 +317,7 @@ pub(crate) fn parse_page_diff(body: &[u8]) -> Result<PageDiffPage, String> {
 }
 
 /// The code and message of an error body, if it is one.
-pub(crate) fn parse_error(body: &[u8]) -> Option<(Option<String>, String)> {
+pub fn parse_error(body: &[u8]) -> Option<(Option<String>, String)> {
     let root = parse_tree(body).ok()?;
     if root.name != "Error" {
         return None;
@@ -330,7 +330,7 @@ pub(crate) fn parse_error(body: &[u8]) -> Option<(Option<String>, String)> {
 
 /// The `AuthenticationErrorDetail` of an error body (why a token or
 /// signature was refused, e.g. "Lifetime validation failed. The token is expired.").
-pub(crate) fn parse_error_detail(body: &[u8]) -> Option<String> {
+pub fn parse_error_detail(body: &[u8]) -> Option<String> {
     let root = parse_tree(body).ok()?;
     if root.name != "Error" {
         return None;
