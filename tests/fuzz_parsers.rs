@@ -14,8 +14,9 @@
 //! of anything accepted (a parsed GPT's partitions lie within the disk; a
 //! page range is not empty; a tampered slot never opens to another key).
 //!
-//! Cases per target: `BLOBDRIVE_FUZZ_CASES` (default 300, a few seconds in
-//! all, which is what CI runs); CONTRIBUTING.md shows a longer run. A failure
+//! Cases per target: `BLOBDRIVE_FUZZ_CASES`, else 300 to 5,000 by the
+//! target's cost (seconds each, which is what CI runs); CONTRIBUTING.md
+//! shows a longer run. A failure
 //! prints the smallest input proptest found and records it in
 //! `tests/fuzz_parsers.proptest-regressions`, which replays it first.
 
@@ -33,12 +34,14 @@ use blobdrive::vhd::{self, dynamic, DiskType, Footer};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
-/// Cases per target (`BLOBDRIVE_FUZZ_CASES`).
-fn config() -> Config {
+/// `BLOBDRIVE_FUZZ_CASES` cases, else the target's CI default (sized so
+/// that each target runs a few seconds and finds the defects it was written
+/// against: a cheap target runs more).
+fn config(default_cases: u32) -> Config {
     let cases = std::env::var("BLOBDRIVE_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
+        .unwrap_or(default_cases);
     Config {
         cases,
         // Inputs are mutations of a seed; shrinking a few of them is quick.
@@ -110,8 +113,8 @@ fn mutation(tokens: &'static [&'static [u8]]) -> impl Strategy<Value = Mutation>
         2 => (
             at.clone(),
             prop_oneof![
-                prop::sample::select(tokens).prop_map(<[u8]>::to_vec),
-                prop::collection::vec(any::<u8>(), 1..16)
+                3 => prop::sample::select(tokens).prop_map(<[u8]>::to_vec),
+                1 => prop::collection::vec(any::<u8>(), 1..16)
             ]
         )
             .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
@@ -124,16 +127,33 @@ fn mutations(tokens: &'static [&'static [u8]]) -> impl Strategy<Value = Vec<Muta
 }
 
 /// A position in `buf` from a mutation's `(spot, offset)`: inside one of
-/// `hot` (clipped to `buf`), or anywhere when there are none.
+/// `hot` (clipped to `buf`; one starting at its end is the end, where an
+/// insert appends), or anywhere when there are none.
 fn position(buf_len: usize, hot: &[Range<usize>], (spot, offset): (usize, usize)) -> usize {
     let live: Vec<&Range<usize>> = hot
         .iter()
-        .filter(|r| r.start < buf_len && !r.is_empty())
+        .filter(|r| r.start <= buf_len && !r.is_empty())
         .collect();
     match live.get(spot % live.len().max(1)) {
+        Some(r) if r.start == buf_len => buf_len,
         Some(r) => r.start + offset % (r.end.min(buf_len) - r.start),
         None => offset % buf_len.max(1),
     }
+}
+
+/// Hot spots of a text: half the time just before one of `marks` (where a
+/// whole element or word can go in) or at the end, else anywhere.
+fn text_hot_spots(text: &[u8], marks: &[u8]) -> Vec<Range<usize>> {
+    let mut spots: Vec<Range<usize>> = text
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| marks.contains(b))
+        .map(|(i, _)| i..i + 1)
+        .chain([text.len()..text.len() + 1])
+        .collect();
+    let anywhere = vec![0..text.len(); spots.len()];
+    spots.extend(anywhere);
+    spots
 }
 
 /// Applies `muts` to `buf`; inserts and removals only when `resizable`.
@@ -142,13 +162,15 @@ fn mutate(buf: &mut Vec<u8>, hot: &[Range<usize>], muts: &[Mutation], resizable:
         if buf.is_empty() {
             return;
         }
+        // Where a byte is changed: never past the last one.
+        let inside = |at| position(buf.len(), hot, at).min(buf.len() - 1);
         match m {
             Mutation::Flip { at, mask } => {
-                let i = position(buf.len(), hot, *at);
+                let i = inside(*at);
                 buf[i] ^= mask;
             }
             Mutation::Set { at, value } => {
-                let i = position(buf.len(), hot, *at);
+                let i = inside(*at);
                 buf[i] = *value;
             }
             Mutation::Word {
@@ -157,7 +179,7 @@ fn mutate(buf: &mut Vec<u8>, hot: &[Range<usize>], muts: &[Mutation], resizable:
                 width,
                 big_endian,
             } => {
-                let i = position(buf.len(), hot, *at);
+                let i = inside(*at);
                 let bytes = if *big_endian {
                     value.to_be_bytes()[8 - width..].to_vec()
                 } else {
@@ -221,6 +243,16 @@ fn gpt_seed() -> &'static Vec<u8> {
             "label: gpt\nstart=256,size=128,type=L,name=root\nstart=64,size=64,type=U\nstart=512,type=L\n",
         )
     })
+}
+
+fn gpt_hot_spots() -> &'static [Range<usize>] {
+    static SPOTS: OnceLock<Vec<Range<usize>>> = OnceLock::new();
+    SPOTS.get_or_init(|| table_hot_spots(gpt_seed()))
+}
+
+fn mbr_hot_spots() -> &'static [Range<usize>] {
+    static SPOTS: OnceLock<Vec<Range<usize>>> = OnceLock::new();
+    SPOTS.get_or_init(|| table_hot_spots(mbr_seed()))
 }
 
 /// An MBR disk: a primary partition, an extended one holding two logical ones.
@@ -546,7 +578,7 @@ fn slots_seed() -> &'static (BTreeMap<String, String>, DataKey, [u8; 32]) {
 // --------------------------------------------------------------- targets
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(config(5_000))]
 
     #[test]
     fn vhd_footer(
@@ -571,6 +603,12 @@ proptest! {
         }
     }
 
+}
+
+proptest! {
+    // Each case writes its image to a temporary file.
+    #![proptest_config(config(2_000))]
+
     #[test]
     fn dynamic_vhd_header_and_block_table(
         muts in mutations(NO_TOKENS),
@@ -593,11 +631,16 @@ proptest! {
         }
         check_dynamic(&file)?;
     }
+}
+
+proptest! {
+    // A table target reads a 512 KiB disk and probes its partitions.
+    #![proptest_config(config(300))]
 
     #[test]
     fn mbr_table(muts in mutations(NO_TOKENS), grow in any::<bool>()) {
         let mut img = mbr_seed().clone();
-        mutate(&mut img, &table_hot_spots(mbr_seed()), &muts, false);
+        mutate(&mut img, mbr_hot_spots(), &muts, false);
         if grow {
             img.resize(img.len() * 2, 0);
         }
@@ -611,7 +654,7 @@ proptest! {
         size in prop_oneof![4 => Just(DISK_SECTORS), 1 => 0usize..DISK_SECTORS],
     ) {
         let mut img = gpt_seed().clone();
-        mutate(&mut img, &table_hot_spots(gpt_seed()), &muts, false);
+        mutate(&mut img, gpt_hot_spots(), &muts, false);
         if reseal {
             reseal_gpt_header(&mut img, 1);
             reseal_gpt_header(&mut img, DISK_SECTORS - 1);
@@ -619,13 +662,22 @@ proptest! {
         img.truncate(size * SECTOR);
         check_table(&img)?;
     }
+}
+
+proptest! {
+    // A case is a parse of a few hundred bytes: many are cheap.
+    #![proptest_config(config(50_000))]
 
     #[test]
     fn listing_and_page_range_xml(seed in xml_seed(), muts in mutations(XML_TOKENS)) {
         let mut body = seed.as_bytes().to_vec();
-        mutate(&mut body, &[], &muts, true);
+        mutate(&mut body, &text_hot_spots(seed.as_bytes(), b"<"), &muts, true);
         check_xml(&body)?;
     }
+}
+
+proptest! {
+    #![proptest_config(config(15_000))]
 
     #[test]
     fn key_slots(
@@ -640,7 +692,8 @@ proptest! {
         let mut metadata = seed.clone();
         let name = ["blobdrivecrypt", "blobdrivekey0", "blobdrivekey1"][which];
         let mut value = metadata[name].as_bytes().to_vec();
-        mutate(&mut value, &[], &muts, true);
+        let hot = text_hot_spots(&value, b" =");
+        mutate(&mut value, &hot, &muts, true);
         let value = String::from_utf8_lossy(&value).into_owned();
         metadata.insert(name.to_string(), value.clone());
         if let Some(extra) = extra {
