@@ -96,10 +96,10 @@ enum Mutation {
 fn mutation(tokens: &'static [&'static [u8]]) -> impl Strategy<Value = Mutation> {
     let at = (any::<usize>(), any::<usize>());
     prop_oneof![
-        3 => (at.clone(), 1u8..).prop_map(|(at, mask)| Mutation::Flip { at, mask }),
-        2 => (at.clone(), any::<u8>()).prop_map(|(at, value)| Mutation::Set { at, value }),
+        3 => (at, 1u8..).prop_map(|(at, mask)| Mutation::Flip { at, mask }),
+        2 => (at, any::<u8>()).prop_map(|(at, value)| Mutation::Set { at, value }),
         3 => (
-            at.clone(),
+            at,
             prop_oneof![prop::sample::select(&EDGES[..]), any::<u64>()],
             prop::sample::select(&[1usize, 2, 4, 8][..]),
             any::<bool>()
@@ -111,7 +111,7 @@ fn mutation(tokens: &'static [&'static [u8]]) -> impl Strategy<Value = Mutation>
                 big_endian
             }),
         2 => (
-            at.clone(),
+            at,
             prop_oneof![
                 3 => prop::sample::select(tokens).prop_map(<[u8]>::to_vec),
                 1 => prop::collection::vec(any::<u8>(), 1..16)
@@ -149,7 +149,7 @@ fn text_hot_spots(text: &[u8], marks: &[u8]) -> Vec<Range<usize>> {
         .enumerate()
         .filter(|(_, b)| marks.contains(b))
         .map(|(i, _)| i..i + 1)
-        .chain([text.len()..text.len() + 1])
+        .chain(std::iter::once(text.len()..text.len() + 1))
         .collect();
     let anywhere = vec![0..text.len(); spots.len()];
     spots.extend(anywhere);
@@ -587,7 +587,7 @@ proptest! {
         blob in prop_oneof![Just(None), any::<u64>().prop_map(Some)],
     ) {
         let mut bytes = footer_seed().to_vec();
-        mutate(&mut bytes, &[0..FOOTER], &muts, false);
+        mutate(&mut bytes, std::slice::from_ref(&(0..FOOTER)), &muts, false);
         if reseal {
             reseal_footer(&mut bytes);
         }
