@@ -99,9 +99,9 @@ pub fn resize_online(entry: &AttachedDrive, new_size_bytes: u64) -> anyhow::Resu
         loopdev::size_limit_change_allowed_here().map_err(|why| {
             anyhow!(
                 "drive {} is attached by its partition {number}, which cannot grow while mounted \
-                 on this host: {why}; unmount the drive, grow it offline ('blobdrive resize'), then \
-                 extend the partition and its filesystem with your own tools (sfdisk, then \
-                 resize2fs or xfs_growfs)",
+                 on this host: {why}; unmount the drive, grow it offline ('blobdrive resize'), \
+                 extend the partition on the drive file (sfdisk), mount it again and grow its \
+                 filesystem (resize2fs or xfs_growfs)",
                 entry.drive
             )
         })?;
