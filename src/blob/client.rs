@@ -770,7 +770,7 @@ fn is_certificate_problem(msg: &str) -> bool {
 /// Most bytes read of a body whose length the request does not know in
 /// advance (listings, page lists, error bodies): a listing page of 5,000
 /// blobs with their metadata is a few MiB.
-pub(crate) const MAX_BODY_BYTES: u64 = 64 * 1024 * 1024;
+pub const MAX_BODY_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Why a body could not be read.
 enum BodyError {
