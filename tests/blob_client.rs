@@ -1087,6 +1087,87 @@ async fn persistent_faults_give_up_within_bounded_time_with_a_clear_error() {
 
 // ---------------------------------------------------------------- bad input
 
+/// A server on loopback that answers every request with `answer` (status
+/// line, headers and body, as bytes) and closes the connection; returns
+/// the development account pointed at it.
+async fn canned_server(answer: Vec<u8>) -> Account {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                // Read the request's head; its body (none here) is ignored.
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = conn.write_all(&answer).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    let mut account = Account::development();
+    account.endpoint = format!("http://127.0.0.1:{port}/devstoreaccount1")
+        .parse()
+        .unwrap();
+    account
+}
+
+#[tokio::test]
+async fn an_announced_content_length_of_a_petabyte_is_not_allocated() {
+    // A server (or a proxy in between) announcing 1 PiB and sending a few
+    // bytes: the body's buffer was sized by the announcement, and the
+    // failed allocation aborted the whole process.
+    let pib = 1u64 << 50;
+    let policy = RetryPolicy {
+        max_attempts: 2,
+        ..quick_policy()
+    };
+    let path = BlobPath::new("canned", "disk.vhd").unwrap();
+    let mut get =
+        format!("HTTP/1.1 206 Partial Content\r\nContent-Length: {pib}\r\n\r\n").into_bytes();
+    get.extend_from_slice(&[7u8; 4096]);
+    let client = BlobClient::new(canned_server(get).await)
+        .unwrap()
+        .with_retry(policy);
+    let err = client
+        .get_blob_range(&path, ByteRange::new(0, 4096))
+        .await
+        .expect_err("the body ended long before its announced length");
+    assert_eq!(err.kind, ErrorKind::Transport, "{err}");
+
+    let mut list = format!("HTTP/1.1 200 OK\r\nContent-Length: {pib}\r\n\r\n").into_bytes();
+    list.extend_from_slice(b"<EnumerationResults><Blobs/></EnumerationResults>");
+    let client = BlobClient::new(canned_server(list).await)
+        .unwrap()
+        .with_retry(policy);
+    client
+        .list_blobs("canned", &ListBlobsOptions::default())
+        .await
+        .expect_err("the body ended long before its announced length");
+
+    // A body longer than the range asked for is refused as it arrives.
+    let mut long = b"HTTP/1.1 206 Partial Content\r\nContent-Length: 8192\r\n\r\n".to_vec();
+    long.extend_from_slice(&[7u8; 8192]);
+    let client = BlobClient::new(canned_server(long).await)
+        .unwrap()
+        .with_retry(policy);
+    let err = client
+        .get_blob_range(&path, ByteRange::new(0, 4096))
+        .await
+        .expect_err("twice the bytes asked for");
+    assert!(
+        err.to_string().contains("runs past the 4096 bytes"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn wrong_key_is_refused_with_a_message_naming_the_account_not_the_key() {
     use base64::Engine as _;

@@ -7,11 +7,58 @@
 //! the kernel makes no partition device nodes (`losetup -P` creates none in
 //! containers and on machines without udev), and the filesystem can never
 //! reach a byte outside its partition. When the partition grows, the limit
-//! changes in place ([`LoopDevice::set_size_limit`]), the filesystem mounted.
+//! changes in place ([`LoopDevice::set_size_limit`]), the filesystem mounted:
+//! only on kernels where that is safe ([`size_limit_change_allowed`],
+//! Linux 5.19 and later; docs/kernel.md says why).
 
 use std::path::{Path, PathBuf};
 
 use super::tool::{run, ToolError};
+
+/// The first Linux release (major, minor) whose loop driver changes a
+/// device's size limit (LOOP_SET_STATUS64) under a mounted filesystem both
+/// safely and reliably. Before 4.11 the change raced with I/O in flight;
+/// from 5.0 to 5.7 it truncated the device's page cache under the
+/// filesystem (buffer heads unmapped: a kernel BUG); until 5.18 it failed
+/// with EAGAIN whenever the filesystem held pages of that cache, as a
+/// mounted ext4 always does. docs/kernel.md has the commits.
+pub const SIZE_LIMIT_CHANGE_SINCE: (u32, u32) = (5, 19);
+
+/// The major and minor numbers of a kernel release as `uname -r` prints
+/// it (`6.18.44`, `5.15.0-91-generic`, `4.18.0-513.el8.x86_64`); `None`
+/// when it does not start with them.
+pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().splitn(3, '.');
+    let major = parts.next()?.parse().ok()?;
+    let minor_text = parts.next()?;
+    let digits = minor_text
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or(minor_text, |end| &minor_text[..end]);
+    Some((major, digits.parse().ok()?))
+}
+
+/// Whether the kernel `release` may change a loop device's size limit while
+/// a filesystem on it is mounted: `Err` is the reason, as the end of one
+/// line. A release that cannot be read is refused too: the change is only
+/// made where it is known to be safe.
+pub fn size_limit_change_allowed(release: &str) -> Result<(), String> {
+    let (major, minor) = SIZE_LIMIT_CHANGE_SINCE;
+    match kernel_version(release) {
+        Some(v) if v >= SIZE_LIMIT_CHANGE_SINCE => Ok(()),
+        _ => Err(format!(
+            "changing a loop device's size limit under a mounted filesystem is safe from Linux \
+             {major}.{minor} on, and this kernel is {}",
+            release.trim()
+        )),
+    }
+}
+
+/// [`size_limit_change_allowed`] for the running kernel.
+pub fn size_limit_change_allowed_here() -> Result<(), String> {
+    let release =
+        std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_else(|_| "unknown".into());
+    size_limit_change_allowed(&release)
+}
 
 /// The part of its backing file a loop device shows, as the kernel holds it
 /// (LOOP_GET_STATUS64).
@@ -118,12 +165,19 @@ impl LoopDevice {
     /// the device's size now, in bytes. `losetup` has no option for this on
     /// an attached device, so it is the LOOP_GET_STATUS64 / LOOP_SET_STATUS64
     /// pair: the kernel drains the device's I/O and sets its new size.
+    /// Refused, with nothing changed, on a kernel where that is not safe
+    /// ([`size_limit_change_allowed`]).
     pub fn set_size_limit(&self, size_limit_bytes: u64) -> Result<u64, ToolError> {
         let failed = |what: &str, e: std::io::Error| ToolError {
             tool: "LOOP_SET_STATUS64".into(),
             detail: format!("{what} {}: {e}", self.device.display()),
             code: None,
         };
+        size_limit_change_allowed_here().map_err(|why| ToolError {
+            tool: "LOOP_SET_STATUS64".into(),
+            detail: format!("not used on {}: {why}", self.device.display()),
+            code: None,
+        })?;
         // Opened for writing: the kernel lets a writer change the status
         // without CAP_SYS_ADMIN.
         let file = std::fs::OpenOptions::new()
@@ -211,6 +265,50 @@ impl LoopDevice {
             [std::ffi::OsStr::new("--detach"), self.device.as_os_str()],
         )
         .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_releases_are_read_by_major_and_minor() {
+        assert_eq!(kernel_version("6.18.44\n"), Some((6, 18)));
+        assert_eq!(kernel_version("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(kernel_version("4.18.0-513.el8.x86_64"), Some((4, 18)));
+        assert_eq!(kernel_version("6.1-rc3"), Some((6, 1)));
+        assert_eq!(kernel_version("5.19"), Some((5, 19)));
+        assert_eq!(kernel_version("unknown"), None);
+        assert_eq!(kernel_version("6"), None);
+        assert_eq!(kernel_version(""), None);
+    }
+
+    #[test]
+    fn a_size_limit_changes_under_a_mounted_filesystem_only_from_linux_5_19() {
+        for allowed in [
+            "5.19.0",
+            "5.19.17-arch1",
+            "6.1.0-28-amd64",
+            "6.18.44",
+            "10.0",
+        ] {
+            assert_eq!(size_limit_change_allowed(allowed), Ok(()), "{allowed}");
+        }
+        // Ubuntu 22.04's 5.15 (EAGAIN under ext4), RHEL 8's 4.18, a 5.4
+        // whose stable series may predate the page-cache fix, and a
+        // release that cannot be read.
+        for refused in [
+            "5.18.19",
+            "5.15.0-91-generic",
+            "4.18.0-513.el8.x86_64",
+            "5.4.0",
+            "unknown",
+        ] {
+            let why = size_limit_change_allowed(refused).unwrap_err();
+            assert!(why.contains("from Linux 5.19 on"), "{why}");
+            assert!(why.ends_with(&format!("this kernel is {refused}")), "{why}");
+        }
     }
 }
 

@@ -5,7 +5,9 @@
 //! `lease.rs`) and describe each request as a [`Request`]. Invariants: every
 //! request carries the same `x-ms-version`; every attempt is re-signed with a
 //! fresh `x-ms-date` (or carries the current bearer token); a body shorter
-//! than the caller expects is never returned as success; nothing logged or
+//! or longer than the caller expects is never returned as success; no body
+//! is read or allocated past its bound (the length asked for, else
+//! [`MAX_BODY_BYTES`]), whatever its `Content-Length` says; nothing logged or
 //! put in an error holds the key, the `Authorization` header, a token or a
 //! SAS signature; plain HTTP is used only for development storage or when
 //! the account allows it; a server certificate is always checked.
@@ -537,14 +539,37 @@ impl BlobClient {
         };
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        let sink = req.sink.filter(|_| (200..300).contains(&status));
-        let (body, body_len) = match read_body(resp, sink).await {
+        let success = (200..300).contains(&status);
+        let sink = req.sink.filter(|_| success);
+        // A successful answer to a request that knows its length may not be
+        // longer; any other body (a listing, an error) is bounded too.
+        let limit = match req.expect_body_len {
+            Some(want) if success => want,
+            _ => MAX_BODY_BYTES,
+        };
+        let (body, body_len) = match read_body(resp, sink, limit).await {
             Ok(b) => b,
-            Err(e) => {
+            Err(BodyError::Transport(e)) => {
                 let err = self.transport(req.op, target, e);
                 debug!(method = %req.method, operation = req.op, target, status, error = %err.message, "body read failed");
                 // The status came: the service decided the request.
                 return Err(Failed::answered(err));
+            }
+            Err(BodyError::TooLong) => {
+                let err = Error::other(
+                    ErrorKind::Protocol,
+                    req.op,
+                    target,
+                    format!("the answer's body runs past the {limit} bytes it may hold"),
+                );
+                debug!(method = %req.method, operation = req.op, target, status, error = %err.message, "body too long");
+                return Err(Failed {
+                    error: err,
+                    // A ranged read answered with the wrong length is
+                    // retried, as a short one is.
+                    short_body: success && req.expect_body_len.is_some(),
+                    may_have_landed: false,
+                });
             }
         };
         // The service's id of the request (`x-ms-request-id`), which Azure
@@ -697,8 +722,8 @@ impl BlobClient {
 /// How one attempt failed.
 struct Failed {
     error: Error,
-    /// A success status with a body shorter than asked for: retried
-    /// although its kind is `Protocol`.
+    /// A success status with a body shorter or longer than asked for:
+    /// retried although its kind is `Protocol`.
     short_body: bool,
     /// The request may have been carried out without its answer reaching
     /// us (a fenced write must then be fenced).
@@ -742,36 +767,54 @@ fn is_certificate_problem(msg: &str) -> bool {
     .any(|needle| msg.contains(needle))
 }
 
-/// The body of `resp` and its length. With a `sink` every part goes there
-/// as it arrives and the returned body is empty: a Get fills the cache's
-/// blocks straight from the connection's buffers, with no body in between.
-/// Otherwise a large body is gathered into a pooled buffer
-/// (`crate::buffers`), so a stream of 4 MiB Gets reuses warm memory instead
-/// of faulting in fresh pages for each body.
+/// Most bytes read of a body whose length the request does not know in
+/// advance (listings, page lists, error bodies): a listing page of 5,000
+/// blobs with their metadata is a few MiB.
+pub const MAX_BODY_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Why a body could not be read.
+enum BodyError {
+    /// The connection failed.
+    Transport(reqwest::Error),
+    /// More bytes came than the limit allows.
+    TooLong,
+}
+
+/// The body of `resp` and its length, at most `limit` bytes (more is
+/// [`BodyError::TooLong`], and reading stops there). The `Content-Length`
+/// the answer announces only sizes the buffer, and never beyond `limit`: a
+/// broken or hostile server announcing a petabyte must not make us
+/// allocate it. With a `sink` every part goes there as it arrives and the
+/// returned body is empty: a Get fills the cache's blocks straight from the
+/// connection's buffers, with no body in between. Otherwise a large body is
+/// gathered into a pooled buffer (`crate::buffers`), so a stream of 4 MiB
+/// Gets reuses warm memory instead of faulting in fresh pages for each body.
 async fn read_body(
     mut resp: reqwest::Response,
     sink: Option<BodySink<'_>>,
-) -> reqwest::Result<(Bytes, u64)> {
+    limit: u64,
+) -> std::result::Result<(Bytes, u64), BodyError> {
     if let Some(sink) = sink {
         let mut at = 0u64;
-        while let Some(chunk) = resp.chunk().await? {
+        while let Some(chunk) = resp.chunk().await.map_err(BodyError::Transport)? {
             sink(at, &chunk);
             at += chunk.len() as u64;
+            if at > limit {
+                return Err(BodyError::TooLong);
+            }
         }
         return Ok((Bytes::new(), at));
     }
-    let len = resp.content_length().unwrap_or(0) as usize;
-    let body = if len < crate::buffers::MIN_POOLED_BYTES {
-        resp.bytes().await?
-    } else {
-        let mut buf = crate::buffers::take(len);
-        while let Some(chunk) = resp.chunk().await? {
-            buf.extend_from_slice(&chunk);
+    let announced = resp.content_length().unwrap_or(0).min(limit);
+    let mut buf = crate::buffers::take(usize::try_from(announced).unwrap_or(usize::MAX));
+    while let Some(chunk) = resp.chunk().await.map_err(BodyError::Transport)? {
+        if (buf.len() + chunk.len()) as u64 > limit {
+            return Err(BodyError::TooLong);
         }
-        crate::buffers::freeze(buf)
-    };
-    let n = body.len() as u64;
-    Ok((body, n))
+        buf.extend_from_slice(&chunk);
+    }
+    let n = buf.len() as u64;
+    Ok((crate::buffers::freeze(buf), n))
 }
 
 /// `builder` also trusting the account's CA file (`--ca-file`), when it

@@ -18,7 +18,7 @@ pub mod probe;
 pub mod retry;
 pub mod token;
 pub mod types;
-mod xml;
+pub mod xml;
 
 pub use account::{Account, AccountOptions, AuthMode, CaFile, ClientOptions, Credential};
 pub use blobs::{CopyState, CopyStatus, PageRangeDiff, CREATE_ID_METADATA};

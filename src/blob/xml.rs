@@ -1,10 +1,19 @@
 //! Parsing the service's XML: container and blob listings
 //! (`EnumerationResults`), page lists (`PageList`) and error bodies
-//! (`<Error><Code/><Message/></Error>`).
+//! (`<Error><Code/><Message/></Error>`). Public so that the fuzz tests
+//! (`tests/fuzz_parsers.rs`) can feed the parsers arbitrary bytes; the
+//! client is their only caller.
 //!
 //! The document is first read into a small element tree (bodies are at most
 //! a few MiB), then the typed results are picked out of it. Unknown elements
 //! are ignored, so newer service versions do not break parsing.
+//!
+//! Invariants: no body makes a parser panic, overflow or recurse without
+//! bound. Elements nest at most [`MAX_DEPTH`] deep (the service's documents
+//! nest five), so a hostile or broken body of nested elements is refused
+//! instead of building a tree whose drop would exhaust the stack; numbers are
+//! checked before any arithmetic (an inclusive `End` of `u64::MAX` has no
+//! half-open end).
 
 use std::collections::BTreeMap;
 
@@ -16,6 +25,11 @@ use super::types::{
     BlobItem, BlobListPage, BlobType, ContainerItem, LeaseDuration, LeaseState, LeaseStatus,
 };
 use crate::units::ByteRange;
+
+/// Deepest nesting of elements accepted. The service's documents nest five
+/// deep (`EnumerationResults/Blobs/Blob/Metadata/Key`); anything near this
+/// is not one of them.
+pub const MAX_DEPTH: usize = 32;
 
 /// One XML element: name, attributes, text and child elements.
 #[derive(Debug, Default)]
@@ -62,7 +76,15 @@ pub(crate) fn parse_tree(body: &[u8]) -> Result<Node, String> {
             .read_event()
             .map_err(|e| format!("malformed XML: {e}"))?;
         match ev {
-            Event::Start(e) => stack.push(start_node(&e)?),
+            Event::Start(e) => {
+                // The stack holds the document node too.
+                if stack.len() > MAX_DEPTH {
+                    return Err(format!(
+                        "malformed XML: elements nested more than {MAX_DEPTH} deep"
+                    ));
+                }
+                stack.push(start_node(&e)?)
+            }
             Event::Empty(e) => {
                 let node = start_node(&e)?;
                 stack
@@ -174,9 +196,7 @@ fn next_marker(root: &Node) -> Option<String> {
 }
 
 /// A container listing page: the containers and the next marker.
-pub(crate) fn parse_containers(
-    body: &[u8],
-) -> Result<(Vec<ContainerItem>, Option<String>), String> {
+pub fn parse_containers(body: &[u8]) -> Result<(Vec<ContainerItem>, Option<String>), String> {
     let root = parse_tree(body)?;
     let mut out = Vec::new();
     if let Some(cs) = root.child("Containers") {
@@ -196,7 +216,7 @@ pub(crate) fn parse_containers(
 }
 
 /// A blob listing page.
-pub(crate) fn parse_blobs(body: &[u8]) -> Result<BlobListPage, String> {
+pub fn parse_blobs(body: &[u8]) -> Result<BlobListPage, String> {
     let root = parse_tree(body)?;
     let mut page = BlobListPage {
         next_marker: next_marker(&root),
@@ -241,7 +261,7 @@ pub(crate) fn parse_blobs(body: &[u8]) -> Result<BlobListPage, String> {
 
 /// A page list: the ranges holding data (inclusive offsets in the XML,
 /// half-open here) and the next marker, if the service paginated.
-pub(crate) fn parse_page_list(body: &[u8]) -> Result<(Vec<ByteRange>, Option<String>), String> {
+pub fn parse_page_list(body: &[u8]) -> Result<(Vec<ByteRange>, Option<String>), String> {
     let root = parse_tree(body)?;
     let mut ranges = Vec::new();
     for r in root.children("PageRange") {
@@ -252,25 +272,30 @@ pub(crate) fn parse_page_list(body: &[u8]) -> Result<(Vec<ByteRange>, Option<Str
                 .parse()
                 .map_err(|_| format!("a PageRange has a bad {n}"))
         };
-        let (start, end) = (num("Start")?, num("End")?);
-        if end < start {
-            return Err(format!(
-                "a PageRange ends ({end}) before it starts ({start})"
-            ));
-        }
-        ranges.push(ByteRange::new(start, end + 1));
+        ranges.push(half_open("PageRange", num("Start")?, num("End")?)?);
     }
     Ok((ranges, next_marker(&root)))
+}
+
+/// The half-open range of an element's inclusive `Start` and `End`.
+fn half_open(what: &str, start: u64, end: u64) -> Result<ByteRange, String> {
+    if end < start {
+        return Err(format!("a {what} ends ({end}) before it starts ({start})"));
+    }
+    let end = end
+        .checked_add(1)
+        .ok_or_else(|| format!("a {what} ends at {end}, past any blob"))?;
+    Ok(ByteRange::new(start, end))
 }
 
 /// A page-range diff (`prevsnapshot`): the ranges written and the ranges
 /// cleared (half-open, in the order the service gave them), and the marker
 /// of the next page.
-pub(crate) type PageDiffPage = (Vec<ByteRange>, Vec<ByteRange>, Option<String>);
+pub type PageDiffPage = (Vec<ByteRange>, Vec<ByteRange>, Option<String>);
 
 /// Parses the answer of Get Page Ranges with `prevsnapshot`: `PageRange` and
 /// `ClearRange` elements, interleaved.
-pub(crate) fn parse_page_diff(body: &[u8]) -> Result<PageDiffPage, String> {
+pub fn parse_page_diff(body: &[u8]) -> Result<PageDiffPage, String> {
     let root = parse_tree(body)?;
     let (mut written, mut cleared) = (Vec::new(), Vec::new());
     for r in &root.children {
@@ -286,20 +311,13 @@ pub(crate) fn parse_page_diff(body: &[u8]) -> Result<PageDiffPage, String> {
                 .parse()
                 .map_err(|_| format!("a {} has a bad {n}", r.name))
         };
-        let (start, end) = (num("Start")?, num("End")?);
-        if end < start {
-            return Err(format!(
-                "a {} ends ({end}) before it starts ({start})",
-                r.name
-            ));
-        }
-        out.push(ByteRange::new(start, end + 1));
+        out.push(half_open(&r.name, num("Start")?, num("End")?)?);
     }
     Ok((written, cleared, next_marker(&root)))
 }
 
 /// The code and message of an error body, if it is one.
-pub(crate) fn parse_error(body: &[u8]) -> Option<(Option<String>, String)> {
+pub fn parse_error(body: &[u8]) -> Option<(Option<String>, String)> {
     let root = parse_tree(body).ok()?;
     if root.name != "Error" {
         return None;
@@ -312,7 +330,7 @@ pub(crate) fn parse_error(body: &[u8]) -> Option<(Option<String>, String)> {
 
 /// The `AuthenticationErrorDetail` of an error body (why a token or
 /// signature was refused, e.g. "Lifetime validation failed. The token is expired.").
-pub(crate) fn parse_error_detail(body: &[u8]) -> Option<String> {
+pub fn parse_error_detail(body: &[u8]) -> Option<String> {
     let root = parse_tree(body).ok()?;
     if root.name != "Error" {
         return None;
@@ -376,6 +394,41 @@ mod tests {
         assert_eq!(w, vec![ByteRange::new(0, 512), ByteRange::new(4096, 8192)]);
         assert_eq!(c, vec![ByteRange::new(512, 1024)]);
         assert_eq!(m, None);
+    }
+
+    #[test]
+    fn a_range_ending_at_the_largest_number_is_refused_not_wrapped() {
+        // `End` is inclusive: u64::MAX + 1 overflowed (a panic in debug
+        // builds, a range ending at 0 in release ones).
+        let max = u64::MAX;
+        let list =
+            format!("<PageList><PageRange><Start>0</Start><End>{max}</End></PageRange></PageList>");
+        let e = parse_page_list(list.as_bytes()).unwrap_err();
+        assert!(e.contains("past any blob"), "{e}");
+        let diff = format!(
+            "<PageList><ClearRange><Start>512</Start><End>{max}</End></ClearRange></PageList>"
+        );
+        let e = parse_page_diff(diff.as_bytes()).unwrap_err();
+        assert!(e.contains("ClearRange ends at"), "{e}");
+    }
+
+    #[test]
+    fn deeply_nested_elements_are_refused_without_exhausting_the_stack() {
+        // 200,000 nested elements (1.4 MB): the tree of them overflowed the
+        // stack when it was dropped, aborting the process.
+        let depth = 200_000;
+        let body = format!("{}{}", "<a>".repeat(depth), "</a>".repeat(depth));
+        for parse in [
+            |b: &[u8]| parse_page_list(b).map(|_| ()),
+            |b: &[u8]| parse_blobs(b).map(|_| ()),
+        ] {
+            let e = parse(body.as_bytes()).unwrap_err();
+            assert!(e.contains("nested more than"), "{e}");
+        }
+        assert!(parse_error(body.as_bytes()).is_none());
+        // The service's own depth is well inside the bound.
+        let nested = format!("{}{}", "<a>".repeat(MAX_DEPTH), "</a>".repeat(MAX_DEPTH));
+        assert!(parse_tree(nested.as_bytes()).is_ok());
     }
 
     #[test]

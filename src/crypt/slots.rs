@@ -265,6 +265,22 @@ fn check_value(data_key: &DataKey) -> [u8; CHECK_BYTES] {
     out
 }
 
+/// `N` bytes from exactly `2 * N` hex digits; None for anything else. By
+/// bytes, not by `str` slices: metadata read from a listing may hold any
+/// Unicode, and slicing a string inside a character panics.
+fn parse_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let digits = text.as_bytes();
+    if digits.len() != 2 * N {
+        return None;
+    }
+    let digit = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);
+    let mut out = [0u8; N];
+    for (b, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
+        *b = (digit(pair[0])? << 4) | digit(pair[1])?;
+    }
+    Some(out)
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -302,14 +318,10 @@ impl KeySlots {
         {
             bail!("it is encrypted with a cipher this version does not know ({header})");
         }
-        let check_hex = fields.get("check").ok_or_else(bad)?;
-        if check_hex.len() != 2 * CHECK_BYTES {
-            return Err(bad());
-        }
-        let mut check = [0u8; CHECK_BYTES];
-        for (i, b) in check.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&check_hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
+        let check = fields
+            .get("check")
+            .and_then(|h| parse_hex::<CHECK_BYTES>(h))
+            .ok_or_else(bad)?;
         let mut slots = BTreeMap::new();
         for (name, value) in metadata {
             let Some(n) = name.strip_prefix(SLOT_PREFIX) else {
@@ -563,6 +575,28 @@ mod tests {
         let key = DataKey::from_secret(raw);
         let want = format!("{}\n", hex(key.bytes()));
         assert_eq!(key_hex(&key).bytes(), want.as_bytes());
+    }
+
+    #[test]
+    fn a_check_value_of_non_ascii_characters_is_malformed_not_a_panic() {
+        // 32 bytes, as a check value is, but "€" is three bytes: cutting the
+        // text in pairs of bytes fell inside a character and panicked.
+        let dk = DataKey::generate();
+        let mut md = BTreeMap::new();
+        KeySlots::new(&dk, &key_file(1)).apply_to(&mut md);
+        let good = md[HEADER_KEY].clone();
+        for check in [
+            "a€€€€€€€€€€b",
+            "+f00112233445566778899aabbccddee",
+            "0x112233445566778899aabbccddeeff",
+        ] {
+            let (head, _) = good.rsplit_once("check=").unwrap();
+            md.insert(HEADER_KEY.into(), format!("{head}check={check}"));
+            let e = KeySlots::from_metadata(&md).unwrap_err().to_string();
+            assert!(e.contains("is malformed"), "{check}: {e}");
+        }
+        md.insert(HEADER_KEY.into(), good);
+        assert!(KeySlots::from_metadata(&md).unwrap().unwrap().matches(&dk));
     }
 
     #[test]

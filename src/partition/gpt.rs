@@ -21,6 +21,10 @@ const MIN_HEADER_BYTES: u64 = 92;
 const MAX_ENTRIES: u64 = 4096;
 /// Largest entry size accepted (128 is the norm; a power of two ≥ 128).
 const MAX_ENTRY_BYTES: u64 = 4096;
+/// Largest entry array read: 4096 entries of the usual 128 bytes. A header
+/// asking for more (4096 entries of 4096 bytes would be 16 MiB, fetched from
+/// the blob) is corrupt, not a reason to read that much.
+const MAX_ARRAY_BYTES: u64 = MAX_ENTRIES * 128;
 
 /// True when the sector starts with the GPT header signature.
 pub fn has_signature(sector: &[u8]) -> bool {
@@ -45,6 +49,12 @@ struct Header {
 /// the GPT signature or whose MBR is protective.
 pub fn read(disk: &mut dyn DiskReader) -> Result<Table, Error> {
     let disk_sectors = disk.size_bytes() / SECTOR_BYTES;
+    // No room for a header in sector 1 and a backup after it: no GPT.
+    if disk_sectors < 3 {
+        return Err(Error::Corrupt(format!(
+            "corrupt GPT: a disk of {disk_sectors} sectors cannot hold one"
+        )));
+    }
     let last_lba = disk_sectors - 1;
     let primary = read_copy(disk, 1);
     let (header, parts, mut warnings) = match primary {
@@ -109,16 +119,26 @@ fn read_copy(disk: &mut dyn DiskReader, lba: u64) -> Result<(Header, Vec<Partiti
         .read_at(lba * SECTOR_BYTES, SECTOR_BYTES as usize)
         .map_err(|e| e.to_string())?;
     let header = parse_header(&sector, lba, disk_sectors)?;
+    // Bounded by parse_header (at most MAX_ARRAY_BYTES).
     let array_bytes = header.entry_count * header.entry_bytes;
-    let array_end = header.entries_lba * SECTOR_BYTES + array_bytes;
-    if header.entries_lba == 0 || array_end > disk_sectors * SECTOR_BYTES {
-        return Err(format!(
-            "its partition entries (at sector {}) run past the end of the disk",
-            header.entries_lba
-        ));
-    }
+    // The array starts after the protective MBR and lies wholly inside the
+    // disk; an LBA whose byte offset overflows is as far outside as any.
+    let array_at = header
+        .entries_lba
+        .checked_mul(SECTOR_BYTES)
+        .filter(|_| header.entries_lba != 0)
+        .filter(|at| {
+            at.checked_add(array_bytes)
+                .is_some_and(|end| end <= disk_sectors * SECTOR_BYTES)
+        })
+        .ok_or_else(|| {
+            format!(
+                "its partition entries (at sector {}) run past the end of the disk",
+                header.entries_lba
+            )
+        })?;
     let array = disk
-        .read_at(header.entries_lba * SECTOR_BYTES, array_bytes as usize)
+        .read_at(array_at, array_bytes as usize)
         .map_err(|e| e.to_string())?;
     if crc32fast::hash(&array) != header.entries_crc {
         return Err("the checksum of its partition entries does not match".into());
@@ -172,6 +192,7 @@ fn parse_header(sector: &[u8], lba: u64, disk_sectors: u64) -> Result<Header, St
         || h.entry_bytes < 128
         || h.entry_bytes > MAX_ENTRY_BYTES
         || !h.entry_bytes.is_power_of_two()
+        || h.entry_count * h.entry_bytes > MAX_ARRAY_BYTES
     {
         return Err(format!(
             "its entry array ({} entries of {} bytes) is impossible",
@@ -232,4 +253,80 @@ fn guid(bytes: &[u8]) -> Uuid {
     let mut b = [0u8; 16];
     b.copy_from_slice(&bytes[..16]);
     Uuid::from_bytes_le(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A disk of `sectors` whose primary header (sector 1) is sound but for
+    /// the fields `patch` sets (its checksum made to match), with no backup.
+    fn disk_with_primary(sectors: u64, patch: impl Fn(&mut [u8])) -> Vec<u8> {
+        let mut img = vec![0u8; (sectors * SECTOR_BYTES) as usize];
+        let h = &mut img[512..1024];
+        h[..8].copy_from_slice(SIGNATURE);
+        h[8..12].copy_from_slice(&0x0001_0000u32.to_le_bytes());
+        h[12..16].copy_from_slice(&92u32.to_le_bytes());
+        h[24..32].copy_from_slice(&1u64.to_le_bytes());
+        h[32..40].copy_from_slice(&(sectors - 1).to_le_bytes());
+        h[40..48].copy_from_slice(&34u64.to_le_bytes());
+        h[48..56].copy_from_slice(&(sectors - 34).to_le_bytes());
+        h[72..80].copy_from_slice(&2u64.to_le_bytes());
+        h[80..84].copy_from_slice(&128u32.to_le_bytes());
+        h[84..88].copy_from_slice(&128u32.to_le_bytes());
+        h[88..92].copy_from_slice(&crc32fast::hash(&[0u8; 128 * 128]).to_le_bytes());
+        patch(h);
+        let crc = crc32fast::hash(&h[..92]);
+        h[16..20].copy_from_slice(&crc.to_le_bytes());
+        img
+    }
+
+    fn corrupt_reason(img: &[u8]) -> String {
+        match read(&mut &img[..]) {
+            Err(Error::Corrupt(why)) => why,
+            other => panic!("expected a corrupt table, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_unchanged_header_reads_as_an_empty_table() {
+        let img = disk_with_primary(2048, |_| {});
+        let table = read(&mut &img[..]).expect("sound primary");
+        assert!(table.partitions.is_empty());
+    }
+
+    #[test]
+    fn an_entry_array_whose_offset_overflows_is_refused() {
+        // 2^55 sectors is 2^64 bytes: the offset wrapped to 0 (or panicked
+        // in a debug build), and the array was read from sector 0.
+        let img = disk_with_primary(2048, |h| {
+            h[72..80].copy_from_slice(&(1u64 << 55).to_le_bytes());
+        });
+        let why = corrupt_reason(&img);
+        assert!(why.contains("run past the end of the disk"), "{why}");
+        for lba in [u64::MAX, (1u64 << 55) - 1, 2047] {
+            let img = disk_with_primary(2048, |h| h[72..80].copy_from_slice(&lba.to_le_bytes()));
+            let why = corrupt_reason(&img);
+            assert!(why.contains("run past the end of the disk"), "{lba}: {why}");
+        }
+    }
+
+    #[test]
+    fn an_entry_array_larger_than_any_table_is_refused_before_it_is_read() {
+        // 4096 entries of 4096 bytes: 16 MiB the header asks to read.
+        let img = disk_with_primary(2048, |h| {
+            h[80..84].copy_from_slice(&4096u32.to_le_bytes());
+            h[84..88].copy_from_slice(&4096u32.to_le_bytes());
+        });
+        let why = corrupt_reason(&img);
+        assert!(why.contains("4096 entries of 4096 bytes"), "{why}");
+    }
+
+    #[test]
+    fn a_disk_too_small_for_a_table_is_corrupt_not_a_panic() {
+        for sectors in [0usize, 1, 2] {
+            let img = vec![0u8; sectors * 512];
+            assert!(matches!(read(&mut &img[..]), Err(Error::Corrupt(_))));
+        }
+    }
 }

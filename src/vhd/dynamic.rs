@@ -92,6 +92,26 @@ fn corrupt(message: impl Into<String>) -> Error {
     Error::Corrupt(message.into())
 }
 
+/// A part of the file, named in an overlap's error.
+#[derive(Debug, Clone, Copy)]
+enum Region {
+    FooterCopy,
+    Header,
+    Table,
+    Block(usize),
+}
+
+impl std::fmt::Display for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Region::FooterCopy => f.write_str("the footer copy"),
+            Region::Header => f.write_str("the dynamic header"),
+            Region::Table => f.write_str("the block table"),
+            Region::Block(i) => write!(f, "block {i}"),
+        }
+    }
+}
+
 /// An open dynamic VHD, checked; see the module documentation.
 #[derive(Debug)]
 pub struct DynamicVhd {
@@ -203,15 +223,16 @@ impl DynamicVhd {
         let data_end = file_len - VHD_FOOTER_BYTES;
         let mut blocks = Vec::with_capacity(needed as usize);
         // (start, end, what) of every region of the file, to find overlaps.
-        let mut regions: Vec<(u64, u64, String)> = vec![
-            (0, VHD_FOOTER_BYTES, "the footer copy".into()),
-            (
-                header_at,
-                header_at + HEADER_BYTES,
-                "the dynamic header".into(),
-            ),
-            (table_at, table_end, "the block table".into()),
+        let mut regions: Vec<(u64, u64, Region)> = vec![
+            (0, VHD_FOOTER_BYTES, Region::FooterCopy),
+            (header_at, header_at + HEADER_BYTES, Region::Header),
+            (table_at, table_end, Region::Table),
         ];
+        // Regions that do not overlap add up to at most the file: a table
+        // whose allocated blocks add up to more is refused as it is read,
+        // before millions of them are listed (every entry pointing at one
+        // block would otherwise cost a region each).
+        let mut claimed = regions.iter().map(|r| r.1 - r.0).sum::<u64>();
         for (i, raw) in table.chunks_exact(4).enumerate() {
             let sector = u32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]);
             if sector == UNALLOCATED {
@@ -228,7 +249,15 @@ impl DynamicVhd {
                     "block {i} at offset {start} lies past the end of the file's data ({data_end} bytes)"
                 )));
             }
-            regions.push((start, end, format!("block {i}")));
+            claimed += end - start;
+            if claimed > file_len {
+                return Err(corrupt(format!(
+                    "its block table allocates more than the file holds (with block {i}, at \
+                     offset {start}, its blocks add up to more than its {file_len} bytes): \
+                     blocks overlap"
+                )));
+            }
+            regions.push((start, end, Region::Block(i)));
             blocks.push(Some(start));
         }
         regions.sort_by_key(|r| r.0);
@@ -327,7 +356,9 @@ impl DynamicVhd {
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         debug_assert!(offset % PAGE_SIZE == 0 && buf.len() as u64 % PAGE_SIZE == 0);
         buf.fill(0);
-        let end = (offset + buf.len() as u64).min(self.size_bytes());
+        let end = offset
+            .saturating_add(buf.len() as u64)
+            .min(self.size_bytes());
         let mut at = offset;
         while at < end {
             let block = at / self.block_bytes;
@@ -518,6 +549,10 @@ mod tests {
             .unwrap();
         let overlap = reopen(&|w| w.write_all_at(&first, table_at + 8).unwrap());
         assert!(overlap.contains("overlaps block"), "{overlap}");
+        // Every entry at block 0's place: refused at the first entry that
+        // claims more than the file holds, not after listing them all.
+        let all = reopen(&|w| w.write_all_at(&first.repeat(4), table_at).unwrap());
+        assert!(all.contains("allocates more than the file holds"), "{all}");
         let header = reopen(&|w| w.write_all_at(b"\x07", 512 + 600).unwrap());
         assert!(header.contains("dynamic header's checksum"), "{header}");
         let table = reopen(&|w| w.write_all_at(&[0, 0, 0, 1], 512 + 28).unwrap());

@@ -20,7 +20,7 @@ use anyhow::{anyhow, bail};
 
 use super::partitioned::{extend_last_commands, grow_partition, read_table};
 use super::{file_size, Area, ResizeReport};
-use crate::attach::{filesystem, FsType, LoopDevice};
+use crate::attach::{filesystem, loopdev, FsType, LoopDevice};
 use crate::daemon::registry::AttachedDrive;
 use crate::partition::TableKind;
 use crate::units::format_size;
@@ -91,6 +91,20 @@ pub fn resize_online(entry: &AttachedDrive, new_size_bytes: u64) -> anyhow::Resu
             entry.drive,
             entry.dir.display()
         );
+    }
+    if let Some(number) = entry.partition {
+        // A partition's loop device takes its new size by LOOP_SET_STATUS64,
+        // which older kernels do not do safely under a mounted filesystem:
+        // refuse before the blob grows, not after.
+        loopdev::size_limit_change_allowed_here().map_err(|why| {
+            anyhow!(
+                "drive {} is attached by its partition {number}, which cannot grow while mounted \
+                 on this host: {why}; unmount the drive, grow it offline ('blobdrive resize'), \
+                 extend the partition on the drive file (sfdisk), mount it again and grow its \
+                 filesystem (resize2fs or xfs_growfs)",
+                entry.drive
+            )
+        })?;
     }
     crate::daemon::control::request_grow(&entry.dir, new_size_bytes)?;
     // The kernel caches the file's attributes; a stat after they expire
