@@ -8,9 +8,9 @@
 
 use std::str::FromStr;
 
+pub use super::layout::{describe, describe_fs};
 use super::probe::FsKind;
 use super::{Filesystem, Layout, PartitionInfo};
-use crate::units::format_size;
 
 /// What the user asked to mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -272,27 +272,4 @@ fn list(parts: &[PartitionInfo]) -> String {
         return "no partitions".into();
     }
     parts.iter().map(describe).collect::<Vec<_>>().join(", ")
-}
-
-/// One partition for a message: number, type, size and content.
-pub fn describe(p: &PartitionInfo) -> String {
-    let part = &p.partition;
-    format!(
-        "{} ({}, {}, {})",
-        part.number,
-        part.kind.name(),
-        format_size(part.size_bytes),
-        describe_fs(p.filesystem.as_ref())
-    )
-}
-
-/// `ext4 'label'`, or `no filesystem recognised`.
-pub fn describe_fs(fs: Option<&Filesystem>) -> String {
-    match fs {
-        None => "no filesystem recognised".into(),
-        Some(f) => match &f.label {
-            Some(l) => format!("{} '{l}'", f.kind.name()),
-            None => f.kind.name().to_string(),
-        },
-    }
 }

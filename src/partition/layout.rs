@@ -8,7 +8,7 @@
 
 use super::probe::{self, Filesystem};
 use super::{read_table, DiskReader, Error, Partition, Table, TableKind, SECTOR_BYTES};
-use crate::units::MIB;
+use crate::units::{format_size, MIB};
 
 /// Bytes per sector of the 4K-native disks whose tables blobdrive refuses.
 const NATIVE_4K_BYTES: u64 = 4096;
@@ -117,7 +117,7 @@ impl Layout {
             if p.partition.end_bytes() > last.end_bytes {
                 last = Reach {
                     end_bytes: p.partition.end_bytes(),
-                    what: format!("partition {}", super::choose::describe(p)),
+                    what: format!("partition {}", describe(p)),
                     before_shrinking: "shrink what it holds, then the partition, first",
                 };
             }
@@ -187,4 +187,27 @@ fn is_zero(disk: &mut dyn DiskReader, offset: u64, len: u64) -> Result<bool, Err
     let len = len.min(disk.size_bytes().saturating_sub(offset));
     let data = disk.read_at(offset, len as usize)?;
     Ok(data.iter().all(|&b| b == 0))
+}
+
+/// One partition for a message: number, type, size and content.
+pub fn describe(p: &PartitionInfo) -> String {
+    let part = &p.partition;
+    format!(
+        "{} ({}, {}, {})",
+        part.number,
+        part.kind.name(),
+        format_size(part.size_bytes),
+        describe_fs(p.filesystem.as_ref())
+    )
+}
+
+/// `ext4 'label'`, or `no filesystem recognised`.
+pub fn describe_fs(fs: Option<&Filesystem>) -> String {
+    match fs {
+        None => "no filesystem recognised".into(),
+        Some(f) => match &f.label {
+            Some(l) => format!("{} '{l}'", f.kind.name()),
+            None => f.kind.name().to_string(),
+        },
+    }
 }
