@@ -344,6 +344,22 @@ fn encrypted_gpt_drive_attaches_by_partition_and_info_shows_its_table_with_the_k
             .is_some_and(|p| p.contains("unknown without the key")),
         "{info}"
     );
+    // resize checks the same layout: with the key, the GPT's backup header
+    // at the end is what a shrink would cut; without it, only stored data.
+    let before = etag(&rt, &guard, "gpt.vhd");
+    let line = site.fails(&[
+        "resize",
+        &drive,
+        "--size",
+        "32M",
+        "--allow-shrink",
+        "--key-file",
+        key_s,
+    ]);
+    assert!(line.contains("GPT's backup header"), "{line}");
+    let line = site.fails(&["resize", &drive, "--size", "32M", "--allow-shrink"]);
+    assert!(line.contains("without its key"), "{line}");
+    assert_eq!(etag(&rt, &guard, "gpt.vhd"), before);
 }
 
 #[test]

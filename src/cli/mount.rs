@@ -302,14 +302,15 @@ fn choose_area(
         super::drives::block_on_value(require_write(&client, path))?;
     }
     let base = path.base().to_string();
-    let key = super::drives::block_on_value(super::key::unlock(&client, path, key_flags))?;
-    let store = crate::lifecycle::layout::store_for(&client, path, key.clone());
-    let layout = super::drives::block_on_value(crate::lifecycle::layout::read_layout(
-        store,
-        &path.to_string(),
-        size_bytes,
-    ))?
-    .map_err(|e| anyhow!("drive {path}: {e}; nothing was attached or changed"))?;
+    let (layout, key) = super::drives::block_on_value(async {
+        let key = super::key::unlock(&client, path, key_flags).await?;
+        let store = crate::lifecycle::layout::store_for(&client, path, key.clone());
+        let layout =
+            crate::lifecycle::layout::read_layout(store, &path.to_string(), size_bytes).await?;
+        Ok((layout, key))
+    })?;
+    let layout =
+        layout.map_err(|e| anyhow!("drive {path}: {e}; nothing was attached or changed"))?;
     if let Some(table) = &layout.table {
         for w in &table.warnings {
             eprintln!("blobdrive: warning: drive {path}: {w}");
