@@ -131,7 +131,7 @@ impl Layout {
 pub struct Reach {
     /// One past its last byte.
     pub end_bytes: u64,
-    /// What it is, for a message: `partition 1 (Linux, 1023.0 MiB, ext4)`,
+    /// What it is, for a message: `partition 1 (Linux, 1.0 GiB, ext4)`,
     /// `the ext4 filesystem`, `the GPT's backup header (...)`.
     pub what: String,
     /// What to do before a shrink past it could be allowed.
