@@ -324,6 +324,87 @@ fn encrypted_ext4_drive_is_opaque_to_the_account_and_decrypts_with_an_independen
     site.unmount(&ns);
 }
 
+/// `create --encrypt --partition-table gpt --mkfs ext4` makes a drive whose
+/// table is ciphertext in the blob: `mount` unlocks first and reads the
+/// layout through the key (auto picks the ext4 partition), and `info` shows
+/// the GPT with the key and says the layout is unknown without it.
+#[test]
+fn encrypted_gpt_drive_attaches_by_partition_and_info_shows_its_table_with_the_key() {
+    if !system::can_run("encrypted gpt drive", true) {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(ContainerGuard::new("cryptgpt"));
+    let site = Site::new();
+    let drive = format!("{}/gpt.vhd", guard.name);
+    let key = site.path("key");
+    write_key(&key, 3);
+    let key_s = key.to_str().unwrap();
+    site.ok(&[
+        "create",
+        &drive,
+        "--size",
+        "64M",
+        "--encrypt",
+        "--key-file",
+        key_s,
+        "--partition-table",
+        "gpt",
+        "--mkfs",
+        "ext4",
+    ]);
+
+    let mnt = site.dir("mnt");
+    let mnt_s = mnt.to_str().unwrap();
+    site.ok(&["mount", &drive, mnt_s, "--key-file", key_s]);
+    let text = MARKER.repeat(1024);
+    std::fs::write(mnt.join("notes.txt"), &text).unwrap();
+    site.unmount(&mnt);
+    site.ok(&["mount", &drive, mnt_s, "--key-file", key_s]);
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("notes.txt")).unwrap(),
+        text
+    );
+    site.unmount(&mnt);
+
+    let info: serde_json::Value =
+        serde_json::from_str(&site.ok(&["info", &drive, "--json", "--key-file", key_s])).unwrap();
+    let table = &info["partition_table"];
+    assert_eq!(table["kind"], "gpt", "{info}");
+    assert_eq!(
+        table["partitions"][0]["filesystem"]["type"], "ext4",
+        "{info}"
+    );
+    let info: serde_json::Value =
+        serde_json::from_str(&site.ok(&["info", &drive, "--json"])).unwrap();
+    assert!(info["partition_table"].is_null(), "{info}");
+    assert!(
+        info["layout_problem"]
+            .as_str()
+            .is_some_and(|p| p.contains("unknown without the key")),
+        "{info}"
+    );
+    // resize checks the same layout: with the key, the GPT's backup header
+    // at the end is what a shrink would cut; without it, only stored data.
+    let before = etag(&rt, &guard, "gpt.vhd");
+    let line = site.fails(&[
+        "resize",
+        &drive,
+        "--size",
+        "32M",
+        "--allow-shrink",
+        "--key-file",
+        key_s,
+    ]);
+    assert!(line.contains("GPT's backup header"), "{line}");
+    let line = site.fails(&["resize", &drive, "--size", "32M", "--allow-shrink"]);
+    assert!(line.contains("without its key"), "{line}");
+    assert_eq!(etag(&rt, &guard, "gpt.vhd"), before);
+}
+
 #[test]
 fn key_slots_add_change_remove_and_dump_without_touching_the_data() {
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -453,6 +453,139 @@ fn bad_resizes_get_one_line_each() {
     );
 }
 
+/// The ETag, the size, the stored ranges and the SHA-256 of their bytes:
+/// what shows a large, sparse blob unchanged without reading its holes.
+async fn sparse_state(
+    client: &BlobClient,
+    path: &BlobPath,
+) -> (Option<String>, u64, Vec<ByteRange>, String) {
+    use sha2::Digest as _;
+    let props = client.get_properties(path).await.expect("properties");
+    let ranges = client
+        .get_page_ranges(path, None)
+        .await
+        .expect("page ranges")
+        .ranges;
+    let mut hasher = sha2::Sha256::new();
+    for r in &ranges {
+        let mut at = r.start;
+        while at < r.end {
+            let end = (at + 8 * MIB).min(r.end);
+            hasher.update(
+                client
+                    .get_blob_range(path, ByteRange::new(at, end))
+                    .await
+                    .expect("read the blob"),
+            );
+            at = end;
+        }
+    }
+    let sha = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    (props.etag, props.content_length, ranges, sha)
+}
+
+/// Issue 28, item 2: a disk that held a whole-disk ext4 of 64 MiB, grown to
+/// 1 GiB and then partitioned by sfdisk (which leaves the old superblock at
+/// byte 1024, in the gap before the first partition), with a filled ext4 in
+/// its partition. The partition table decides, not the stale superblock: a
+/// shrink to 128 MiB is refused with one line and the blob is unchanged.
+#[test]
+fn a_shrink_that_cuts_a_partition_is_refused_whatever_a_stale_superblock_says() {
+    for tool in ["sfdisk", "mkfs.ext4"] {
+        if !blobdrive::attach::tool_exists(tool) {
+            assert!(
+                std::env::var(system::REQUIRE_ENV).as_deref() != Ok("1"),
+                "{tool} is not installed (scripts/setup.sh installs it)"
+            );
+            println!("SKIPPED: {tool} not installed");
+            return;
+        }
+    }
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("stale"));
+    let site = Site::new();
+    let image = site.dir("img").join("disk.img");
+    let image_s = image.to_string_lossy().to_string();
+    let file = std::fs::File::create(&image).unwrap();
+    file.set_len(64 * MIB).unwrap();
+    system::run("mkfs.ext4", &["-q", "-F", &image_s]);
+    file.set_len(1024 * MIB).unwrap();
+    let mut sfdisk = Command::new("sfdisk")
+        .args(["--quiet", "--no-reread", "--no-tell-kernel", &image_s])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    sfdisk
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"label: dos\nstart=2048, type=83\n")
+        .unwrap();
+    assert!(sfdisk.wait().unwrap().success());
+    // The partition's ext4, filled with 160 MiB of data (past 128 MiB).
+    let content = site.dir("content");
+    let line = b"blobdrive partition data\n";
+    let data: Vec<u8> = line
+        .iter()
+        .copied()
+        .cycle()
+        .take(160 * MIB as usize)
+        .collect();
+    std::fs::write(content.join("big"), data).unwrap();
+    let content_s = content.to_string_lossy().to_string();
+    system::run(
+        "mkfs.ext4",
+        &[
+            "-q",
+            "-F",
+            "-E",
+            "offset=1048576",
+            "-d",
+            &content_s,
+            &image_s,
+            "1047552k",
+        ],
+    );
+    let mut magic = [0u8; 2];
+    std::fs::File::open(&image)
+        .unwrap()
+        .read_exact_at(&mut magic, 1024 + 56)
+        .unwrap();
+    assert_eq!(
+        magic,
+        [0x53, 0xEF],
+        "the stale superblock is still at byte 1024"
+    );
+    drop(file);
+
+    let drive = format!("{}/d.vhd", guard.name);
+    site.ok(&["upload", &image_s, &drive]);
+    let path = guard.path("d.vhd");
+    let before = rt.block_on(sparse_state(&guard.client, &path));
+    let line = site.fails(&["resize", &drive, "--size", "128M", "--allow-shrink"], 1);
+    assert!(
+        line.contains("partition 1") && line.contains("would cut it off"),
+        "{line}"
+    );
+    assert_eq!(
+        rt.block_on(sparse_state(&guard.client, &path)),
+        before,
+        "the blob changed"
+    );
+    // And the drive is still what info reads: an MBR with its partition.
+    let info: serde_json::Value =
+        serde_json::from_str(&site.ok(&["info", &drive, "--json"])).expect("json");
+    assert_eq!(info["partition_table"]["kind"], "mbr", "{info}");
+    assert_eq!(
+        info["partition_table"]["partitions"][0]["filesystem"]["type"], "ext4",
+        "{info}"
+    );
+}
+
 #[test]
 fn copy_and_restore_and_snapshot_pruning() {
     if !system::can_run("copy_and_restore_and_snapshot_pruning", true) {

@@ -727,6 +727,106 @@ fn bad_partition_tables_and_choices_are_refused_in_one_line() {
     );
 }
 
+/// Issue 28, item 11: `auto` never attaches a lone partition that is not
+/// Linux data (here a Linux extended boot partition holding ext4 beside an
+/// LVM PV: /boot would be mounted read-write); tables made for 4096-byte
+/// sectors (`fdisk -b 4096`, MBR and GPT) are refused, never read 8x short.
+#[test]
+fn auto_skips_a_lone_boot_partition_and_4k_sector_tables_are_refused() {
+    if !can_run("auto_skips_a_lone_boot_partition_and_4k_sector_tables_are_refused") {
+        return;
+    }
+    const XBOOTLDR: &str = "BC13C2FF-59E6-4262-A352-B275FD6F7172";
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("part-auto"));
+    let dir = site.dir("mnt");
+    let disk = 32 * MIB;
+
+    let image = site.path("boot.img");
+    let parts = sfdisk_image(
+        &image,
+        disk,
+        &format!("label: gpt\nstart=2048, size=16384, type={XBOOTLDR}\nstart=18432, size=40960, type={LVM}\n"),
+    );
+    mkfs_in(&image, part(&parts, 1), "mkfs.ext4", &["-q", "-L", "boot"]);
+    let mut label = vec![0u8; 64];
+    label[..8].copy_from_slice(b"LABELONE");
+    label[20] = 32;
+    label[24..32].copy_from_slice(b"LVM2 001");
+    label[32..64].copy_from_slice(b"Abcdefghijklmnopqrstuvwxyz012345");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&image)
+        .unwrap()
+        .write_all_at(&label, part(&parts, 2).start + 512)
+        .unwrap();
+    let boot = format!("{}/boot.vhd", guard.name);
+    upload(&site, &image, &boot);
+    let line = site.refused(&["mount", &boot, &dir]);
+    assert!(
+        line.contains("not a Linux data or root partition")
+            && line.contains("1 (Linux extended boot")
+            && line.contains("2 (Linux LVM")
+            && line.contains("--partition N"),
+        "{line}"
+    );
+    // Named, it attaches.
+    site.ok(&["mount", &boot, &dir, "--partition", "1", "--read-only"]);
+    site.ok(&["unmount", &dir]);
+
+    // fdisk with 4096-byte sectors: partition 1 at 4 KiB sector 256 (1 MiB)
+    // holding ext4. With 512-byte sectors it would start at 128 KiB.
+    for (label, script) in [
+        ("dos", "o\nn\np\n1\n256\n\nw\n"),
+        ("gpt", "g\nn\n1\n256\n\nw\n"),
+    ] {
+        let image = site.path(&format!("4k-{label}.img"));
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(disk)
+            .unwrap();
+        let mut fdisk = Command::new("fdisk")
+            .args(["-b", "4096"])
+            .arg(&image)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        fdisk
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        assert!(fdisk.wait().unwrap().success(), "fdisk -b 4096 ({label})");
+        let at = Part {
+            number: 1,
+            start: MIB,
+            size: 16 * MIB,
+        };
+        mkfs_in(&image, at, "mkfs.ext4", &["-q"]);
+        let drive = format!("{}/4k-{label}.vhd", guard.name);
+        upload(&site, &image, &drive);
+        for args in [&[][..], &["--partition", "1"][..]] {
+            let mut all = vec!["mount", drive.as_str(), dir.as_str()];
+            all.extend(args);
+            let line = site.refused(&all);
+            assert!(
+                line.contains("4096-byte sectors"),
+                "{label} {args:?}: {line}"
+            );
+        }
+        let info = info_json(&site, &drive);
+        assert!(
+            info["layout_problem"]
+                .as_str()
+                .is_some_and(|p| p.contains("4096-byte sectors")),
+            "{label}: {info}"
+        );
+    }
+}
+
 /// Bytes of the filesystem mounted at `dir`, as `df` sees it.
 fn df_bytes(dir: &str) -> u64 {
     let out = system::run("df", &["-B1", "--output=size", dir]);

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::drives::{self, blob_err, DiskCheck};
 use super::{output, CmdResult, Context};
-use crate::blob::{BlobClient, BlobPath, BlobType};
+use crate::blob::{BlobPath, BlobType};
 use crate::partition::{Filesystem, Layout, TableKind};
 use crate::units::format_size;
 
@@ -33,6 +33,10 @@ pub struct InfoArgs {
     /// Print JSON for scripts instead of text.
     #[arg(long)]
     pub json: bool,
+    /// The key of an encrypted drive: its partition table and filesystems
+    /// are shown only with it (without it they are unknown; no prompt).
+    #[command(flatten)]
+    pub key: super::key::KeyFlags,
 }
 
 /// `info --json`: field names are part of the interface.
@@ -78,7 +82,9 @@ pub struct DriveInfo {
     pub partition_table: Option<TableInfo>,
     /// The filesystem on the whole disk, when it has no partition table.
     pub filesystem: Option<FsInfo>,
-    /// Why the partition table could not be read, when it could not.
+    /// Why the partition table is not shown: `unreadable: ...` (it does
+    /// not add up), or `unknown without the key ...` (an encrypted drive
+    /// whose key was not given).
     pub layout_problem: Option<String>,
     /// Client-side encryption: the cipher (`"aes-xts-plain64"`), or `None`
     /// for a plain drive.
@@ -148,7 +154,7 @@ pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, args.snapshot.as_deref())?;
     let client = drives::connect_for(ctx, &args.blob)?;
     let json = args.json;
-    drives::block_on(async move {
+    drives::block_on(async {
         let props = drives::properties(&client, &path).await?;
         if props.blob_type != Some(BlobType::PageBlob) {
             return Err(anyhow::anyhow!(drives::wrong_type_line(
@@ -175,8 +181,29 @@ pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
         )
         .map_err(blob_err)?;
         let footer = check.footer();
+        // An encrypted drive's layout is read through its key or not at
+        // all: its ciphertext could pass for anything.
+        let encrypted = !matches!(
+            crate::crypt::KeySlots::from_metadata(&props.metadata),
+            Ok(None)
+        );
+        let key = if args.key.source().is_given() {
+            super::key::unlock(&client, &path, &args.key).await?
+        } else {
+            None
+        };
         let layout = match footer {
-            Some(f) => read_layout(&client, &path, f.current_size_bytes).await?,
+            Some(_) if encrypted && key.is_none() => Some(Err(LayoutUnknown::NoKey)),
+            Some(f) => {
+                let store = crate::lifecycle::layout::store_for(&client, &path, key);
+                let read = crate::lifecycle::layout::read_layout(
+                    store,
+                    &path.to_string(),
+                    f.current_size_bytes,
+                )
+                .await?;
+                Some(read.map_err(LayoutUnknown::Unreadable))
+            }
             None => None,
         };
         let (partition_table, filesystem, layout_problem) = layout_fields(layout);
@@ -225,26 +252,29 @@ pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
     })
 }
 
-/// The layout of the drive, read on a blocking thread with a client and
-/// runtime of its own (the partition reader is synchronous).
-async fn read_layout(
-    client: &BlobClient,
-    path: &BlobPath,
-    disk_bytes: u64,
-) -> anyhow::Result<Option<Result<Layout, crate::partition::Error>>> {
-    let account = client.account().clone();
-    let path = path.clone();
-    tokio::task::spawn_blocking(move || {
-        let client = BlobClient::new(account)?;
-        super::layout::read_layout(&client, &path, disk_bytes).map(Some)
-    })
-    .await
-    .map_err(|e| anyhow::anyhow!("reading the partition table failed: {e}"))?
+/// Why a drive's layout is not shown.
+enum LayoutUnknown {
+    /// Encrypted, and no key was given.
+    NoKey,
+    /// The table does not add up.
+    Unreadable(crate::partition::Error),
+}
+
+impl std::fmt::Display for LayoutUnknown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LayoutUnknown::NoKey => f.write_str(
+                "unknown without the key (the drive is encrypted; give --key-file or \
+                 --passphrase-file to read it)",
+            ),
+            LayoutUnknown::Unreadable(e) => write!(f, "unreadable: {e}"),
+        }
+    }
 }
 
 /// The JSON fields of a layout: table, whole-disk filesystem, problem.
 fn layout_fields(
-    layout: Option<Result<Layout, crate::partition::Error>>,
+    layout: Option<Result<Layout, LayoutUnknown>>,
 ) -> (Option<TableInfo>, Option<FsInfo>, Option<String>) {
     match layout {
         None => (None, None, None),
@@ -369,7 +399,7 @@ fn render(
         ));
     }
     if let Some(p) = &info.layout_problem {
-        rows.push(("partitions", format!("unreadable: {p}")));
+        rows.push(("partitions", p.clone()));
     } else if let Some(t) = &info.partition_table {
         rows.push((
             "partitions",

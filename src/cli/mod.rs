@@ -27,7 +27,6 @@ pub mod drives;
 pub mod info;
 pub mod journal;
 pub mod key;
-pub mod layout;
 pub mod list;
 pub mod man;
 pub mod manpages;

@@ -221,8 +221,9 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
     // Checked before the fork, so a bad account fails in the user's terminal.
     let account = ctx.account_for(source)?;
     // Read before the fork, so what the drive holds, and which partition was
-    // chosen, is said in the user's terminal.
-    let partition = choose_area(&account, &path, selector, !read_only)?;
+    // chosen, is said in the user's terminal; the key too, so a missing or
+    // wrong one fails there, before anything is leased or mounted.
+    let (partition, data_key) = choose_area(&account, &path, selector, !read_only, &args.key)?;
     let drive = EntryPath {
         container: path.container.clone(),
         blob: path.name.clone(),
@@ -244,15 +245,6 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
         metrics: args.metrics_options()?,
     };
     let drive_options = args.drive_options();
-    // Unlocked here, before the fork: a missing or wrong key fails in the
-    // user's terminal, before anything is leased or mounted.
-    let data_key = {
-        let client = BlobClient::new(account.clone())?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        rt.block_on(super::key::unlock(&client, &path, &args.key))?
-    };
     let break_lease = args.break_lease;
     run_mount(dir, &opts, move || async move {
         let client = BlobClient::new(account)?;
@@ -293,14 +285,18 @@ pub fn split_fs_options(
     Ok((options, read_only, partition))
 }
 
-/// Reads the drive's partition table and picks what to attach: `None` for the
-/// whole disk (no table), else the partition. Says which one `auto` picked.
+/// Unlocks an encrypted drive's data key, then reads the drive's partition
+/// table (through that key: an encrypted drive's layout is plaintext only
+/// once unlocked) and picks what to attach: `None` for the whole disk (no
+/// table), else the partition. Says which one `auto` picked. Returns the
+/// area and the key.
 fn choose_area(
     account: &crate::blob::Account,
     path: &BlobPath,
     selector: Selector,
     read_write: bool,
-) -> anyhow::Result<Option<PartitionArea>> {
+    key_flags: &super::key::KeyFlags,
+) -> anyhow::Result<(Option<PartitionArea>, Option<Arc<crate::crypt::DataKey>>)> {
     let client = BlobClient::new(account.clone())?;
     let size_bytes = super::drives::block_on_value(drive_size(&client, path))?;
     if read_write {
@@ -309,8 +305,15 @@ fn choose_area(
         super::drives::block_on_value(require_write(&client, path))?;
     }
     let base = path.base().to_string();
-    let layout = super::layout::read_layout(&client, path, size_bytes)?
-        .map_err(|e| anyhow!("drive {path}: {e}; nothing was attached or changed"))?;
+    let (layout, key) = super::drives::block_on_value(async {
+        let key = super::key::unlock(&client, path, key_flags).await?;
+        let store = crate::lifecycle::layout::store_for(&client, path, key.clone());
+        let layout =
+            crate::lifecycle::layout::read_layout(store, &path.to_string(), size_bytes).await?;
+        Ok((layout, key))
+    })?;
+    let layout =
+        layout.map_err(|e| anyhow!("drive {path}: {e}; nothing was attached or changed"))?;
     if let Some(table) = &layout.table {
         for w in &table.warnings {
             eprintln!("blobdrive: warning: drive {path}: {w}");
@@ -323,7 +326,7 @@ fn choose_area(
     };
     let choice = choose(&layout, selector, &names).map_err(|line| anyhow!(line))?;
     let Some(number) = choice.number else {
-        return Ok(None);
+        return Ok((None, key));
     };
     if let Some(reason) = &choice.reason {
         eprintln!(
@@ -333,11 +336,14 @@ fn choose_area(
             crate::units::format_size(choice.size_bytes)
         );
     }
-    Ok(Some(PartitionArea {
-        number,
-        offset_bytes: choice.offset_bytes,
-        size_bytes: choice.size_bytes,
-    }))
+    Ok((
+        Some(PartitionArea {
+            number,
+            offset_bytes: choice.offset_bytes,
+            size_bytes: choice.size_bytes,
+        }),
+        key,
+    ))
 }
 
 /// CloudDrive's Mount(Force): breaks whatever lease the drive has, so this

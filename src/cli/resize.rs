@@ -27,6 +27,11 @@ pub struct ResizeArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The key of an encrypted drive, for a shrink's check of what it holds
+    /// (without it, an encrypted drive's layout is unknown and a shrink is
+    /// allowed only when no data is stored past the new end).
+    #[command(flatten)]
+    pub key: super::key::KeyFlags,
 }
 
 /// Run `resize`.
@@ -42,7 +47,13 @@ pub fn run(ctx: &Context, args: &ResizeArgs) -> CmdResult {
             let allow = args.allow_shrink;
             let mut out = None;
             drives::block_on(async {
-                out = Some(resize::resize_offline(&client, &path, size, allow).await?);
+                // Only a given key is used: a grow needs none, so no prompt.
+                let key = if args.key.source().is_given() {
+                    super::key::unlock(&client, &path, &args.key).await?
+                } else {
+                    None
+                };
+                out = Some(resize::resize_offline(&client, &path, size, allow, key).await?);
                 Ok(())
             })
             .map_err(|e| match e.downcast::<resize::ShrinkNotAllowed>() {

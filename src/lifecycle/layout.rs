@@ -1,115 +1,119 @@
-//! What the first sectors of a drive say about how far its contents reach:
-//! an ext2/3/4 or xfs filesystem directly on the disk (its size from the
-//! superblock), or a partition table (MBR or GPT), or nothing known.
+//! A drive's layout read from its blob, for `info`, the partition choice of
+//! `mount` and the shrink check of `resize`: the project's one detector,
+//! [`crate::partition::Layout::read`] (the partition table first), over the
+//! drive's [`PageStore`]. An encrypted drive is read through its
+//! `EncryptedStore` once its key is unlocked, so the table and superblocks
+//! are read as plaintext, never guessed from ciphertext.
 //!
-//! Used to refuse a shrink that would cut a filesystem. Offsets and fields:
-//! ext superblock at byte 1024 (magic 0xEF53 at +56, blocks count at +4 and,
-//! with the 64bit feature 0x80 of the incompat flags at +96, its high half at
-//! +0x150; block size 1024 << (u32 at +24)), all little-endian; xfs
-//! superblock at byte 0 (`XFSB`, block size u32 at +4, data blocks u64 at +8),
-//! big-endian; MBR signature 0x55 0xAA at byte 510; GPT header `EFI PART` at
-//! byte 512.
+//! The partition parsers are synchronous; they run on a blocking thread
+//! whose reads are Gets on the caller's runtime, in 64 KiB-aligned pieces
+//! kept for reuse (the tables and superblocks sit in a few small spots).
 
-/// Bytes of the drive's start that [`detect`] needs.
-pub const HEAD_BYTES: u64 = 4096;
+use std::collections::HashMap;
+use std::sync::Arc;
 
-/// What the start of a drive holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Layout {
-    /// A filesystem on the whole disk, `size_bytes` long.
-    Filesystem {
-        /// `ext4` (for any ext2/3/4) or `xfs`.
-        kind: &'static str,
-        /// How far the filesystem reaches, in bytes from the disk's start.
-        size_bytes: u64,
-    },
-    /// A partition table: `MBR` or `GPT`.
-    PartitionTable(&'static str),
-    /// Nothing blobdrive recognises (empty, or another format).
-    Unknown,
+use anyhow::anyhow;
+use bytes::Bytes;
+
+use crate::blob::{BlobClient, BlobPath};
+use crate::crypt::DataKey;
+use crate::drive::{BlobPageStore, EncryptedStore, PageStore};
+use crate::partition::{self, DiskReader, Layout};
+use crate::units::ByteRange;
+
+/// Granularity of [`StoreDisk`] reads.
+const PIECE_BYTES: u64 = 64 * 1024;
+
+/// The first `disk_bytes` of a drive's store as a [`DiskReader`]. Used only
+/// on a blocking thread: each read waits for a Get on `rt`.
+struct StoreDisk {
+    rt: tokio::runtime::Handle,
+    store: Arc<dyn PageStore>,
+    disk_bytes: u64,
+    pieces: HashMap<u64, Bytes>,
 }
 
-fn le32(b: &[u8], at: usize) -> u64 {
-    u64::from(u32::from_le_bytes(
-        b[at..at + 4].try_into().expect("4 bytes"),
-    ))
-}
-
-/// Reads the layout from the first [`HEAD_BYTES`] of a drive (shorter input
-/// is treated as zeros).
-pub fn detect(head: &[u8]) -> Layout {
-    let mut b = vec![0u8; HEAD_BYTES as usize];
-    let n = head.len().min(b.len());
-    b[..n].copy_from_slice(&head[..n]);
-    if &b[0..4] == b"XFSB" {
-        let block = u64::from(u32::from_be_bytes(b[4..8].try_into().expect("4 bytes")));
-        let blocks = u64::from_be_bytes(b[8..16].try_into().expect("8 bytes"));
-        return Layout::Filesystem {
-            kind: "xfs",
-            size_bytes: block.saturating_mul(blocks),
-        };
-    }
-    let sb = 1024;
-    if b[sb + 56] == 0x53 && b[sb + 57] == 0xEF {
-        let log = le32(&b, sb + 24).min(16);
-        let block = 1024u64 << log;
-        let mut blocks = le32(&b, sb + 4);
-        if le32(&b, sb + 96) & 0x80 != 0 {
-            blocks |= le32(&b, sb + 0x150) << 32;
+impl StoreDisk {
+    /// One read of `range`, checked to be whole.
+    fn fetch(&self, range: ByteRange) -> std::io::Result<Bytes> {
+        let data = self.rt.block_on(self.store.read(range)).map_err(|e| {
+            std::io::Error::other(crate::lifecycle::checks::blob_err(e).to_string())
+        })?;
+        if data.len() as u64 != range.len() {
+            return Err(std::io::Error::other("short read of the drive"));
         }
-        return Layout::Filesystem {
-            kind: "ext4",
-            size_bytes: block.saturating_mul(blocks),
-        };
+        Ok(data)
     }
-    if &b[512..520] == b"EFI PART" {
-        return Layout::PartitionTable("GPT");
-    }
-    if b[510] == 0x55 && b[511] == 0xAA {
-        return Layout::PartitionTable("MBR");
-    }
-    Layout::Unknown
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ext4_size_comes_from_the_superblock() {
-        let mut b = vec![0u8; 4096];
-        b[1024 + 56] = 0x53;
-        b[1024 + 57] = 0xEF;
-        b[1024 + 4..1024 + 8].copy_from_slice(&16384u32.to_le_bytes());
-        b[1024 + 24..1024 + 28].copy_from_slice(&2u32.to_le_bytes()); // 4 KiB blocks
-        assert_eq!(
-            detect(&b),
-            Layout::Filesystem {
-                kind: "ext4",
-                size_bytes: 64 << 20
-            }
-        );
+impl DiskReader for StoreDisk {
+    fn size_bytes(&self) -> u64 {
+        self.disk_bytes
     }
 
-    #[test]
-    fn xfs_and_partition_tables_are_recognised() {
-        let mut x = vec![0u8; 512];
-        x[0..4].copy_from_slice(b"XFSB");
-        x[4..8].copy_from_slice(&4096u32.to_be_bytes());
-        x[8..16].copy_from_slice(&1000u64.to_be_bytes());
-        assert_eq!(
-            detect(&x),
-            Layout::Filesystem {
-                kind: "xfs",
-                size_bytes: 4096 * 1000
+    fn read_at(&mut self, offset_bytes: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let end = offset_bytes + len as u64;
+        if len as u64 > PIECE_BYTES {
+            // Large reads (the emptiness check of a whole MiB) go out as one
+            // request, not one per piece.
+            return self
+                .fetch(ByteRange::new(offset_bytes, end))
+                .map(|b| b.to_vec());
+        }
+        let mut out = Vec::with_capacity(len);
+        let mut piece = offset_bytes / PIECE_BYTES * PIECE_BYTES;
+        while piece < end {
+            if !self.pieces.contains_key(&piece) {
+                let range = ByteRange::new(piece, (piece + PIECE_BYTES).min(self.disk_bytes));
+                let data = self.fetch(range)?;
+                self.pieces.insert(piece, data);
             }
-        );
-        let mut m = vec![0u8; 4096];
-        m[510] = 0x55;
-        m[511] = 0xAA;
-        assert_eq!(detect(&m), Layout::PartitionTable("MBR"));
-        m[512..520].copy_from_slice(b"EFI PART");
-        assert_eq!(detect(&m), Layout::PartitionTable("GPT"));
-        assert_eq!(detect(&[]), Layout::Unknown);
+            let data = &self.pieces[&piece];
+            let from = offset_bytes.max(piece) - piece;
+            let to = end.min(piece + data.len() as u64) - piece;
+            out.extend_from_slice(&data[from as usize..to as usize]);
+            piece += PIECE_BYTES;
+        }
+        Ok(out)
+    }
+}
+
+/// The store a drive's layout is read through: the blob's pages, decrypted
+/// with `key` when the drive is encrypted (its unlocked data key).
+pub fn store_for(
+    client: &BlobClient,
+    path: &BlobPath,
+    key: Option<Arc<DataKey>>,
+) -> Arc<dyn PageStore> {
+    let plain = Arc::new(BlobPageStore::new(client.clone(), path.clone()));
+    match key {
+        Some(key) => Arc::new(EncryptedStore::new(plain, key)),
+        None => plain,
+    }
+}
+
+/// Reads the layout of the drive in `store` (`disk_bytes` of disk before
+/// its footer; an encrypted drive's store must be its `EncryptedStore`).
+/// The outer error is a failed read, naming `drive`; the inner one a table
+/// that does not add up.
+pub async fn read_layout(
+    store: Arc<dyn PageStore>,
+    drive: &str,
+    disk_bytes: u64,
+) -> anyhow::Result<Result<Layout, partition::Error>> {
+    let mut disk = StoreDisk {
+        rt: tokio::runtime::Handle::current(),
+        store,
+        disk_bytes,
+        pieces: HashMap::new(),
+    };
+    let read = tokio::task::spawn_blocking(move || Layout::read(&mut disk))
+        .await
+        .map_err(|e| anyhow!("reading the partition table of {drive} failed: {e}"))?;
+    match read {
+        Err(partition::Error::Io(e)) => {
+            Err(anyhow!("cannot read the partition table of {drive}: {e}"))
+        }
+        other => Ok(other),
     }
 }

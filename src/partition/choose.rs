@@ -1,15 +1,16 @@
 //! Which part of a drive `blobdrive mount` attaches: `--partition N`, or
 //! `auto` (the default): the whole disk when it has no table, else the one
-//! partition holding a filesystem, else the largest Linux data/root partition
-//! holding one. When the choice is not clear, or what was asked for is an LVM
+//! partition holding a filesystem when it is a Linux data/root one (or basic
+//! data holding a Linux filesystem), else the largest such partition holding
+//! one. An EFI or Windows partition is never picked by `auto`. When the choice is not clear, or what was asked for is an LVM
 //! volume, a LUKS container or swap, the answer is a refusal that says what
 //! was found and how to go on; it never suggests a mkfs over data.
 
 use std::str::FromStr;
 
+pub use super::layout::{describe, describe_fs};
 use super::probe::FsKind;
 use super::{Filesystem, Layout, PartitionInfo};
-use crate::units::format_size;
 
 /// What the user asked to mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -152,16 +153,22 @@ pub fn choose(layout: &Layout, selector: Selector, names: &DriveNames) -> Result
             }
             Err(line)
         }
-        [only] => pick(
+        [only] if is_linux_candidate(only) => pick(
             only,
             names,
             Some("the only partition holding a filesystem this kernel mounts".into()),
         ),
+        [only] => Err(format!(
+            "drive {drive} has one partition holding a filesystem, {}, and it is not a Linux \
+             data or root partition, so auto does not attach it (an EFI or Windows partition \
+             mounted read-write gets written); its {kind} holds {}; name the one to attach with \
+             --partition N",
+            describe(only),
+            list(&layout.parts)
+        )),
         several => {
-            let linux: Vec<&&PartitionInfo> = several
-                .iter()
-                .filter(|p| p.partition.kind.is_linux_data())
-                .collect();
+            let linux: Vec<&&PartitionInfo> =
+                several.iter().filter(|p| is_linux_candidate(p)).collect();
             let largest = linux.iter().map(|p| p.partition.size_bytes).max();
             let top: Vec<&&&PartitionInfo> = linux
                 .iter()
@@ -185,6 +192,22 @@ pub fn choose(layout: &Layout, selector: Selector, names: &DriveNames) -> Result
             }
         }
     }
+}
+
+/// True for a partition `auto` may attach: a Linux data or root type, or
+/// a GPT basic-data one holding a Linux filesystem (ext2/3/4, XFS, Btrfs),
+/// as some tools lay out Linux data disks. An EFI system partition, a
+/// Windows one or an unknown type is attached only when named.
+fn is_linux_candidate(p: &PartitionInfo) -> bool {
+    let kind = &p.partition.kind;
+    kind.is_linux_data()
+        || (kind.is_basic_data()
+            && p.filesystem.as_ref().is_some_and(|f| {
+                matches!(
+                    f.kind,
+                    FsKind::Ext2 | FsKind::Ext3 | FsKind::Ext4 | FsKind::Xfs | FsKind::Btrfs
+                )
+            }))
 }
 
 /// The choice of partition `p`, or why it cannot be attached.
@@ -249,27 +272,4 @@ fn list(parts: &[PartitionInfo]) -> String {
         return "no partitions".into();
     }
     parts.iter().map(describe).collect::<Vec<_>>().join(", ")
-}
-
-/// One partition for a message: number, type, size and content.
-pub fn describe(p: &PartitionInfo) -> String {
-    let part = &p.partition;
-    format!(
-        "{} ({}, {}, {})",
-        part.number,
-        part.kind.name(),
-        format_size(part.size_bytes),
-        describe_fs(p.filesystem.as_ref())
-    )
-}
-
-/// `ext4 'label'`, or `no filesystem recognised`.
-pub fn describe_fs(fs: Option<&Filesystem>) -> String {
-    match fs {
-        None => "no filesystem recognised".into(),
-        Some(f) => match &f.label {
-            Some(l) => format!("{} '{l}'", f.kind.name()),
-            None => f.kind.name().to_string(),
-        },
-    }
 }

@@ -95,6 +95,12 @@ pub fn read(disk: &mut dyn DiskReader) -> Result<Table, Error> {
         disk_id: header.disk_guid.hyphenated().to_string().to_uppercase(),
         partitions: parts,
         warnings,
+        metadata_end_bytes: (header
+            .my_lba
+            .max(header.alternate_lba)
+            .max(header.last_usable))
+        .saturating_add(1)
+        .saturating_mul(SECTOR_BYTES),
     })
 }
 

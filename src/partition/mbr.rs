@@ -89,6 +89,7 @@ pub fn read(disk: &mut dyn DiskReader, sector0: &[u8]) -> Result<Option<Table>, 
         disk_id: format!("0x{:08x}", le(sector0, 440, 4).unwrap_or(0)),
         partitions,
         warnings: Vec::new(),
+        metadata_end_bytes: SECTOR_BYTES,
     }))
 }
 

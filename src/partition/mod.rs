@@ -25,13 +25,17 @@ mod types;
 mod tests;
 
 pub use choose::{Choice, Selector};
-pub use layout::{Layout, PartitionInfo};
+pub use layout::{Layout, PartitionInfo, Reach};
 pub use probe::{Filesystem, FsKind};
 pub use types::LINUX_FILESYSTEM_GUID;
 
 /// The sector size partition tables count in. Drives are VHDs, whose sector is
 /// always 512 bytes; 4K-sector tables are not read.
 pub const SECTOR_BYTES: u64 = 512;
+
+/// Where the GPT header of a disk with 4096-byte sectors lies (its sector 1):
+/// found there, the table is refused rather than read with the wrong sector.
+const NATIVE_4K_GPT_AT: u64 = 4096;
 
 /// Random access to a disk's bytes.
 pub trait DiskReader {
@@ -144,6 +148,12 @@ impl PartitionType {
         types::is_linux_data(self)
     }
 
+    /// True for GPT "Microsoft basic data", the type some tools give Linux
+    /// data partitions too (what it holds tells).
+    pub fn is_basic_data(&self) -> bool {
+        *self == PartitionType::Gpt(types::BASIC_DATA_GUID)
+    }
+
     /// True for an MBR extended partition (a container of logical ones).
     pub fn is_extended(&self) -> bool {
         matches!(self, PartitionType::Mbr(0x05 | 0x0f | 0x85))
@@ -186,6 +196,11 @@ pub struct Table {
     /// Things that are off but do not stop the table being used (a missing
     /// backup GPT header after a resize, for example).
     pub warnings: Vec<String>,
+    /// One past the last byte the table's own structures claim: for a GPT,
+    /// its backup header (where the header in use says it is) and the end of
+    /// its usable area; for an MBR, sector 0 (its logical partitions' boot
+    /// records lie inside the extended partition). A shrink must not cut it.
+    pub metadata_end_bytes: u64,
 }
 
 /// Reads the table of `disk`: `Ok(None)` when the disk has none (its first
@@ -197,6 +212,17 @@ pub fn read_table(disk: &mut dyn DiskReader) -> Result<Option<Table>, Error> {
     let sector0 = disk.read_at(0, SECTOR_BYTES as usize)?;
     let sector1 = disk.read_at(SECTOR_BYTES, SECTOR_BYTES as usize)?;
     if gpt::has_signature(&sector1) || mbr::is_protective(&sector0) {
+        if !gpt::has_signature(&sector1) && disk.size_bytes() >= NATIVE_4K_GPT_AT + SECTOR_BYTES {
+            let sector8 = disk.read_at(NATIVE_4K_GPT_AT, SECTOR_BYTES as usize)?;
+            if gpt::has_signature(&sector8) {
+                return Err(Error::Corrupt(
+                    "the GPT is laid out for 4096-byte sectors (its header is at byte 4096, not \
+                     512); blobdrive drives have 512-byte sectors, so it is not read: copy the \
+                     data to a drive whose table was made for 512-byte sectors"
+                        .into(),
+                ));
+            }
+        }
         return gpt::read(disk).map(Some);
     }
     if !mbr::has_boot_signature(&sector0) || probe::is_boot_sector_of_filesystem(&sector0) {

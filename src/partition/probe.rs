@@ -98,6 +98,10 @@ pub struct Filesystem {
     pub label: Option<String>,
     /// Its UUID (or serial number, for FAT and NTFS), as blkid prints it.
     pub uuid: Option<String>,
+    /// How far it reaches from the start of its area, in bytes, from its
+    /// superblock: known for ext2/3/4 and XFS (what a shrink checks), None
+    /// for the others.
+    pub size_bytes: Option<u64>,
 }
 
 /// Probes the area `[offset_bytes, offset_bytes + len_bytes)` of `disk`.
@@ -152,7 +156,20 @@ fn uuid_be(bytes: &[u8]) -> Option<String> {
 }
 
 fn found(kind: FsKind, label: Option<String>, uuid: Option<String>) -> Option<Filesystem> {
-    Some(Filesystem { kind, label, uuid })
+    Some(Filesystem {
+        kind,
+        label,
+        uuid,
+        size_bytes: None,
+    })
+}
+
+/// `fs` with its size from the superblock.
+fn sized(fs: Option<Filesystem>, size_bytes: u64) -> Option<Filesystem> {
+    fs.map(|f| Filesystem {
+        size_bytes: Some(size_bytes),
+        ..f
+    })
 }
 
 fn ext(head: &[u8]) -> Option<Filesystem> {
@@ -170,17 +187,33 @@ fn ext(head: &[u8]) -> Option<Filesystem> {
     } else {
         FsKind::Ext2
     };
-    found(kind, text(at(sb, 0x78, 16)?), uuid_be(at(sb, 0x68, 16)?))
+    // Blocks count (its high half with the 64bit feature), block size
+    // 1024 << s_log_block_size.
+    let mut blocks = le(sb, 0x04, 4)?;
+    if incompat & 0x80 != 0 {
+        blocks |= le(sb, 0x150, 4)? << 32;
+    }
+    let block = 1024u64 << le(sb, 0x18, 4)?.min(16);
+    sized(
+        found(kind, text(at(sb, 0x78, 16)?), uuid_be(at(sb, 0x68, 16)?)),
+        blocks.saturating_mul(block),
+    )
 }
 
 fn xfs(head: &[u8]) -> Option<Filesystem> {
     if at(head, 0, 4)? != b"XFSB" {
         return None;
     }
-    found(
-        FsKind::Xfs,
-        text(at(head, 108, 12)?),
-        uuid_be(at(head, 32, 16)?),
+    // Big-endian: block size (u32 at 4), data blocks (u64 at 8).
+    let block = u64::from(u32::from_be_bytes(at(head, 4, 4)?.try_into().ok()?));
+    let blocks = u64::from_be_bytes(at(head, 8, 8)?.try_into().ok()?);
+    sized(
+        found(
+            FsKind::Xfs,
+            text(at(head, 108, 12)?),
+            uuid_be(at(head, 32, 16)?),
+        ),
+        blocks.saturating_mul(block),
     )
 }
 

@@ -344,6 +344,97 @@ fn selector_parses_numbers_and_auto_only() {
     assert!("x".parse::<Selector>().is_err());
 }
 
+#[test]
+fn auto_attaches_a_lone_partition_only_when_it_is_linux_data() {
+    const XBOOTLDR: &str = "BC13C2FF-59E6-4262-A352-B275FD6F7172";
+    const BASIC_DATA: &str = "EBD0A0A2-B9E5-4433-87C0-68B6B72699C7";
+    // A boot partition (EFI system, or Linux extended boot) beside an LVM
+    // PV: the only filesystem is not data, so auto names the choices.
+    for boot in [EFI, XBOOTLDR] {
+        let mut img = gpt_image(8192, &[(1, 2048, 4095, boot), (2, 4096, 8000, LVM)]);
+        put_ext4(&mut img, 2048, "boot");
+        let pv = 4096 * S + 512;
+        img[pv..pv + 8].copy_from_slice(b"LABELONE");
+        put_le(&mut img, pv + 20, 4, 32);
+        img[pv + 24..pv + 32].copy_from_slice(b"LVM2 001");
+        let layout = read(&img).unwrap();
+        let err = choose(&layout, Selector::Auto, &NAMES).unwrap_err();
+        assert!(
+            err.contains("not a Linux data or root partition")
+                && err.contains("1 (")
+                && err.contains("2 (Linux LVM")
+                && err.contains("--partition N")
+                && !err.contains('\n'),
+            "{err}"
+        );
+        // Named, it is attached.
+        assert_eq!(
+            choose(&layout, Selector::Number(1), &NAMES).unwrap().number,
+            Some(1)
+        );
+    }
+    // Basic data holding ext4 (as some tools make Linux data disks) is picked.
+    let mut img = gpt_image(8192, &[(1, 2048, 8000, BASIC_DATA)]);
+    put_ext4(&mut img, 2048, "data");
+    let c = choose(&read(&img).unwrap(), Selector::Auto, &NAMES).unwrap();
+    assert_eq!(c.number, Some(1));
+}
+
+#[test]
+fn tables_made_for_4096_byte_sectors_are_refused_not_read_8x_short() {
+    // fdisk -b 4096: partition 1 at 4 KiB sector 256 (1 MiB), ext4 there;
+    // read with 512-byte sectors it would start at 128 KiB.
+    let mut img = mbr_image(16384, &[(0, 0x83, 256, 1792)], &[]);
+    put_ext4(&mut img, 2048, "data");
+    let err = read(&img).unwrap_err().to_string();
+    assert!(
+        err.contains("4096-byte sectors") && err.contains("partition 1") && !err.contains('\n'),
+        "{err}"
+    );
+    // The same table made for 512-byte sectors reads as it is.
+    let mut img = mbr_image(16384, &[(0, 0x83, 2048, 14336)], &[]);
+    put_ext4(&mut img, 2048, "data");
+    assert_eq!(
+        read(&img).unwrap().part(1).unwrap().partition.start_bytes,
+        1 << 20
+    );
+    // A GPT whose header is in the second 4 KiB sector.
+    let mut img = mbr_image(16384, &[(0, 0xEE, 1, 2047)], &[]);
+    img[4096..4104].copy_from_slice(b"EFI PART");
+    let err = read(&img).unwrap_err().to_string();
+    assert!(err.contains("4096-byte sectors"), "{err}");
+}
+
+#[test]
+fn the_table_not_a_stale_superblock_says_how_far_a_drive_reaches() {
+    // An MBR partition from sector 2048 to the end, and in the gap before
+    // it the superblock of a 64 MiB ext4 that once filled the whole disk.
+    let sectors = 16384;
+    let mut img = mbr_image(sectors, &[(0, 0x83, 2048, sectors as u64 - 2048)], &[]);
+    put_ext4(&mut img, 0, "old");
+    put_le(&mut img, 1024 + 4, 4, 16384); // blocks
+    put_le(&mut img, 1024 + 24, 4, 2); // 4 KiB blocks
+    put_ext4(&mut img, 2048, "new");
+    let layout = read(&img).unwrap();
+    let reach = layout.reach().unwrap();
+    assert_eq!(reach.end_bytes, (sectors * S) as u64);
+    assert!(
+        reach.what.starts_with("partition 1 (Linux"),
+        "{}",
+        reach.what
+    );
+    // Without the table, the same superblock measures the disk.
+    img[510] = 0;
+    let reach = read(&img).unwrap().reach().unwrap();
+    assert_eq!(
+        (reach.end_bytes, reach.what.as_str()),
+        (64 << 20, "the ext4 filesystem")
+    );
+    // A GPT reaches its backup header, at the last sector.
+    let img = gpt_image(8192, &[(1, 2048, 4095, LINUX)]);
+    assert_eq!(read(&img).unwrap().reach().unwrap().end_bytes, 8192 * 512);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(
         std::env::var("BLOBDRIVE_PARTITION_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)

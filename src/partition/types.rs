@@ -6,6 +6,9 @@ use super::PartitionType;
 /// GPT "Linux filesystem", the type of Azure's Linux data disks.
 pub const LINUX_FILESYSTEM_GUID: &str = "0FC63DAF-8483-4772-8E79-3D69D8477DE4";
 
+/// GPT "Microsoft basic data".
+pub(super) const BASIC_DATA_GUID: uuid::Uuid = uuid::uuid!("EBD0A0A2-B9E5-4433-87C0-68B6B72699C7");
+
 /// GPT type GUIDs, their names, and whether they hold Linux data or a root.
 const GPT: &[(&str, &str, bool)] = &[
     ("C12A7328-F81F-11D2-BA4B-00A0C93EC93B", "EFI System", false),

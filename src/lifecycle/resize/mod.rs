@@ -25,9 +25,9 @@
 //! interrupted one, or extends the last partition of a drive grown offline.
 //!
 //! Invariants: a shrink is refused while attached, and offline unless what
-//! the drive holds ends before the new end (a filesystem measured by its
-//! superblock; a partition table is refused outright, since its partitions
-//! are not checked yet); the blob keeps a valid footer at every step
+//! the drive holds ends before the new end (its partitions and a GPT's
+//! backup header, as the one layout detector reads them, table first; or a
+//! whole-disk filesystem measured by its superblock); the blob keeps a valid footer at every step
 //! (`drive::resize::move_footer`); every change sfdisk makes to a table is
 //! read back with the project's own parser (`crate::partition`) and must
 //! leave the other partitions as they were and the one extended at its

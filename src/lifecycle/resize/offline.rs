@@ -7,33 +7,47 @@
 //! (`drive::resize::move_footer`), and a grow an interruption left half done
 //! is recognised (`locate_footer`) and finished; a shrink needs
 //! `--allow-shrink` and is refused unless what the drive holds ends before
-//! the new end: a filesystem measured by its superblock (`layout.rs`), data
-//! past the end of an unknown layout, and any partition table (its
-//! partitions are not checked yet). No table is written here: a grown GPT's
-//! backup stays at the old end, and the todo says how to move it.
+//! the new end, as the one layout detector reads it (`lifecycle::layout`,
+//! the partition table first): every partition and a GPT's backup header,
+//! or a whole-disk filesystem measured by its superblock; data past the new
+//! end when nothing measurable is there (or an encrypted drive's key was
+//! not given: its layout is read through the key, never from ciphertext).
+//! No table is written here: a grown GPT's backup stays at the old end, and
+//! the todo says how to move it.
+
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail};
 
 use super::{leased_elsewhere, ResizeReport, ShrinkNotAllowed};
 use crate::blob::{BlobClient, BlobPath, BlobType};
+use crate::crypt::{DataKey, KeySlots};
 use crate::drive::resize::{locate_footer, move_footer};
 use crate::drive::{BlobPageStore, PageStore};
 use crate::lifecycle::checks::{blob_err, is_leased};
-use crate::lifecycle::layout::{self, Layout};
+use crate::lifecycle::layout;
+use crate::partition::{self, Layout};
 use crate::units::{format_size, ByteRange};
 
 /// Resizes a drive nobody has leased: grows it, or with `allow_shrink`
 /// shrinks it after checking that nothing it holds reaches past the new end.
+/// `key` is the unlocked data key of an encrypted drive: its layout is read
+/// through it; without it, an encrypted drive's layout is unknown.
 pub async fn resize_offline(
     client: &BlobClient,
     path: &BlobPath,
     new_size_bytes: u64,
     allow_shrink: bool,
+    key: Option<Arc<DataKey>>,
 ) -> anyhow::Result<ResizeReport> {
     let props = client.get_properties(path).await.map_err(blob_err)?;
     if props.blob_type != Some(BlobType::PageBlob) {
         bail!("{path} is not a page blob, so not a drive");
     }
+    // An encrypted drive's layout is read as plaintext or not at all: its
+    // ciphertext could pass for anything.
+    let encrypted = !matches!(KeySlots::from_metadata(&props.metadata), Ok(None));
+    let layout_store = (key.is_some() || !encrypted).then(|| layout::store_for(client, path, key));
     if is_leased(props.lease_state) {
         bail!("{}", leased_elsewhere(path));
     }
@@ -48,7 +62,15 @@ pub async fn resize_offline(
                 blob_err(e)
             }
         })?;
-    let result = resize_leased(client, path, new_size_bytes, allow_shrink, &lease_id).await;
+    let result = resize_leased(
+        client,
+        path,
+        new_size_bytes,
+        allow_shrink,
+        &lease_id,
+        layout_store,
+    )
+    .await;
     if let Err(e) = client.release_lease(path, &lease_id).await {
         tracing::warn!(drive = %path, error = %e, "could not release the resize lease");
     }
@@ -61,6 +83,7 @@ async fn resize_leased(
     new_size_bytes: u64,
     allow_shrink: bool,
     lease_id: &str,
+    layout_store: Option<Arc<dyn PageStore>>,
 ) -> anyhow::Result<ResizeReport> {
     let store = BlobPageStore::new(client.clone(), path.clone());
     let blob_bytes = store.size_bytes().await.map_err(blob_err)?;
@@ -68,12 +91,10 @@ async fn resize_leased(
         .await
         .map_err(|e| anyhow!("{path} is not a drive: {e}"))?;
     let old = located.offset_bytes;
-    let head_len = layout::HEAD_BYTES.min(old);
-    let head = client
-        .get_blob_range(path, ByteRange::new(0, head_len))
-        .await
-        .map_err(blob_err)?;
-    let found = layout::detect(&head);
+    let found = match layout_store {
+        Some(s) => Some(layout::read_layout(s, &path.to_string(), old).await?),
+        None => None,
+    };
     if new_size_bytes < old {
         if !allow_shrink {
             return Err(ShrinkNotAllowed(format!(
@@ -83,7 +104,7 @@ async fn resize_leased(
             ))
             .into());
         }
-        check_shrink(&store, path, &found, old, new_size_bytes).await?;
+        check_shrink(&store, path, found.as_ref(), old, new_size_bytes).await?;
     }
     let unchanged = new_size_bytes == old && !located.interrupted_grow;
     if !unchanged {
@@ -92,8 +113,14 @@ async fn resize_leased(
             .map_err(blob_err)?;
     }
     tracing::info!(drive = %path, old, new_size_bytes, "resized offline");
-    let (filesystem, todo) = match found {
-        Layout::Filesystem { kind, size_bytes } if size_bytes < new_size_bytes => (
+    let layout = found.and_then(Result::ok);
+    let whole = layout
+        .as_ref()
+        .and_then(|l| l.whole.as_ref())
+        .and_then(|fs| Some((fs.kind.name(), fs.size_bytes?)));
+    let table = layout.as_ref().and_then(|l| l.table.as_ref());
+    let (filesystem, todo) = match (whole, table) {
+        (Some((kind, size_bytes)), _) if size_bytes < new_size_bytes => (
             Some(kind.to_string()),
             Some(format!(
                 "the {kind} filesystem is still {}: mount the drive and run 'blobdrive resize {path} --size {}' again to grow it in place",
@@ -101,13 +128,14 @@ async fn resize_leased(
                 crate::units::exact_size(new_size_bytes)
             )),
         ),
-        Layout::Filesystem { kind, .. } => (Some(kind.to_string()), None),
-        Layout::PartitionTable(t) if new_size_bytes > old => (
+        (Some((kind, _)), _) => (Some(kind.to_string()), None),
+        (None, Some(t)) if new_size_bytes > old => (
             None,
             Some(format!(
-                "the disk grew but its {t} partitions did not: mount the drive (its last partition) and run \
+                "the disk grew but its {} partitions did not: mount the drive (its last partition) and run \
                  'blobdrive resize {path} --size {}' again to extend that partition and its filesystem in place, \
                  or extend the last partition yourself (sfdisk, growpart), then its filesystem",
+                t.kind.name(),
                 crate::units::exact_size(new_size_bytes)
             )),
         ),
@@ -127,36 +155,45 @@ async fn resize_leased(
     })
 }
 
+/// Refuses a shrink to `new_size_bytes` that would cut what the drive
+/// holds: its partitions and table (or its whole-disk filesystem) as the
+/// one layout detector reads them, table first; when nothing measurable is
+/// there (unknown bytes, a filesystem whose size is not read, an encrypted
+/// drive without its key), any data stored past the new end.
 async fn check_shrink(
     store: &BlobPageStore,
     path: &BlobPath,
-    found: &Layout,
+    found: Option<&Result<Layout, partition::Error>>,
     old: u64,
     new_size_bytes: u64,
 ) -> anyhow::Result<()> {
-    match *found {
-        Layout::Filesystem { kind, size_bytes } if size_bytes > new_size_bytes => bail!(
-            "the {kind} filesystem on {path} is {}: shrinking the drive to {} would cut it off; shrink the filesystem first",
-            format_size(size_bytes),
-            format_size(new_size_bytes)
-        ),
-        Layout::Filesystem { .. } => Ok(()),
-        Layout::PartitionTable(t) => bail!(
-            "{path} has a {t} partition table; blobdrive does not check partitions yet, so it does not shrink a partitioned drive"
-        ),
-        Layout::Unknown => {
-            let beyond = store
-                .page_ranges(ByteRange::new(new_size_bytes, old))
-                .await
-                .map_err(blob_err)?;
-            if beyond.is_empty() {
-                Ok(())
-            } else {
-                bail!(
-                    "{path} holds data past {} and no filesystem blobdrive can measure; not shrinking it",
-                    format_size(new_size_bytes)
-                )
-            }
+    let unknown_why = match found {
+        Some(Err(e)) => {
+            bail!("the partition table of {path} does not add up ({e}); not shrinking it")
         }
+        Some(Ok(layout)) => match layout.reach() {
+            Some(r) if r.end_bytes > new_size_bytes => bail!(
+                "{} on {path} ends at {}: shrinking the drive to {} would cut it off; {}",
+                r.what,
+                format_size(r.end_bytes),
+                format_size(new_size_bytes),
+                r.before_shrinking
+            ),
+            Some(_) => return Ok(()),
+            None => "no filesystem blobdrive can measure",
+        },
+        None => "its layout cannot be read without its key (--key-file or --passphrase-file)",
+    };
+    let beyond = store
+        .page_ranges(ByteRange::new(new_size_bytes, old))
+        .await
+        .map_err(blob_err)?;
+    if beyond.is_empty() {
+        Ok(())
+    } else {
+        bail!(
+            "{path} holds data past {} and {unknown_why}; not shrinking it",
+            format_size(new_size_bytes)
+        )
     }
 }
