@@ -360,8 +360,10 @@ fn render(
         rows.push(("etag", e.clone()));
     }
     if let Some(status) = info.copy_status {
-        let line = crate::drive::error::copy_status_problem(&info.name, Some(status))
-            .map_or_else(|| status.as_str().to_string(), |p| format!("{}: {p}", status.as_str()));
+        let line = crate::drive::error::copy_status_problem(&info.name, Some(status)).map_or_else(
+            || status.as_str().to_string(),
+            |p| format!("{}: {p}", status.as_str()),
+        );
         rows.push(("copy", line));
     }
     if let Some(cipher) = &info.encryption {

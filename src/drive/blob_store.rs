@@ -167,9 +167,7 @@ impl PageStore for BlobPageStore {
             None => metadata.remove(name),
         };
         let pairs: Vec<(String, String)> = metadata.into_iter().collect();
-        self.client
-            .set_metadata(&self.path, &pairs, lease_id)
-            .await
+        self.client.set_metadata(&self.path, &pairs, lease_id).await
     }
 
     fn pin_reads(&self, etag: Option<&str>) {

@@ -126,7 +126,10 @@ impl Error {
 /// What a copy status that is not `success` means for the drive `target`
 /// and what to do: the one wording `open` refuses with and `info` shows.
 /// `None` for a finished copy (or none at all).
-pub fn copy_status_problem(target: &str, status: Option<crate::blob::CopyStatus>) -> Option<String> {
+pub fn copy_status_problem(
+    target: &str,
+    status: Option<crate::blob::CopyStatus>,
+) -> Option<String> {
     use crate::blob::CopyStatus;
     match status {
         None | Some(CopyStatus::Success) => None,

@@ -250,7 +250,10 @@ mod tests {
                 .expect("refused read-write");
             assert!(matches!(e, Error::CopyIncomplete { status: s, .. } if s == status));
             let line = e.to_string();
-            assert!(line.contains(&format!("copy status {}", status.as_str())), "{line}");
+            assert!(
+                line.contains(&format!("copy status {}", status.as_str())),
+                "{line}"
+            );
             assert!(line.contains("does not attach read-write"), "{line}");
             assert_eq!(store.lease_holder(), None, "no lease left behind");
             // Looking is allowed.
@@ -367,7 +370,10 @@ mod tests {
         assert!(matches!(e, Error::Changed { .. }), "{e}");
         assert_eq!(e.errno(), libc::EIO);
         // Cached pages and holes of the old map fail too: never a mix.
-        assert!(matches!(ro.read_at(0, 4096).await, Err(Error::Changed { .. })));
+        assert!(matches!(
+            ro.read_at(0, 4096).await,
+            Err(Error::Changed { .. })
+        ));
         assert!(matches!(
             ro.read_at(3 * MIB, 4096).await,
             Err(Error::Changed { .. })

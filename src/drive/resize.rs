@@ -381,7 +381,11 @@ mod tests {
             .err()
             .expect("not a drive");
         assert!(matches!(e, Error::NotADrive { .. }), "{e}");
-        assert_eq!(store.lease_holder(), None, "the failed open let go of its lease");
+        assert_eq!(
+            store.lease_holder(),
+            None,
+            "the failed open let go of its lease"
+        );
     }
 
     #[tokio::test]
