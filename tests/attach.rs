@@ -358,7 +358,11 @@ fn a_read_only_attach_of_a_live_drive_fails_reads_once_a_restore_changed_it() {
             "a read of the changed drive must fail, not return data of another state \
              (got {} bytes, {} the state the reader attached)",
             data.len(),
-            if data == pattern(8 << 20, 2) { "equal to" } else { "not" }
+            if data == pattern(8 << 20, 2) {
+                "equal to"
+            } else {
+                "not"
+            }
         ),
     }
     site.ok(&["unmount", &ro_s]);
