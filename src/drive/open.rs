@@ -2,10 +2,11 @@
 //! next is what it protects), the copy status (a drive a copy or restore
 //! left incomplete is not opened read-write), size and footer checks, a
 //! read-only open's reads pinned to the ETag it opened (so a change under it
-//! fails its reads instead of mixing two states), and the sparse map loaded with Get Page Ranges in adaptive segments (small at
-//! first so a fragmented blob never times out, growing while answers stay
-//! short, so an empty 8 TiB drive opens in a few requests), and the disk tier
-//! (opened after the lease, so its ETag check sees no one else's writes).
+//! fails its reads instead of mixing two states), the sparse map loaded
+//! with Get Page Ranges in adaptive segments (small at first so a
+//! fragmented blob never times out, growing while answers stay short, so an
+//! empty 8 TiB drive opens in a few requests), and the disk tier (opened
+//! after the lease, so its ETag check sees no one else's writes).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -145,9 +146,12 @@ async fn read_drive(
         let state = store.state().await?;
         add(&meters.get, 1);
         check_copy_status(target, mode, state.copy_status)?;
-        if mode == Mode::ReadOnly {
-            store.pin_reads(state.etag.as_deref());
-        }
+        // Only a read-only open needs it (a lease or a snapshot keeps the
+        // others still); any pin left on the store is lifted for them.
+        store.pin_reads(match mode {
+            Mode::ReadOnly => state.etag.as_deref(),
+            Mode::ReadWrite | Mode::Snapshot => None,
+        });
         let read = async {
             let located = super::resize::locate_footer(store, state.size_bytes).await?;
             add(&meters.bytes_down, VHD_FOOTER_BYTES);
