@@ -311,6 +311,64 @@ fn attached_drive_keeps_its_files_across_unmount_and_mount_and_releases_its_leas
     assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
 }
 
+/// A read-only attach of a live drive holds no lease, so a restore from
+/// another process goes ahead under it: the reader must not then serve a
+/// mix of the old and the new state. Its reads of data it had not read
+/// before fail with EIO (readers belong on snapshots).
+#[test]
+fn a_read_only_attach_of_a_live_drive_fails_reads_once_a_restore_changed_it() {
+    if !can_run("a_read_only_attach_of_a_live_drive_fails_reads_once_a_restore_changed_it") {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-ro-live"));
+    let drive = drive_name(&guard, "live.vhd");
+    site.ok(&["create", &drive, "--size", "64M", "--mkfs", "ext4"]);
+    let rw = site.dir("rw");
+    let rw_s = rw.to_string_lossy().to_string();
+    // State T1: two files; then big.bin rewritten in place.
+    site.ok(&["mount", &drive, &rw_s]);
+    std::fs::write(rw.join("small.txt"), b"first\n").unwrap();
+    std::fs::write(rw.join("big.bin"), pattern(8 << 20, 1)).unwrap();
+    site.ok(&["unmount", &rw_s]);
+    let t1 = site.ok(&["snapshot", &drive]);
+    site.ok(&["mount", &drive, &rw_s]);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(rw.join("big.bin"))
+            .unwrap();
+        f.write_all_at(&pattern(8 << 20, 2), 0).unwrap();
+        f.sync_all().unwrap();
+    }
+    site.ok(&["unmount", &rw_s]);
+
+    // A reader attaches the live drive read-only and reads one file. No
+    // read-ahead: the daemon holds nothing of big.bin it was not asked for.
+    let ro = site.dir("ro");
+    let ro_s = ro.to_string_lossy().to_string();
+    site.ok(&["mount", &drive, &ro_s, "--read-only", "--read-ahead", "0"]);
+    assert_eq!(std::fs::read(ro.join("small.txt")).unwrap(), b"first\n");
+    // Another process puts the drive back to T1 under the reader.
+    site.ok(&["restore", &drive, "--snapshot", &t1, "--no-safety-snapshot"]);
+    match std::fs::read(ro.join("big.bin")) {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}"),
+        Ok(data) => panic!(
+            "a read of the changed drive must fail, not return data of another state \
+             (got {} bytes, {} the state the reader attached)",
+            data.len(),
+            if data == pattern(8 << 20, 2) {
+                "equal to"
+            } else {
+                "not"
+            }
+        ),
+    }
+    site.ok(&["unmount", &ro_s]);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
 #[test]
 fn three_snapshot_attaches_at_once_show_the_snapshot_while_the_writer_goes_on() {
     if !can_run("three_snapshot_attaches_at_once_show_the_snapshot_while_the_writer_goes_on") {

@@ -369,6 +369,19 @@ fn an_interrupted_offline_resize_leaves_a_drive_info_accepts() {
     let i = info(&site);
     assert_eq!(i["is_drive"], true);
     assert_eq!(i["virtual_size_bytes"], 16 * MIB);
+    let grow_record = || {
+        runtime()
+            .block_on(guard.client.get_properties(&guard.path("d.vhd")))
+            .expect("properties")
+            .metadata
+            .get(blobdrive::drive::resize::GROW_METADATA)
+            .cloned()
+    };
+    assert_eq!(
+        grow_record().as_deref(),
+        Some(format!("v1 from={} to={}", 16 * MIB, 32 * MIB).as_str()),
+        "the grow recorded its intent before it changed the blob"
+    );
     // The killed process left its lease; once broken, the drive mounts at
     // its old size, and a resize finishes the move.
     site.ok(&["break-lease", &drive]);
@@ -394,6 +407,7 @@ fn an_interrupted_offline_resize_leaves_a_drive_info_accepts() {
         serde_json::from_str(&site.ok(&["resize", &drive, "--size", "32M", "--json"])).unwrap();
     assert_eq!(r["finished_interrupted"], true);
     assert_eq!(info(&site)["virtual_size_bytes"], 32 * MIB);
+    assert_eq!(grow_record(), None, "a finished grow leaves no record");
     // Killed right after the new footer: already the new drive.
     let env = [("BLOBDRIVE_TEST_RESIZE_STOP_AFTER", "after-footer")];
     let out = site.blobdrive_env(&["resize", &drive, "--size", "48M"], &env);
@@ -409,6 +423,35 @@ fn an_interrupted_offline_resize_leaves_a_drive_info_accepts() {
     site.ok(&["break-lease", &drive]);
     site.ok(&["resize", &drive, "--size", "16M", "--allow-shrink"]);
     assert_eq!(info(&site)["virtual_size_bytes"], 16 * MIB);
+}
+
+/// A blob whose last page is zero because something other than blobdrive's
+/// resize grew it (Set Blob Properties, another tool) is not taken for an
+/// interrupted grow of ours: without the intent a grow records first, the
+/// old footer inside it is not trusted, and every command says it is not a
+/// drive.
+#[test]
+fn a_blob_grown_without_a_recorded_grow_is_not_a_drive() {
+    let guard = runtime().block_on(ContainerGuard::new("nogrow"));
+    let site = Site::new();
+    let drive = format!("{}/d.vhd", guard.name);
+    site.ok(&["create", &drive, "--size", "16M", "--mkfs", "ext4"]);
+    runtime()
+        .block_on(
+            guard
+                .client
+                .resize(&guard.path("d.vhd"), 32 * MIB + 512, None),
+        )
+        .expect("grow the blob behind blobdrive's back");
+    let line = site.fails(&["info", &drive], 1);
+    assert!(line.contains("is not a drive"), "{line}");
+    let line = site.fails(&["resize", &drive, "--size", "32M"], 1);
+    assert!(line.contains("is not a drive"), "{line}");
+    if system::can_run("grown_without_record_mount", true) {
+        let dir = site.dir("m");
+        let line = site.fails(&["mount", &drive, &dir.to_string_lossy(), "--read-only"], 1);
+        assert!(line.contains("is not a drive"), "{line}");
+    }
 }
 
 #[test]
@@ -1249,6 +1292,94 @@ fn a_service_copy_that_fails_is_deleted_with_one_line() {
     );
     rt.block_on(assert_gone(&guard.client, &dest_path));
     rt.block_on(source.assert_unchanged(&guard.client));
+}
+
+/// A drive whose copy or restore is pending, failed or was aborted holds
+/// only part of its data: `mount` refuses it read-write with one line naming
+/// the state, and `info` (text and `--json`) shows it. Azurite finishes
+/// every Copy Blob at once with `success` (its copy code sets no other
+/// status), so the fault proxy's copy plan shows the states the service
+/// would; a copy that succeeded (Azurite directly) still attaches.
+#[test]
+fn a_drive_whose_copy_did_not_complete_does_not_attach_read_write() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let guard = rt.block_on(ContainerGuard::new("copystate"));
+    let site = Site::new();
+    let src = format!("{}/src.vhd", guard.name);
+    site.ok(&["create", &src, "--size", "16M", "--mkfs", "ext4"]);
+    let source_url = guard.client.source_url(&guard.path("src.vhd"));
+    let mounts = system::can_run("copy_state_mount", true);
+    for (plan, status) in [
+        (CopyPlan::Pending, "pending"),
+        (CopyPlan::FailsAfter(0), "failed"),
+        (CopyPlan::PendingAbortAccepted, "aborted"),
+    ] {
+        let dest_path = guard.path(&format!("{status}.vhd"));
+        let dest = format!("{}/{status}.vhd", guard.name);
+        let proxy = rt.block_on(FaultProxy::start_copy(
+            &common::account().endpoint,
+            &dest_path,
+            plan,
+        ));
+        let mut account = common::account();
+        account.endpoint = proxy.endpoint.clone();
+        let client = BlobClient::new(account).expect("client");
+        let started = rt
+            .block_on(client.start_copy(&dest_path, &source_url, None))
+            .expect("start the copy");
+        if plan == CopyPlan::PendingAbortAccepted {
+            let id = started.id.expect("copy id");
+            rt.block_on(client.abort_copy(&dest_path, &id))
+                .expect("abort");
+        }
+        let conn = via_proxy(&proxy);
+        let env = [("AZURE_STORAGE_CONNECTION_STRING", conn.as_str())];
+        let out = site.blobdrive_env(&["info", &dest, "--json"], &env);
+        assert!(out.status.success(), "{out:?}");
+        let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(info["copy_status"], status, "{info}");
+        let out = site.blobdrive_env(&["info", &dest], &env);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("copy") && l.contains(status) && l.contains("read-write")),
+            "{text}"
+        );
+        if mounts {
+            let dir = site.dir(status);
+            let dir_s = dir.to_string_lossy().to_string();
+            let out = site.blobdrive_env(&["mount", &dest, &dir_s], &env);
+            let line = only_line(&out);
+            assert!(
+                line.contains(&format!("copy status {status}"))
+                    && line.contains("does not attach read-write")
+                    && line.contains(&dest),
+                "{line}"
+            );
+            assert!(!system::is_mounted(&dir), "{status}: attached");
+        }
+    }
+    // A copy that succeeded is a drive like any other.
+    let done = guard.path("done.vhd");
+    let state = rt
+        .block_on(guard.client.start_copy(&done, &source_url, None))
+        .expect("copy");
+    assert_eq!(state.status, Some(blobdrive::blob::CopyStatus::Success));
+    let done = format!("{}/done.vhd", guard.name);
+    let info: serde_json::Value =
+        serde_json::from_str(&site.ok(&["info", &done, "--json"])).expect("json");
+    assert_eq!(info["copy_status"], "success");
+    if mounts {
+        let dir = site.dir("done");
+        let dir_s = dir.to_string_lossy().to_string();
+        site.ok(&["mount", &done, &dir_s]);
+        std::fs::write(dir.join("ok.txt"), b"written").expect("write to the copy");
+        site.ok(&["unmount", &dir_s]);
+    }
 }
 
 #[test]

@@ -382,8 +382,13 @@ fn second_mount_cannot_write_a_held_drive_but_reads_its_snapshot() {
         .expect_err("snapshots are read-only");
     assert_eq!(errno_of(&err), libc::EROFS, "snapshot write: {err}");
 
-    // Once the first mount lets go, the second may write.
+    // Once the first mount lets go, the second may write. close(2) returns
+    // before FUSE's release reaches the daemon, which then lets the lease go.
     drop(writer);
+    wait_for("the first mount's release", Duration::from_secs(10), || {
+        rt.block_on(guard.client.get_properties(&path))
+            .is_ok_and(|p| p.lease_state == Some(LeaseState::Available))
+    });
     let again = OpenOptions::new()
         .write(true)
         .open(drive_in(&second))

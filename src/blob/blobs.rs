@@ -135,6 +135,7 @@ fn properties_from(resp: &Response) -> BlobProperties {
         sequence_number: resp
             .header("x-ms-blob-sequence-number")
             .and_then(|v| v.parse().ok()),
+        copy_status: resp.header("x-ms-copy-status").and_then(CopyStatus::parse),
         metadata,
     }
 }
@@ -279,6 +280,18 @@ impl BlobClient {
         path: &BlobPath,
         within: Option<ByteRange>,
     ) -> Result<PageRangeList> {
+        self.get_page_ranges_if(path, within, None).await
+    }
+
+    /// [`Self::get_page_ranges`], only while the blob's ETag is `if_match`
+    /// (when given): once the blob changed the service answers 412
+    /// `ConditionNotMet` instead of the ranges of another state.
+    pub async fn get_page_ranges_if(
+        &self,
+        path: &BlobPath,
+        within: Option<ByteRange>,
+        if_match: Option<&str>,
+    ) -> Result<PageRangeList> {
         const OP: &str = "get page ranges";
         if let Some(w) = within {
             if w.is_empty() {
@@ -295,6 +308,9 @@ impl BlobClient {
             }
             if let Some(m) = &marker {
                 req = req.query("marker", m.clone());
+            }
+            if let Some(etag) = if_match {
+                req = req.header("if-match", etag);
             }
             let resp = self.execute(req).await.0?;
             out.blob_size_bytes = resp
@@ -321,11 +337,25 @@ impl BlobClient {
     /// Read `range` of a blob or snapshot: exactly `range.len()` bytes, or an
     /// error (a short body is retried, then reported).
     pub async fn get_blob_range(&self, path: &BlobPath, range: ByteRange) -> Result<Bytes> {
+        self.get_blob_range_if(path, range, None).await
+    }
+
+    /// [`Self::get_blob_range`], only while the blob's ETag is `if_match`
+    /// (when given): a blob changed since fails with 412 `ConditionNotMet`.
+    pub async fn get_blob_range_if(
+        &self,
+        path: &BlobPath,
+        range: ByteRange,
+        if_match: Option<&str>,
+    ) -> Result<Bytes> {
         if range.is_empty() {
             return Ok(Bytes::new());
         }
         let mut req = Request::new("get blob", Method::GET, Resource::Blob(path))
             .header("x-ms-range", range_header(range));
+        if let Some(etag) = if_match {
+            req = req.header("if-match", etag);
+        }
         req.expect_body_len = Some(range.len());
         Ok(self.execute(req).await.0?.body)
     }
@@ -339,11 +369,27 @@ impl BlobClient {
         range: ByteRange,
         sink: BodySink<'_>,
     ) -> Result<()> {
+        self.get_blob_range_into_if(path, range, sink, None).await
+    }
+
+    /// [`Self::get_blob_range_into`], only while the blob's ETag is
+    /// `if_match` (when given): a blob changed since fails with 412
+    /// `ConditionNotMet`, before any byte of it reaches `sink`.
+    pub async fn get_blob_range_into_if(
+        &self,
+        path: &BlobPath,
+        range: ByteRange,
+        sink: BodySink<'_>,
+        if_match: Option<&str>,
+    ) -> Result<()> {
         if range.is_empty() {
             return Ok(());
         }
         let mut req = Request::new("get blob", Method::GET, Resource::Blob(path))
             .header("x-ms-range", range_header(range));
+        if let Some(etag) = if_match {
+            req = req.header("if-match", etag);
+        }
         req.expect_body_len = Some(range.len());
         req.sink = Some(sink);
         self.execute(req).await.0?;
@@ -467,19 +513,7 @@ impl BlobClient {
     }
 }
 
-/// Where a server-side copy (Copy Blob) stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CopyStatus {
-    /// The service is still copying.
-    Pending,
-    /// Every byte is in the destination.
-    Success,
-    /// Someone aborted it (Abort Copy Blob).
-    Aborted,
-    /// The service gave up (the description says why).
-    Failed,
-}
+pub use super::types::CopyStatus;
 
 /// The copy state of a destination blob (`x-ms-copy-*` headers).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -496,13 +530,7 @@ pub struct CopyState {
 
 impl CopyState {
     fn from_response(resp: &Response) -> CopyState {
-        let status = resp.header("x-ms-copy-status").and_then(|s| match s {
-            "pending" => Some(CopyStatus::Pending),
-            "success" => Some(CopyStatus::Success),
-            "aborted" => Some(CopyStatus::Aborted),
-            "failed" => Some(CopyStatus::Failed),
-            _ => None,
-        });
+        let status = resp.header("x-ms-copy-status").and_then(CopyStatus::parse);
         let progress_bytes = resp.header("x-ms-copy-progress").and_then(|p| {
             let (done, total) = p.split_once('/')?;
             Some((done.trim().parse().ok()?, total.trim().parse().ok()?))

@@ -190,6 +190,43 @@ pub struct PageRangeList {
     pub blob_size_bytes: u64,
 }
 
+/// Where a server-side copy (Copy Blob) stands (`x-ms-copy-status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CopyStatus {
+    /// The service is still copying.
+    Pending,
+    /// Every byte is in the destination.
+    Success,
+    /// Someone aborted it (Abort Copy Blob).
+    Aborted,
+    /// The service gave up (the description says why).
+    Failed,
+}
+
+impl CopyStatus {
+    /// From the service's spelling (`pending`, `success`, `aborted`, `failed`).
+    pub fn parse(s: &str) -> Option<CopyStatus> {
+        match s {
+            "pending" => Some(CopyStatus::Pending),
+            "success" => Some(CopyStatus::Success),
+            "aborted" => Some(CopyStatus::Aborted),
+            "failed" => Some(CopyStatus::Failed),
+            _ => None,
+        }
+    }
+
+    /// The service's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CopyStatus::Pending => "pending",
+            CopyStatus::Success => "success",
+            CopyStatus::Aborted => "aborted",
+            CopyStatus::Failed => "failed",
+        }
+    }
+}
+
 /// Properties of a blob or snapshot (Get Blob Properties).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BlobProperties {
@@ -215,6 +252,9 @@ pub struct BlobProperties {
     pub content_md5: Option<String>,
     /// Page blob sequence number.
     pub sequence_number: Option<u64>,
+    /// `x-ms-copy-status`: how the last Copy Blob into this blob (a copy or
+    /// a restore) stands; `None` when it never was a copy destination.
+    pub copy_status: Option<CopyStatus>,
     /// Metadata (`x-ms-meta-*`), names in lower case.
     pub metadata: BTreeMap<String, String>,
 }

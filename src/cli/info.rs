@@ -91,6 +91,10 @@ pub struct DriveInfo {
     pub encryption: Option<String>,
     /// Key slots in use (index and kind); empty for a plain drive.
     pub key_slots: Vec<(u8, crate::crypt::SlotKind)>,
+    /// How the last copy or restore into the blob stands (`pending`,
+    /// `success`, `aborted`, `failed`); null when it never was a copy
+    /// destination. Pending, failed or aborted: it does not attach read-write.
+    pub copy_status: Option<crate::blob::CopyStatus>,
 }
 
 /// `partition_table` of `info --json`.
@@ -230,6 +234,7 @@ pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
             layout_problem,
             encryption: None,
             key_slots: Vec::new(),
+            copy_status: props.copy_status,
         };
         let mut info = info;
         match crate::crypt::KeySlots::from_metadata(&props.metadata) {
@@ -383,6 +388,13 @@ fn render(
     }
     if let Some(e) = &info.etag {
         rows.push(("etag", e.clone()));
+    }
+    if let Some(status) = info.copy_status {
+        let line = crate::drive::error::copy_status_problem(&info.name, Some(status)).map_or_else(
+            || status.as_str().to_string(),
+            |p| format!("{}: {p}", status.as_str()),
+        );
+        rows.push(("copy", line));
     }
     if let Some(cipher) = &info.encryption {
         let slots: Vec<String> = info

@@ -406,8 +406,8 @@ async fn drive_size(client: &BlobClient, path: &BlobPath) -> anyhow::Result<u64>
     if props.blob_type != Some(BlobType::PageBlob) || size < 2 * VHD_FOOTER_BYTES {
         bail!("{path} is not a drive: not a page blob holding a fixed VHD");
     }
-    // At the end, or (a grow interrupted after the blob grew) at the end of
-    // the last page holding data: the drive then opens at its old size.
+    // At the end, or (a grow interrupted after the blob grew, as its
+    // recorded intent says) at the old size: the drive then opens at it.
     let store = crate::drive::BlobPageStore::new(client.clone(), path.clone());
     let found = crate::drive::resize::locate_footer(&store, size)
         .await

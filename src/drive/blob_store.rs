@@ -8,16 +8,19 @@
 //! lets the next one grow fourfold, one with many ranges halves it (never
 //! below 128 MiB), and a segment that times out is retried at half its size.
 //! An empty 8 TiB blob takes about ten requests; a densely written one keeps
-//! about a thousand ranges per request. Invariant: a snapshot is read-only
-//! here: writes and leases on it are refused before anything is sent.
+//! about a thousand ranges per request. Invariants: a snapshot is read-only
+//! here: writes and leases on it are refused before anything is sent; once
+//! reads are pinned to an ETag ([`PageStore::pin_reads`]) every Get and Get
+//! Page Ranges carries `If-Match`, so the service refuses to answer from a
+//! later state of the blob.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::store::PageStore;
+use super::store::{BlobState, PageStore};
 use crate::blob::{BlobClient, BlobPath, Error, ErrorKind, Result, WriteFence};
 use crate::metrics;
 use crate::units::ByteRange;
@@ -36,6 +39,9 @@ pub struct BlobPageStore {
     path: BlobPath,
     /// Fences every page write of this store (shared by its clones).
     fence: Arc<WriteFence>,
+    /// The ETag every read is conditional on, once pinned (shared by its
+    /// clones).
+    pinned: Arc<Mutex<Option<String>>>,
 }
 
 impl BlobPageStore {
@@ -45,7 +51,13 @@ impl BlobPageStore {
             client,
             path,
             fence: Arc::new(WriteFence::new()),
+            pinned: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// The ETag reads are pinned to, if any.
+    fn if_match(&self) -> Option<String> {
+        self.pinned.lock().expect("pinned mutex poisoned").clone()
     }
 
     /// The blob this store addresses.
@@ -131,6 +143,37 @@ impl PageStore for BlobPageStore {
         Ok(self.client.get_properties(&self.path).await?.etag)
     }
 
+    async fn state(&self) -> Result<BlobState> {
+        let p = self.client.get_properties(&self.path).await?;
+        Ok(BlobState {
+            size_bytes: p.content_length,
+            etag: p.etag,
+            copy_status: p.copy_status,
+            metadata: p.metadata,
+        })
+    }
+
+    async fn set_metadata_entry(
+        &self,
+        name: &str,
+        value: Option<&str>,
+        lease_id: Option<&str>,
+    ) -> Result<()> {
+        self.writable("set metadata")?;
+        // Set Blob Metadata replaces all of it: keep the rest (key slots).
+        let mut metadata = self.client.get_properties(&self.path).await?.metadata;
+        match value {
+            Some(v) => metadata.insert(name.to_string(), v.to_string()),
+            None => metadata.remove(name),
+        };
+        let pairs: Vec<(String, String)> = metadata.into_iter().collect();
+        self.client.set_metadata(&self.path, &pairs, lease_id).await
+    }
+
+    fn pin_reads(&self, etag: Option<&str>) {
+        *self.pinned.lock().expect("pinned mutex poisoned") = etag.map(str::to_string);
+    }
+
     async fn page_ranges(&self, within: ByteRange) -> Result<Vec<ByteRange>> {
         let mut out = Vec::new();
         if within.is_empty() {
@@ -143,7 +186,11 @@ impl PageStore for BlobPageStore {
             let seg_end = pos.saturating_add(seg).min(end);
             let list = match self
                 .client
-                .get_page_ranges(&self.path, Some(ByteRange::new(pos, seg_end)))
+                .get_page_ranges_if(
+                    &self.path,
+                    Some(ByteRange::new(pos, seg_end)),
+                    self.if_match().as_deref(),
+                )
                 .await
             {
                 Ok(l) => l,
@@ -167,7 +214,10 @@ impl PageStore for BlobPageStore {
 
     async fn read(&self, range: ByteRange) -> Result<Bytes> {
         let started = std::time::Instant::now();
-        let out = self.client.get_blob_range(&self.path, range).await;
+        let out = self
+            .client
+            .get_blob_range_if(&self.path, range, self.if_match().as_deref())
+            .await;
         metrics::observe(&self.label(), metrics::Operation::Get, started.elapsed());
         out
     }
@@ -176,7 +226,7 @@ impl PageStore for BlobPageStore {
         let started = std::time::Instant::now();
         let out = self
             .client
-            .get_blob_range_into(&self.path, range, sink)
+            .get_blob_range_into_if(&self.path, range, sink, self.if_match().as_deref())
             .await;
         metrics::observe(&self.label(), metrics::Operation::Get, started.elapsed());
         out

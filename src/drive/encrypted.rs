@@ -126,6 +126,28 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         self.inner.etag().await
     }
 
+    async fn state(&self) -> Result<super::store::BlobState> {
+        let st = self.inner.state().await?;
+        self.data_end_bytes.store(
+            st.size_bytes.saturating_sub(VHD_FOOTER_BYTES),
+            Ordering::Release,
+        );
+        Ok(st)
+    }
+
+    async fn set_metadata_entry(
+        &self,
+        name: &str,
+        value: Option<&str>,
+        lease_id: Option<&str>,
+    ) -> Result<()> {
+        self.inner.set_metadata_entry(name, value, lease_id).await
+    }
+
+    fn pin_reads(&self, etag: Option<&str>) {
+        self.inner.pin_reads(etag)
+    }
+
     async fn page_ranges(&self, within: ByteRange) -> Result<Vec<ByteRange>> {
         self.inner.page_ranges(within).await
     }
@@ -331,9 +353,20 @@ mod tests {
     #[tokio::test]
     async fn an_encrypted_drive_grows_with_a_plaintext_footer_and_encrypted_new_pages() {
         let (mem, key, drive) = open().await;
-        // A grow cut after the blob grew: the old footer (plaintext) is found
-        // inside what is now the data area.
+        // A grow cut after the blob grew (its intent recorded first): the
+        // old footer (plaintext) is found inside what is now the data area.
         drive.close().await.unwrap();
+        let intent = crate::drive::resize::GrowIntent {
+            from_bytes: DATA,
+            to_bytes: 2 * DATA,
+        };
+        mem.set_metadata_entry(
+            crate::drive::resize::GROW_METADATA,
+            Some(&intent.to_metadata()),
+            None,
+        )
+        .await
+        .unwrap();
         mem.resize(2 * DATA + VHD_FOOTER_BYTES, None).await.unwrap();
         let store = Arc::new(EncryptedStore::new(mem.clone(), key.clone()));
         let drive = Drive::open(store, DriveOptions::default()).await.unwrap();

@@ -1,6 +1,7 @@
 //! `drive::Error`: what a user of the disk needs to know, one variant per
 //! situation they can act on (in use elsewhere, lease lost, read-only, out of
-//! range, closed, not a drive, backend failure). Each maps to exactly one errno
+//! range, closed, not a drive, a copy into it not complete, changed under a
+//! read-only open, backend failure). Each maps to exactly one errno
 //! through [`Error::errno`]; the FUSE layer uses that and nothing else.
 
 use crate::blob;
@@ -74,6 +75,28 @@ pub enum Error {
         /// The service's error (boxed: it is large and rare).
         cause: Box<blob::Error>,
     },
+    /// A copy or restore into the blob is pending, failed or was aborted
+    /// (`x-ms-copy-status`): it may hold only part of its data, so it is
+    /// not opened read-write.
+    #[error("drive {target}: {}", copy_status_line(target, *status))]
+    CopyIncomplete {
+        /// `container/blob`.
+        target: String,
+        /// Pending, failed or aborted.
+        status: crate::blob::CopyStatus,
+    },
+    /// The blob changed (a restore, a resize, an upload --overwrite, a
+    /// writer elsewhere) since this read-only open of it: every read fails
+    /// from then on rather than mix its old and new states.
+    #[error(
+        "drive {target} changed in the blob since it was opened read-only (a restore, resize, \
+         upload --overwrite or a writer elsewhere); its reads fail from now on rather than mix \
+         two states: unmount and mount it again, or mount a snapshot ('blobdrive snapshot {target}')"
+    )]
+    Changed {
+        /// `container/blob`.
+        target: String,
+    },
     /// The blob service failed (after the client's retries).
     #[error(transparent)]
     Backend(#[from] blob::Error),
@@ -91,10 +114,44 @@ impl Error {
             Error::Stalled { .. } => libc::EIO,
             Error::ReleaseFailed { .. } => libc::EIO,
             Error::NotADrive { .. } => libc::EINVAL,
+            Error::CopyIncomplete { .. } => libc::EIO,
+            Error::Changed { .. } => libc::EIO,
             Error::Backend(e) if e.is_not_found() => libc::ENOENT,
             Error::Backend(e) if e.is_auth_failure() => libc::EACCES,
             Error::Backend(_) => libc::EIO,
         }
+    }
+}
+
+/// What a copy status that is not `success` means for the drive `target`
+/// and what to do: the one wording `open` refuses with and `info` shows.
+/// `None` for a finished copy (or none at all).
+pub fn copy_status_problem(
+    target: &str,
+    status: Option<crate::blob::CopyStatus>,
+) -> Option<String> {
+    use crate::blob::CopyStatus;
+    match status {
+        None | Some(CopyStatus::Success) => None,
+        Some(s) => Some(copy_status_line(target, s)),
+    }
+}
+
+fn copy_status_line(target: &str, status: crate::blob::CopyStatus) -> String {
+    use crate::blob::CopyStatus;
+    match status {
+        CopyStatus::Pending => format!(
+            "a copy or restore into it is still pending (copy status pending), so it holds only part of its data; \
+             it does not attach read-write until the copy ends: wait ('blobdrive info {target}' shows the copy status)"
+        ),
+        CopyStatus::Failed | CopyStatus::Aborted => format!(
+            "the copy or restore into it {} (copy status {}), so it holds only part of its data; \
+             it does not attach read-write: restore it from a snapshot ('blobdrive restore {target} --snapshot TIME'; \
+             'blobdrive info {target}' lists them), or delete it and copy it again",
+            if status == CopyStatus::Failed { "failed" } else { "was aborted" },
+            status.as_str()
+        ),
+        CopyStatus::Success => "the copy into it is complete".to_string(),
     }
 }
 

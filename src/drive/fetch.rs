@@ -18,6 +18,7 @@
 //! marks in `Drop`, so nobody waits forever. A job pins its chunks.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
@@ -26,9 +27,9 @@ use super::cache::ChunkRef;
 use super::chunk::{chunk_pages, chunks_of, CHUNK_BYTES};
 use super::counters::add;
 use super::disk_cache::CachedChunk;
-use super::error::Result;
+use super::error::{Error, Result};
 use super::extents::{intersect, PageRange};
-use super::Inner;
+use super::{Inner, Mode};
 use crate::units::{ByteRange, MAX_GET_BYTES, PAGE_SIZE};
 
 /// Holes up to this size between two stored extents are read along with
@@ -300,7 +301,8 @@ impl Inner {
         futures::stream::iter(reads)
             .buffer_unordered(GETS_IN_FLIGHT)
             .try_collect::<Vec<()>>()
-            .await?;
+            .await
+            .map_err(|e| self.read_error(e))?;
         drop(sinks);
         let pages = |v: &[PageRange]| v.iter().map(|r| r.len_pages()).sum::<u64>();
         self.note_disk(pages(&job.fetch), pages(&blob));
@@ -318,6 +320,37 @@ impl Inner {
                 .collect();
             drop(job);
             self.persist_wait(touched).await;
+        }
+        Ok(())
+    }
+
+    /// A failed read from the blob as the drive reports it. On a read-only
+    /// open (pinned to the ETag it opened, `open.rs`), a read refused
+    /// because the blob changed means the drive is no longer the state it
+    /// serves: from then on every read fails ([`Self::check_unchanged`]),
+    /// also of cached pages and of holes the old sparse map vouches for,
+    /// and the change is logged at error level once.
+    pub(crate) fn read_error(&self, e: crate::blob::Error) -> Error {
+        if self.mode != Mode::ReadOnly || !super::store::is_changed(&e) {
+            return e.into();
+        }
+        if !self.changed.swap(true, Ordering::AcqRel) {
+            tracing::error!(target = %self.target, error = %e, "{}", self.changed_error());
+        }
+        self.changed_error()
+    }
+
+    fn changed_error(&self) -> Error {
+        Error::Changed {
+            target: self.target.clone(),
+        }
+    }
+
+    /// `Changed` once a read found the blob changed under this read-only
+    /// open (see [`Self::read_error`]).
+    pub(crate) fn check_unchanged(&self) -> Result<()> {
+        if self.changed.load(Ordering::Acquire) {
+            return Err(self.changed_error());
         }
         Ok(())
     }

@@ -6,7 +6,9 @@
 //! removes them; ranges must be 512-aligned (416 `InvalidPageRange`) and
 //! updates at most 4 MiB (413); leases follow the service's rules and error
 //! codes (409 `LeaseAlreadyPresent`, 412 `LeaseIdMissing`, ...); snapshots
-//! are read-only copies that cannot be leased. It counts requests by kind
+//! are read-only copies that cannot be leased; reads pinned to an ETag fail
+//! with 412 `ConditionNotMet` once the contents changed; metadata and a copy
+//! status (set by the test) are kept. It counts requests by kind
 //! and can fail the next writes on demand, or delay reads and writes, for
 //! fault and concurrency tests.
 
@@ -18,8 +20,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::store::PageStore;
+use super::store::{BlobState, PageStore};
 use crate::blob::error::{Error, Result};
+use crate::blob::CopyStatus;
 use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES, PAGE_SIZE};
 
 const PAGE: usize = PAGE_SIZE as usize;
@@ -43,8 +46,12 @@ struct State {
     fail_reads_with: Option<Error>,
     write_delay: Duration,
     read_delay: Duration,
-    /// Bumped by every change of the contents: the ETag.
+    /// Bumped by every change of the contents or metadata: the ETag.
     version: u64,
+    metadata: BTreeMap<String, String>,
+    copy_status: Option<CopyStatus>,
+    /// The ETag reads are pinned to ([`PageStore::pin_reads`]).
+    pinned: Option<String>,
 }
 
 /// Requests a [`MemoryStore`] has served, by kind.
@@ -106,6 +113,9 @@ impl MemoryStore {
                 write_delay: Duration::ZERO,
                 read_delay: Duration::ZERO,
                 version: 0,
+                metadata: BTreeMap::new(),
+                copy_status: None,
+                pinned: None,
             }),
             meters: Meters::default(),
             snapshot: false,
@@ -114,13 +124,13 @@ impl MemoryStore {
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn locked(&self) -> MutexGuard<'_, State> {
         self.state.lock().expect("memory store mutex poisoned")
     }
 
     /// A read-only copy of the current contents, like a blob snapshot.
     pub fn snapshot(&self) -> MemoryStore {
-        let st = self.state();
+        let st = self.locked();
         MemoryStore {
             state: Mutex::new(State {
                 size_bytes: st.size_bytes,
@@ -133,6 +143,9 @@ impl MemoryStore {
                 write_delay: Duration::ZERO,
                 read_delay: Duration::ZERO,
                 version: 0,
+                metadata: BTreeMap::new(),
+                copy_status: None,
+                pinned: None,
             }),
             meters: Meters::default(),
             snapshot: true,
@@ -143,20 +156,48 @@ impl MemoryStore {
 
     /// Bytes that hold data (what Get Page Ranges would report).
     pub fn stored_bytes(&self) -> u64 {
-        self.state().pages.len() as u64 * PAGE_SIZE
+        self.locked().pages.len() as u64 * PAGE_SIZE
     }
 
     /// The bytes of `range`, read directly (not counted).
     pub fn contents(&self, range: ByteRange) -> Vec<u8> {
-        read_pages(&self.state(), range)
+        read_pages(&self.locked(), range)
     }
 
     /// Write bytes directly, bypassing leases and counters (test setup).
     pub fn poke(&self, offset_bytes: u64, data: &[u8]) {
         assert!(offset_bytes % PAGE_SIZE == 0 && data.len() % PAGE == 0);
-        let mut st = self.state();
+        let mut st = self.locked();
         store_pages(&mut st, offset_bytes, data);
         st.version += 1;
+    }
+
+    /// Show `status` as the copy status of the blob (as a copy or restore
+    /// into it would leave it), for tests.
+    pub fn set_copy_status(&self, status: Option<CopyStatus>) {
+        self.locked().copy_status = status;
+    }
+
+    /// The blob's metadata now.
+    pub fn metadata(&self) -> BTreeMap<String, String> {
+        self.locked().metadata.clone()
+    }
+
+    fn etag_of(&self, st: &State) -> String {
+        format!("{}-{}", self.nonce, st.version)
+    }
+
+    /// The refusal of a read pinned to an ETag the blob no longer has.
+    fn check_pinned(&self, op: &'static str, st: &State) -> Result<()> {
+        match &st.pinned {
+            Some(etag) if *etag != self.etag_of(st) => Err(self.err(
+                op,
+                412,
+                "ConditionNotMet",
+                "the condition specified using HTTP conditional header(s) is not met",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Requests served so far.
@@ -176,14 +217,14 @@ impl MemoryStore {
 
     /// Fail the next `n` writes (updates and clears) with `error`.
     pub fn fail_next_writes(&self, n: u32, error: Error) {
-        let mut st = self.state();
+        let mut st = self.locked();
         st.fail_writes = n;
         st.fail_with = Some(error);
     }
 
     /// Fail the next `n` reads with `error`.
     pub fn fail_next_reads(&self, n: u32, error: Error) {
-        let mut st = self.state();
+        let mut st = self.locked();
         st.fail_reads = n;
         st.fail_reads_with = Some(error);
     }
@@ -191,17 +232,17 @@ impl MemoryStore {
     /// Delay every write by `delay` before it is applied (to hold uploads in
     /// flight in concurrency tests).
     pub fn set_write_delay(&self, delay: Duration) {
-        self.state().write_delay = delay;
+        self.locked().write_delay = delay;
     }
 
     /// Delay every read by `delay` (to hold fetches in flight).
     pub fn set_read_delay(&self, delay: Duration) {
-        self.state().read_delay = delay;
+        self.locked().read_delay = delay;
     }
 
     /// The lease id held, if any.
     pub fn lease_holder(&self) -> Option<String> {
-        match &self.state().lease {
+        match &self.locked().lease {
             LeaseState::Leased(id) => Some(id.clone()),
             _ => None,
         }
@@ -262,7 +303,7 @@ impl MemoryStore {
     }
 
     async fn delay(&self) {
-        let d = self.state().write_delay;
+        let d = self.locked().write_delay;
         if !d.is_zero() {
             tokio::time::sleep(d).await;
         }
@@ -297,7 +338,7 @@ fn store_pages(st: &mut State, offset_bytes: u64, data: &[u8]) {
 #[async_trait]
 impl PageStore for MemoryStore {
     async fn size_bytes(&self) -> Result<u64> {
-        Ok(self.state().size_bytes)
+        Ok(self.locked().size_bytes)
     }
 
     fn cache_identity(&self) -> Option<String> {
@@ -305,12 +346,43 @@ impl PageStore for MemoryStore {
     }
 
     async fn etag(&self) -> Result<Option<String>> {
-        Ok(Some(format!("{}-{}", self.nonce, self.state().version)))
+        Ok(Some(self.etag_of(&self.locked())))
+    }
+
+    async fn state(&self) -> Result<BlobState> {
+        let st = self.locked();
+        Ok(BlobState {
+            size_bytes: st.size_bytes,
+            etag: Some(self.etag_of(&st)),
+            copy_status: st.copy_status,
+            metadata: st.metadata.clone(),
+        })
+    }
+
+    async fn set_metadata_entry(
+        &self,
+        name: &str,
+        value: Option<&str>,
+        lease_id: Option<&str>,
+    ) -> Result<()> {
+        let mut st = self.locked();
+        self.check_write("set metadata", &mut st, lease_id)?;
+        match value {
+            Some(v) => st.metadata.insert(name.to_string(), v.to_string()),
+            None => st.metadata.remove(name),
+        };
+        st.version += 1;
+        Ok(())
+    }
+
+    fn pin_reads(&self, etag: Option<&str>) {
+        self.locked().pinned = etag.map(str::to_string);
     }
 
     async fn page_ranges(&self, within: ByteRange) -> Result<Vec<ByteRange>> {
         self.meters.page_ranges.fetch_add(1, Ordering::Relaxed);
-        let st = self.state();
+        let st = self.locked();
+        self.check_pinned("get page ranges", &st)?;
         let mut out: Vec<ByteRange> = Vec::new();
         if within.is_empty() {
             return Ok(out);
@@ -332,11 +404,12 @@ impl PageStore for MemoryStore {
 
     async fn read(&self, range: ByteRange) -> Result<Bytes> {
         self.meters.reads.fetch_add(1, Ordering::Relaxed);
-        let delay = self.state().read_delay;
+        let delay = self.locked().read_delay;
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        let mut st = self.state();
+        let mut st = self.locked();
+        self.check_pinned("get blob", &st)?;
         if st.fail_reads > 0 {
             st.fail_reads -= 1;
             if let Some(e) = &st.fail_reads_with {
@@ -366,7 +439,7 @@ impl PageStore for MemoryStore {
         const OP: &str = "put page";
         self.meters.writes.fetch_add(1, Ordering::Relaxed);
         self.delay().await;
-        let mut st = self.state();
+        let mut st = self.locked();
         self.check_write(OP, &mut st, lease_id)?;
         let range = ByteRange::new(offset_bytes, offset_bytes + data.len() as u64);
         self.check_aligned(OP, &st, range)?;
@@ -390,7 +463,7 @@ impl PageStore for MemoryStore {
         const OP: &str = "clear pages";
         self.meters.clears.fetch_add(1, Ordering::Relaxed);
         self.delay().await;
-        let mut st = self.state();
+        let mut st = self.locked();
         self.check_write(OP, &mut st, lease_id)?;
         self.check_aligned(OP, &st, range)?;
         let doomed: Vec<u64> = st
@@ -408,7 +481,7 @@ impl PageStore for MemoryStore {
     async fn resize(&self, blob_size_bytes: u64, lease_id: Option<&str>) -> Result<()> {
         const OP: &str = "resize";
         self.delay().await;
-        let mut st = self.state();
+        let mut st = self.locked();
         self.check_write(OP, &mut st, lease_id)?;
         if blob_size_bytes % PAGE_SIZE != 0 {
             return Err(self.err(
@@ -436,7 +509,7 @@ impl PageStore for MemoryStore {
                 "snapshots cannot be leased",
             ));
         }
-        let mut st = self.state();
+        let mut st = self.locked();
         match &st.lease {
             LeaseState::Leased(held) if held != proposed_id => Err(self.err(
                 OP,
@@ -454,7 +527,7 @@ impl PageStore for MemoryStore {
     async fn release_lease(&self, lease_id: &str) -> Result<()> {
         const OP: &str = "release lease";
         self.meters.leases.fetch_add(1, Ordering::Relaxed);
-        let mut st = self.state();
+        let mut st = self.locked();
         match &st.lease {
             LeaseState::Leased(held) if held == lease_id => {
                 st.lease = LeaseState::Available;
@@ -478,7 +551,7 @@ impl PageStore for MemoryStore {
     async fn break_lease(&self) -> Result<()> {
         const OP: &str = "break lease";
         self.meters.leases.fetch_add(1, Ordering::Relaxed);
-        let mut st = self.state();
+        let mut st = self.locked();
         match st.lease {
             LeaseState::Available => Err(self.err(
                 OP,

@@ -164,6 +164,9 @@ pub(crate) struct Inner {
     /// Tells the background flusher to stop.
     stop: Notify,
     stopping: AtomicBool,
+    /// A read found the blob changed under this read-only open: every read
+    /// fails from then on (`fetch.rs`, `Inner::read_error`).
+    changed: AtomicBool,
 }
 
 impl Inner {
@@ -255,8 +258,17 @@ impl Drive {
 
     /// Read `len` bytes at `offset_bytes` (any alignment). Reads past the end
     /// are clipped, like a file: fewer bytes come back.
+    ///
+    /// On a read-only open of a live blob, every read fails with
+    /// [`Error::Changed`] once any read found the blob changed since the
+    /// open: what was served before came from one state, nothing after
+    /// mixes in another (pages cached and holes of the old map included).
     pub async fn read_at(&self, offset_bytes: u64, len: usize) -> Result<Bytes> {
+        self.inner.check_unchanged()?;
         let (data, ahead) = self.inner.read_at(offset_bytes, len).await?;
+        // A read-ahead may have found the change meanwhile: the rule stays
+        // simple (no read succeeds once a change was seen).
+        self.inner.check_unchanged()?;
         if let Some((start, end)) = ahead {
             self.start_read_ahead(start, end);
         }

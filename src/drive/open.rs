@@ -1,8 +1,12 @@
-//! Opening a drive: size and footer checks, the lease for read-write, and the
-//! sparse map loaded with Get Page Ranges in adaptive segments (small at
-//! first so a fragmented blob never times out, growing while answers stay
-//! short, so an empty 8 TiB drive opens in a few requests), and the disk tier
-//! (opened after the lease, so its ETag check sees no one else's writes).
+//! Opening a drive: the lease for read-write (taken first, so what is read
+//! next is what it protects), the copy status (a drive a copy or restore
+//! left incomplete is not opened read-write), size and footer checks, a
+//! read-only open's reads pinned to the ETag it opened (so a change under it
+//! fails its reads instead of mixing two states), the sparse map loaded
+//! with Get Page Ranges in adaptive segments (small at first so a
+//! fragmented blob never times out, growing while answers stay short, so an
+//! empty 8 TiB drive opens in a few requests), and the disk tier (opened
+//! after the lease, so its ETag check sees no one else's writes).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -12,7 +16,7 @@ use tokio::sync::Notify;
 use super::cache::Cache;
 use super::chunk::{CHUNK_BYTES, CHUNK_OVERHEAD_BYTES};
 use super::counters::{add, Meters};
-use super::error::Result;
+use super::error::{Error, Result};
 use super::extents::{Extents, PageRange};
 use super::lease::Lease;
 use super::store::PageStore;
@@ -25,20 +29,10 @@ const MIN_CACHE_CHUNKS: u64 = 8;
 pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) -> Result<Inner> {
     let meters = Meters::default();
     let target = opts.target.clone();
-    let blob_bytes = store.size_bytes().await?;
-    add(&meters.get, 1);
-    let located = super::resize::locate_footer(store.as_ref(), blob_bytes).await?;
-    add(&meters.bytes_down, VHD_FOOTER_BYTES);
-    if located.interrupted_grow {
-        tracing::warn!(
-            target = %target,
-            size_bytes = located.offset_bytes,
-            blob_bytes,
-            "a resize of this drive was interrupted; it opens at its old size ('blobdrive resize' finishes it)"
-        );
-    }
-    let size_bytes = located.offset_bytes;
-
+    // The lease first, then what it protects: the size, the footer and the
+    // sparse map read afterwards are what no one else can change while the
+    // drive is open (read before it, a resize landing in between would go
+    // unseen).
     let lease = match opts.mode {
         Mode::ReadWrite => {
             let key = store.cache_identity().unwrap_or_else(|| target.clone());
@@ -50,7 +44,8 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         }
         Mode::ReadOnly | Mode::Snapshot => Lease::none(&target),
     };
-    let extents = match load_extents(store.as_ref(), size_bytes, &meters).await {
+    let (size_bytes, extents) = match read_drive(store.as_ref(), opts.mode, &target, &meters).await
+    {
         Ok(x) => x,
         Err(e) => {
             // Do not leave the drive locked behind a failed open.
@@ -126,7 +121,85 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         stop: Notify::new(),
         stopping: AtomicBool::new(false),
         disk_skipped: Mutex::new(Default::default()),
+        changed: AtomicBool::new(false),
     })
+}
+
+/// Times a read-only open starts again when the blob changed while it read
+/// the footer and the sparse map.
+const PINNED_OPEN_TRIES: u32 = 3;
+
+/// The size of the data area and the sparse map of the drive in `store`,
+/// after checking its copy status and finding its footer. A read-only open
+/// of a live blob (no lease keeps it still) pins every read to the ETag it
+/// saw first, so the footer, the map and every later read are of one state
+/// (`fetch.rs` turns a refused read into [`Error::Changed`]).
+async fn read_drive(
+    store: &dyn PageStore,
+    mode: Mode,
+    target: &str,
+    meters: &Meters,
+) -> Result<(u64, Extents)> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let state = store.state().await?;
+        add(&meters.get, 1);
+        check_copy_status(target, mode, state.copy_status)?;
+        // Only a read-only open needs it (a lease or a snapshot keeps the
+        // others still); any pin left on the store is lifted for them.
+        store.pin_reads(match mode {
+            Mode::ReadOnly => state.etag.as_deref(),
+            Mode::ReadWrite | Mode::Snapshot => None,
+        });
+        let read = async {
+            let located = super::resize::locate_footer(store, state.size_bytes).await?;
+            add(&meters.bytes_down, VHD_FOOTER_BYTES);
+            if located.interrupted_grow {
+                tracing::warn!(
+                    target = %target,
+                    size_bytes = located.offset_bytes,
+                    blob_bytes = state.size_bytes,
+                    "a resize of this drive was interrupted; it opens at its old size ('blobdrive resize' finishes it)"
+                );
+            }
+            let extents = load_extents(store, located.offset_bytes, meters).await?;
+            Ok::<_, Error>((located.offset_bytes, extents))
+        };
+        match read.await {
+            Err(Error::Backend(e))
+                if mode == Mode::ReadOnly
+                    && super::store::is_changed(&e)
+                    && tries < PINNED_OPEN_TRIES =>
+            {
+                tracing::debug!(target = %target, error = %e, "the drive changed while it opened; reading it again");
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Refuses a read-write open of a drive whose copy or restore is pending,
+/// failed or was aborted (it may hold only part of its data); a read-only
+/// or snapshot open goes ahead with a warning.
+fn check_copy_status(
+    target: &str,
+    mode: Mode,
+    status: Option<crate::blob::CopyStatus>,
+) -> Result<()> {
+    let Some(problem) = super::error::copy_status_problem(target, status) else {
+        return Ok(());
+    };
+    match (mode, status) {
+        (Mode::ReadWrite, Some(status)) => Err(Error::CopyIncomplete {
+            target: target.to_string(),
+            status,
+        }),
+        _ => {
+            tracing::warn!(target = %target, "{problem}");
+            Ok(())
+        }
+    }
 }
 
 /// The sparse map of the data area, from Get Page Ranges. The store cuts the
@@ -139,4 +212,185 @@ async fn load_extents(store: &dyn PageStore, size_bytes: u64, meters: &Meters) -
         extents.insert(PageRange::covering(r));
     }
     Ok(extents)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::blob::CopyStatus;
+    use crate::drive::store::BlobState;
+    use crate::drive::{Drive, MemoryStore};
+    use crate::vhd::Footer;
+
+    const MIB: u64 = 1 << 20;
+
+    fn drive_store(size_bytes: u64) -> Arc<MemoryStore> {
+        let s = MemoryStore::new(size_bytes + VHD_FOOTER_BYTES);
+        s.poke(size_bytes, &Footer::new_fixed(size_bytes).to_bytes());
+        Arc::new(s)
+    }
+
+    fn opts(mode: Mode) -> DriveOptions {
+        DriveOptions {
+            mode,
+            cache_bytes: 16 * MIB,
+            ..DriveOptions::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_drive_whose_copy_is_not_complete_does_not_open_read_write() {
+        for status in [CopyStatus::Pending, CopyStatus::Failed, CopyStatus::Aborted] {
+            let store = drive_store(MIB);
+            store.set_copy_status(Some(status));
+            let e = Drive::open(store.clone(), opts(Mode::ReadWrite))
+                .await
+                .err()
+                .expect("refused read-write");
+            assert!(matches!(e, Error::CopyIncomplete { status: s, .. } if s == status));
+            let line = e.to_string();
+            assert!(
+                line.contains(&format!("copy status {}", status.as_str())),
+                "{line}"
+            );
+            assert!(line.contains("does not attach read-write"), "{line}");
+            assert_eq!(store.lease_holder(), None, "no lease left behind");
+            // Looking is allowed.
+            let ro = Drive::open(store.clone(), opts(Mode::ReadOnly))
+                .await
+                .unwrap();
+            ro.close().await.unwrap();
+        }
+        let store = drive_store(MIB);
+        store.set_copy_status(Some(CopyStatus::Success));
+        let rw = Drive::open(store.clone(), opts(Mode::ReadWrite))
+            .await
+            .unwrap();
+        rw.close().await.unwrap();
+    }
+
+    /// A blob that another host grows (all of it, footer moved) just before
+    /// our lease lands on it.
+    struct GrownBeforeTheLease {
+        inner: Arc<MemoryStore>,
+        grow_to: u64,
+        done: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl PageStore for GrownBeforeTheLease {
+        async fn size_bytes(&self) -> crate::blob::Result<u64> {
+            self.inner.size_bytes().await
+        }
+        async fn state(&self) -> crate::blob::Result<BlobState> {
+            self.inner.state().await
+        }
+        async fn page_ranges(&self, within: ByteRange) -> crate::blob::Result<Vec<ByteRange>> {
+            self.inner.page_ranges(within).await
+        }
+        async fn read(&self, range: ByteRange) -> crate::blob::Result<Bytes> {
+            self.inner.read(range).await
+        }
+        async fn write_pages(
+            &self,
+            offset_bytes: u64,
+            data: Bytes,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.inner.write_pages(offset_bytes, data, lease_id).await
+        }
+        async fn clear_pages(
+            &self,
+            range: ByteRange,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.inner.clear_pages(range, lease_id).await
+        }
+        async fn resize(&self, blob_bytes: u64, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.inner.resize(blob_bytes, lease_id).await
+        }
+        async fn acquire_lease(&self, proposed_id: &str) -> crate::blob::Result<()> {
+            if !self.done.swap(true, Ordering::AcqRel) {
+                let size = self.inner.size_bytes().await? - VHD_FOOTER_BYTES;
+                let found = super::super::resize::locate_footer(self.inner.as_ref(), size + 512)
+                    .await
+                    .unwrap();
+                super::super::resize::move_footer(
+                    self.inner.as_ref(),
+                    &found.footer,
+                    size,
+                    self.grow_to,
+                    None,
+                )
+                .await?;
+            }
+            self.inner.acquire_lease(proposed_id).await
+        }
+        async fn release_lease(&self, lease_id: &str) -> crate::blob::Result<()> {
+            self.inner.release_lease(lease_id).await
+        }
+        async fn break_lease(&self) -> crate::blob::Result<()> {
+            self.inner.break_lease().await
+        }
+    }
+
+    #[tokio::test]
+    async fn open_reads_the_size_and_footer_under_its_lease() {
+        let inner = drive_store(MIB);
+        let store = Arc::new(GrownBeforeTheLease {
+            inner: inner.clone(),
+            grow_to: 2 * MIB,
+            done: Default::default(),
+        });
+        let drive = Drive::open(store, opts(Mode::ReadWrite)).await.unwrap();
+        // What the lease protects is the grown drive, not the size read
+        // before the lease was held.
+        assert_eq!(drive.size_bytes(), 2 * MIB);
+        drive.write_at(2 * MIB - 512, &[9u8; 512]).await.unwrap();
+        drive.close().await.unwrap();
+        assert_eq!(
+            inner.contents(ByteRange::new(2 * MIB - 512, 2 * MIB)),
+            vec![9u8; 512]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_read_only_open_fails_every_read_once_the_blob_changed() {
+        let store = drive_store(4 * MIB);
+        store.poke(0, &[1u8; 4096]);
+        store.poke(2 * MIB, &[2u8; 4096]);
+        let ro = Drive::open(store.clone(), opts(Mode::ReadOnly))
+            .await
+            .unwrap();
+        assert_eq!(&ro.read_at(0, 4096).await.unwrap()[..], &[1u8; 4096][..]);
+        // Someone restores or overwrites the blob under the read-only open.
+        store.poke(2 * MIB, &[3u8; 4096]);
+        let e = ro.read_at(2 * MIB, 4096).await.unwrap_err();
+        assert!(matches!(e, Error::Changed { .. }), "{e}");
+        assert_eq!(e.errno(), libc::EIO);
+        // Cached pages and holes of the old map fail too: never a mix.
+        assert!(matches!(
+            ro.read_at(0, 4096).await,
+            Err(Error::Changed { .. })
+        ));
+        assert!(matches!(
+            ro.read_at(3 * MIB, 4096).await,
+            Err(Error::Changed { .. })
+        ));
+        ro.close().await.unwrap();
+        // A new open sees the new state.
+        let again = Drive::open(store.clone(), opts(Mode::ReadOnly))
+            .await
+            .unwrap();
+        assert_eq!(
+            &again.read_at(2 * MIB, 4096).await.unwrap()[..],
+            &[3u8; 4096][..]
+        );
+        again.close().await.unwrap();
+    }
 }

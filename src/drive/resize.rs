@@ -8,7 +8,10 @@
 //! then cuts the blob. Invariant: an interruption between any two steps
 //! leaves a valid drive of the old or the new size. The one state whose last
 //! page is not a footer (just after the blob grew) is recognised by
-//! [`locate_footer`]: the old footer is then the last page that holds data.
+//! [`locate_footer`] from the intent the grow records before its first
+//! change (metadata [`GROW_METADATA`], cleared once the new footer is in
+//! place): the old footer is then at the recorded old size. A last page that
+//! is merely zero, with no intent recorded, is not a drive.
 
 use std::sync::atomic::Ordering;
 
@@ -18,6 +21,53 @@ use super::store::PageStore;
 use super::{Inner, Mode};
 use crate::units::{ByteRange, MAX_PAGE_BLOB_BYTES, PAGE_SIZE, VHD_FOOTER_BYTES};
 use crate::vhd::{chs_geometry, Footer};
+
+/// Metadata name of a grow's recorded intent: `v1 from=OLD to=NEW` (sizes
+/// of the data area in bytes), set before the blob grows and removed once
+/// the new footer is written and the old one cleared.
+pub const GROW_METADATA: &str = "blobdrivegrow";
+
+/// A grow recorded in the blob's metadata: from a data area of `from_bytes`
+/// to one of `to_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrowIntent {
+    /// The data area before the grow: where the old footer is.
+    pub from_bytes: u64,
+    /// The data area the grow makes.
+    pub to_bytes: u64,
+}
+
+impl GrowIntent {
+    /// The metadata value.
+    pub fn to_metadata(self) -> String {
+        format!("v1 from={} to={}", self.from_bytes, self.to_bytes)
+    }
+
+    /// Parses a metadata value; `None` for anything but a `v1` intent.
+    pub fn parse(value: &str) -> Option<GrowIntent> {
+        let mut words = value.split_ascii_whitespace();
+        if words.next() != Some("v1") {
+            return None;
+        }
+        let (mut from, mut to) = (None, None);
+        for w in words {
+            match w.split_once('=') {
+                Some(("from", v)) => from = v.parse().ok(),
+                Some(("to", v)) => to = v.parse().ok(),
+                _ => {}
+            }
+        }
+        Some(GrowIntent {
+            from_bytes: from?,
+            to_bytes: to?,
+        })
+    }
+
+    /// The intent recorded in `metadata`, if any.
+    pub fn of(metadata: &std::collections::BTreeMap<String, String>) -> Option<GrowIntent> {
+        metadata.get(GROW_METADATA).and_then(|v| Self::parse(v))
+    }
+}
 
 /// Where a drive's footer was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +88,10 @@ fn footer_at(raw: &[u8], blob_bytes: u64) -> std::result::Result<Footer, crate::
 }
 
 /// Reads the footer of the drive in `store` (a blob of `blob_bytes`): at the
-/// end, or, when the last page is all zeros, at the end of the last page
-/// range that holds data (a grow interrupted before its new footer).
+/// end, or, when the last page is all zeros and a grow recorded its intent
+/// ([`GROW_METADATA`]), at the old size it recorded (a grow interrupted
+/// before its new footer). A zero last page without that record is not a
+/// drive: blobdrive's own grow is the only state it accepts there.
 pub async fn locate_footer(store: &dyn PageStore, blob_bytes: u64) -> Result<LocatedFooter> {
     if blob_bytes % PAGE_SIZE != 0
         || blob_bytes <= VHD_FOOTER_BYTES
@@ -69,23 +121,22 @@ pub async fn locate_footer(store: &dyn PageStore, blob_bytes: u64) -> Result<Loc
     if tail.iter().any(|b| *b != 0) {
         return Err(not_a_drive());
     }
-    let ranges = store.page_ranges(ByteRange::new(0, blob_bytes)).await?;
-    let Some(last) = ranges.last() else {
+    let Some(intent) = GrowIntent::of(&store.state().await?.metadata) else {
         return Err(not_a_drive());
     };
-    let end = last.end - last.end % PAGE_SIZE;
-    if end < 2 * VHD_FOOTER_BYTES || end >= blob_bytes {
+    let end = intent.from_bytes + VHD_FOOTER_BYTES;
+    if intent.from_bytes % PAGE_SIZE != 0 || intent.from_bytes == 0 || end >= blob_bytes {
         return Err(not_a_drive());
     }
     // As stored: on an encrypted drive this page lies in the (encrypted)
     // data area of the grown blob, but a footer is plaintext.
     let raw = store
-        .read_stored(ByteRange::new(end - VHD_FOOTER_BYTES, end))
+        .read_stored(ByteRange::new(intent.from_bytes, end))
         .await?;
     match footer_at(&raw, end) {
         Ok(footer) => Ok(LocatedFooter {
             footer,
-            offset_bytes: end - VHD_FOOTER_BYTES,
+            offset_bytes: intent.from_bytes,
             interrupted_grow: true,
         }),
         Err(_) => Err(not_a_drive()),
@@ -130,6 +181,16 @@ pub async fn move_footer(
         bytes::Bytes::copy_from_slice(&resized_footer(footer, new_size_bytes).to_bytes());
     let new_blob_bytes = new_size_bytes + VHD_FOOTER_BYTES;
     if new_size_bytes >= old_size_bytes {
+        // The intent first: once the blob grew, its last page is zero
+        // until the new footer lands, and only this record says where the
+        // old one is.
+        let intent = GrowIntent {
+            from_bytes: old_size_bytes,
+            to_bytes: new_size_bytes,
+        };
+        store
+            .set_metadata_entry(GROW_METADATA, Some(&intent.to_metadata()), lease_id)
+            .await?;
         store.resize(new_blob_bytes, lease_id).await?;
         stop_point("after-resize");
         store
@@ -140,6 +201,9 @@ pub async fn move_footer(
             let old = ByteRange::new(old_size_bytes, old_size_bytes + VHD_FOOTER_BYTES);
             store.clear_pages(old, lease_id).await?;
         }
+        store
+            .set_metadata_entry(GROW_METADATA, None, lease_id)
+            .await?;
     } else {
         store
             .write_pages(new_size_bytes, new_footer, lease_id)
@@ -256,15 +320,26 @@ mod tests {
         again.close().await.unwrap();
     }
 
+    /// The first step of a grow only, as a process killed right after it
+    /// leaves the blob: the intent recorded, the blob grown, its last page
+    /// empty.
+    async fn first_step_of_a_grow(store: &MemoryStore, from: u64, to: u64) {
+        let intent = GrowIntent {
+            from_bytes: from,
+            to_bytes: to,
+        };
+        store
+            .set_metadata_entry(GROW_METADATA, Some(&intent.to_metadata()), None)
+            .await
+            .unwrap();
+        store.resize(to + VHD_FOOTER_BYTES, None).await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_grow_cut_after_the_blob_grew_is_the_old_drive() {
         let store = drive_store(MIB);
         store.poke(0, &[3u8; 512]);
-        // The first step of a grow only: the blob is larger, its last page empty.
-        store
-            .resize(4 * MIB + VHD_FOOTER_BYTES, None)
-            .await
-            .unwrap();
+        first_step_of_a_grow(&store, MIB, 4 * MIB).await;
         let found = locate_footer(store.as_ref(), 4 * MIB + VHD_FOOTER_BYTES)
             .await
             .unwrap();
@@ -274,7 +349,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(drive.size_bytes(), MIB);
-        // Growing it from there finishes the move.
+        // Growing it from there finishes the move, and clears the record.
         drive.grow(4 * MIB).await.unwrap();
         drive.close().await.unwrap();
         let found = locate_footer(store.as_ref(), 4 * MIB + VHD_FOOTER_BYTES)
@@ -283,5 +358,58 @@ mod tests {
         assert!(!found.interrupted_grow);
         assert_eq!(found.footer.current_size_bytes, 4 * MIB);
         assert_eq!(store.contents(ByteRange::new(0, 512)), vec![3u8; 512]);
+        assert_eq!(store.metadata().get(GROW_METADATA), None);
+    }
+
+    #[tokio::test]
+    async fn a_zero_last_page_without_a_recorded_grow_is_not_a_drive() {
+        // A blob grown by someone else (Set Blob Properties, not blobdrive's
+        // grow): the old footer still lies inside, the last page is empty,
+        // but no intent says a grow of ours is under way.
+        let store = drive_store(MIB);
+        store.poke(0, &[3u8; 512]);
+        store
+            .resize(4 * MIB + VHD_FOOTER_BYTES, None)
+            .await
+            .unwrap();
+        let e = locate_footer(store.as_ref(), 4 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::NotADrive { .. }), "{e}");
+        let e = Drive::open(store.clone(), DriveOptions::default())
+            .await
+            .err()
+            .expect("not a drive");
+        assert!(matches!(e, Error::NotADrive { .. }), "{e}");
+        assert_eq!(
+            store.lease_holder(),
+            None,
+            "the failed open let go of its lease"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_grow_records_its_intent_only_while_it_runs() {
+        let store = drive_store(MIB);
+        store.poke(0, &[7u8; 512]);
+        let footer = Footer::new_fixed(MIB);
+        move_footer(store.as_ref(), &footer, MIB, 2 * MIB, None)
+            .await
+            .unwrap();
+        assert_eq!(store.metadata().get(GROW_METADATA), None, "cleared after");
+        let found = locate_footer(store.as_ref(), 2 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap();
+        assert_eq!(found.offset_bytes, 2 * MIB);
+        assert!(!found.interrupted_grow);
+        assert_eq!(
+            GrowIntent::parse("v1 from=1048576 to=2097152"),
+            Some(GrowIntent {
+                from_bytes: MIB,
+                to_bytes: 2 * MIB
+            })
+        );
+        assert_eq!(GrowIntent::parse("v2 from=1 to=2"), None);
+        assert_eq!(GrowIntent::parse("v1 from=x to=2"), None);
     }
 }

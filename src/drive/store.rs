@@ -6,14 +6,30 @@
 //! and must be 512-byte aligned where the method says so; the store does not
 //! know about the VHD footer (the drive keeps writes away from it).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::blob::error::Result;
-use crate::blob::BodySink;
+use crate::blob::{BodySink, CopyStatus};
 pub use crate::units::ByteRange;
+
+/// What the engine reads of a blob's properties, in one request: enough to
+/// open a drive (its size, whether a copy into it is complete, a grow's
+/// recorded intent) and to notice later that it changed (its ETag).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlobState {
+    /// Size of the whole blob in bytes, footer included.
+    pub size_bytes: u64,
+    /// The ETag (every write, resize or metadata change moves it).
+    pub etag: Option<String>,
+    /// How the last Copy Blob into it (a copy or a restore) stands.
+    pub copy_status: Option<CopyStatus>,
+    /// Its metadata, names in lower case.
+    pub metadata: BTreeMap<String, String>,
+}
 
 /// One page blob (or one snapshot of it), as the drive engine sees it.
 #[async_trait]
@@ -64,6 +80,44 @@ pub trait PageStore: Send + Sync + 'static {
     async fn etag(&self) -> Result<Option<String>> {
         Ok(None)
     }
+
+    /// The blob's size, ETag, copy status and metadata, from one read of its
+    /// properties. The default knows only the size and the ETag.
+    async fn state(&self) -> Result<BlobState> {
+        Ok(BlobState {
+            size_bytes: self.size_bytes().await?,
+            etag: self.etag().await?,
+            ..BlobState::default()
+        })
+    }
+
+    /// Set (`Some`) or remove (`None`) one metadata entry, keeping the
+    /// others, with the lease id when one is held. The caller holds the
+    /// lease (or knows nobody else writes), so the read-modify-write of the
+    /// whole metadata loses nobody's change. The default store has no
+    /// metadata and refuses.
+    async fn set_metadata_entry(
+        &self,
+        name: &str,
+        _value: Option<&str>,
+        _lease_id: Option<&str>,
+    ) -> Result<()> {
+        Err(crate::blob::Error::other(
+            crate::blob::ErrorKind::InvalidInput,
+            "set metadata",
+            name,
+            "this store keeps no metadata",
+        ))
+    }
+
+    /// From now on, every read ([`Self::read`], [`Self::read_into`],
+    /// [`Self::read_stored`], [`Self::page_ranges`]) answers only while the
+    /// blob's ETag is `etag`; once the blob changed it fails with an error
+    /// for which [`is_changed`] holds, and no byte of the new state is
+    /// given. What a read-only open of a live blob (no lease) uses to never
+    /// serve a mix of two states. `None` lifts the condition. The default
+    /// store ignores it.
+    fn pin_reads(&self, _etag: Option<&str>) {}
 
     /// The ranges within `within` that hold data (page ranges), sorted,
     /// non-overlapping, clipped to `within`. Implementations may query the
@@ -125,4 +179,13 @@ pub trait PageStore: Send + Sync + 'static {
     fn retry_budget(&self) -> Duration {
         crate::blob::RetryPolicy::default().max_total
     }
+}
+
+/// True when a read pinned with [`PageStore::pin_reads`] failed because the
+/// blob is no longer the state it was pinned to: changed (412
+/// `ConditionNotMet`) or gone (404).
+pub fn is_changed(e: &crate::blob::Error) -> bool {
+    e.code() == Some("ConditionNotMet")
+        || (e.status == Some(412) && e.code().is_none())
+        || e.is_not_found()
 }

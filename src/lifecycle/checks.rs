@@ -151,8 +151,9 @@ pub async fn check_disk(
     }
     Ok(match Footer::parse(&footer, blob_size_bytes) {
         Ok(f) => DiskCheck::Drive(f),
-        // A grow interrupted after the blob grew: the old footer is the
-        // last page holding data, and the drive is still the old size.
+        // A grow interrupted after the blob grew: its recorded intent says
+        // where the old footer is, and the drive is still the old size. A
+        // zero last page without that record is not a drive.
         Err(e) if footer.iter().all(|b| *b == 0) && blob_size_bytes > 0 => {
             let store = BlobPageStore::new(client.clone(), path.clone());
             match crate::drive::resize::locate_footer(&store, blob_size_bytes).await {
