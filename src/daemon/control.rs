@@ -203,7 +203,12 @@ fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyho
         }
     };
     stream.set_read_timeout(timeout)?;
-    stream.write_all(format!("{command}\n").as_bytes())?;
+    match stream.write_all(format!("{command}\n").as_bytes()) {
+        // A daemon that refuses this user answers and closes at once: its
+        // answer is still there to read.
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {}
+        r => r?,
+    }
     let mut line = String::new();
     BufReader::new(stream)
         .read_line(&mut line)

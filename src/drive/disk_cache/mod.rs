@@ -451,13 +451,12 @@ impl DiskCache {
         };
         let over = cache.shared.index().shrink_to(cache.shared.budget());
         remove_files(&cache.shared, &over);
-        tracing::info!(
-            dir = %cache.dir.display(),
-            trusted,
-            chunks = cache.shared.index().entries.len(),
-            bytes = cache.bytes_held(),
-            "disk cache open"
-        );
+        // Read before logging: two index guards in one macro call deadlock.
+        let (chunks, bytes) = {
+            let index = cache.shared.index();
+            (index.entries.len(), index.bytes)
+        };
+        tracing::info!(dir = %cache.dir.display(), trusted, chunks, bytes, "disk cache open");
         Ok(Opened::Ready(cache))
     }
 
