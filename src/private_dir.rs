@@ -122,11 +122,12 @@ pub fn check_parent(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Is `path` a directory of this user that nobody else may open (so
-/// blobdrive may keep its files in it directly)?
-pub fn is_private(path: &Path) -> bool {
+/// Is `path` a real directory of this user that nobody else may write to
+/// (so what blobdrive makes in it cannot be renamed, replaced or planted by
+/// another user)?
+pub fn is_ours_alone(path: &Path) -> bool {
     std::fs::symlink_metadata(path)
-        .is_ok_and(|m| m.is_dir() && m.uid() == euid() && m.mode() & 0o077 == 0)
+        .is_ok_and(|m| m.is_dir() && m.uid() == euid() && m.mode() & 0o022 == 0)
 }
 
 /// Create a new file at `path` with mode 0600 (an older file of that name is

@@ -3,9 +3,9 @@
 //!
 //! One Unix stream socket per mount, `<run dir>/<hash>.sock`, where `<hash>`
 //! is the first 16 hex digits of the SHA-256 of the canonical mountpoint path
-//! and the run dir is this user's private one (`mountpoint::run_dir`: 0700,
-//! `$BLOBDRIVE_RUN_DIR` itself when it is private, else `blobdrive-UID` in
-//! it). Protocol: the client sends one line, `stats`, `metrics`, `flush`,
+//! and the run dir is this user's (`mountpoint::run_dir`: `$BLOBDRIVE_RUN_DIR`
+//! itself when nobody else may write to it, else `blobdrive-UID` in it, 0700);
+//! the socket is 0600. Protocol: the client sends one line, `stats`, `metrics`, `flush`,
 //! `grow <bytes>` or `unmount`; the daemon answers one line: the stats JSON,
 //! or `ok` / `error <reason>` once the flush, the grow of the drive under the
 //! daemon's lease, or the unmount has finished.
@@ -307,8 +307,8 @@ impl UnmountRequest {
 }
 
 /// Binds the control socket at `path` (in this user's run directory, made
-/// 0700 or checked here), replacing a stale one; fails if a live daemon
-/// already answers there.
+/// or checked here) with mode 0600, replacing a stale one; fails if a live
+/// daemon already answers there.
 pub(crate) fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
     let denied = |e: &std::io::Error| e.kind() == std::io::ErrorKind::PermissionDenied;
     let dir = match super::mountpoint::ensure_run_dir() {
@@ -335,10 +335,18 @@ pub(crate) fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
         std::fs::remove_file(path)
             .with_context(|| format!("cannot remove stale {}", path.display()))?;
     }
-    match tokio::net::UnixListener::bind(path) {
+    let listener = match tokio::net::UnixListener::bind(path) {
         Err(e) if denied(&e) => bail!("{}", run_dir_denied(path)),
-        r => r.with_context(|| format!("cannot bind {}", path.display())),
+        r => r.with_context(|| format!("cannot bind {}", path.display()))?,
+    };
+    // Connecting takes write permission on the socket: only its owner (and
+    // root). The directory may be one others can enter (0755, our own).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("cannot restrict {}", path.display()))?;
     }
+    Ok(listener)
 }
 
 /// What to say when the run directory holding `socket` is not ours to use.

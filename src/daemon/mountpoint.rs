@@ -35,16 +35,16 @@ pub fn base_run_dir() -> PathBuf {
 
 /// The directory holding this user's control sockets, registry and private
 /// FUSE mounts: the run directory itself when it is this user's and nobody
-/// else may enter it (the default `/run/blobdrive` blobdrive made 0700, a
-/// directory of one's own), or when it does not exist yet (it is then made
-/// 0700); otherwise (a shared one such as `/tmp`, or one others may read)
-/// `blobdrive-UID` inside it, 0700. Computes the path only: the daemon
-/// makes and checks it with [`ensure_run_dir`].
+/// else may write to it (the default `/run/blobdrive`, which blobdrive makes
+/// 0700, or a directory of one's own), or when it does not exist yet (it is
+/// then made 0700); otherwise (a shared one such as `/tmp`, or another
+/// user's) `blobdrive-UID` inside it, 0700. Computes the path only: the
+/// daemon makes and checks it with [`ensure_run_dir`].
 pub fn run_dir() -> PathBuf {
     let base = base_run_dir();
     let missing =
         std::fs::symlink_metadata(&base).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
-    if missing || private_dir::is_private(&base) {
+    if missing || private_dir::is_ours_alone(&base) {
         base
     } else {
         base.join(format!("{PRIVATE_PREFIX}{}", private_dir::euid()))
@@ -52,17 +52,20 @@ pub fn run_dir() -> PathBuf {
 }
 
 /// Make (0700) or check [`run_dir`] and return it. The run directory the
-/// user gave is never changed: when it is shared, it must be root's or this
-/// user's, and sticky if others may write to it; the private directory in
-/// it must be a real directory of this user that nobody else may write to
-/// (see `private_dir`). The error says in one line what is wrong.
+/// user gave is never changed: used as it is when it is this user's alone;
+/// when it is shared, it must be root's or this user's, and sticky if others
+/// may write to it, and the private directory in it must be a real directory
+/// of this user that nobody else may write to (see `private_dir`). The
+/// error says in one line what is wrong.
 pub fn ensure_run_dir() -> std::io::Result<PathBuf> {
     let base = base_run_dir();
     let dir = run_dir();
     if dir != base {
         private_dir::check_parent(&base)?;
+        private_dir::ensure(&dir)?;
+    } else if !base.exists() {
+        private_dir::ensure(&base)?;
     }
-    private_dir::ensure(&dir)?;
     Ok(dir)
 }
 
