@@ -5,7 +5,8 @@
 //! superblocks, read before an attach), `attach` (loop devices and
 //! filesystems), `transfer` (upload, download), `recovery` (recovery files),
 //! `metrics` (latency histograms and event counts for Prometheus, fed by every
-//! layer) and `units` (page arithmetic) beside them. ARCHITECTURE.md at the top of the
+//! layer), `private_dir` (directories and files only their owner may open)
+//! and `units` (page arithmetic) beside them. ARCHITECTURE.md at the top of the
 //! repository describes them and the life of a request; docs/ holds the facts
 //! the code relies on, with their sources.
 
@@ -20,6 +21,7 @@ pub mod fs;
 pub mod lifecycle;
 pub mod metrics;
 pub mod partition;
+pub mod private_dir;
 pub mod recovery;
 pub mod transfer;
 pub mod units;

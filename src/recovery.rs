@@ -20,7 +20,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -163,7 +163,13 @@ pub fn write_file(
         let path = path.display().to_string();
         move |source| RecoveryError::Io { path, source }
     };
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    // A directory made here is 0700 (the file itself is 0600 either way); one
+    // that exists is left as it is: refusing it would lose the data.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(crate::private_dir::DIR_MODE)
+        .create(dir)
+        .map_err(io(dir))?;
     let mut records = Vec::new();
     for (offset, data) in runs {
         let mut at = 0usize;
@@ -180,7 +186,7 @@ pub fn write_file(
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(crate::private_dir::FILE_MODE)
         .open(&tmp)
         .map_err(io(&tmp))?;
     let json = serde_json::to_vec(&header).expect("a header of strings and numbers serializes");
@@ -361,6 +367,23 @@ mod tests {
         assert_eq!(rec.runs[1].0, 1024 * 1024);
         assert_eq!(rec.runs[2].0, 1024 * 1024 + 4 * 1024 * 1024);
         assert!(rec.runs[2].1.iter().all(|&b| b == 7));
+    }
+
+    #[test]
+    fn a_recovery_file_and_the_directory_made_for_it_are_private() {
+        use std::os::unix::fs::MetadataExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("var/lib/blobdrive/recovery");
+        let runs = vec![(0u64, Bytes::from(vec![9u8; 512]))];
+        let path = write_file(&dir, header(), &runs).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "the recovery directory");
+        assert_eq!(
+            mode(&root.path().join("var")),
+            0o700,
+            "a parent made for it"
+        );
+        assert_eq!(mode(&path), 0o600, "the recovery file");
     }
 
     #[test]

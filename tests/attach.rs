@@ -99,9 +99,20 @@ impl Site {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// Where the daemons of this site keep their sockets and registry: the
+    /// run directory, or root's private directory in it once it is shared.
+    fn private_run_dir(&self) -> PathBuf {
+        let private = self.run_dir.path().join("blobdrive-0");
+        if private.is_dir() {
+            private
+        } else {
+            self.run_dir.path().to_path_buf()
+        }
+    }
+
     /// Registry entries (JSON) of this site.
     fn registry(&self) -> Vec<serde_json::Value> {
-        let dir = self.run_dir.path().join("attach");
+        let dir = self.private_run_dir().join("attach");
         let Ok(entries) = std::fs::read_dir(dir) else {
             return Vec::new();
         };
@@ -138,7 +149,7 @@ impl Site {
         for entry in self.registry() {
             found.push(format!("registry {entry}"));
         }
-        if let Ok(dir) = std::fs::read_dir(self.run_dir.path()) {
+        if let Ok(dir) = std::fs::read_dir(self.private_run_dir()) {
             for e in dir.filter_map(Result::ok) {
                 if e.path().extension().is_some_and(|x| x == "sock") {
                     found.push(format!("socket {}", e.path().display()));
@@ -1073,5 +1084,226 @@ fn three_snapshot_attaches_share_one_disk_cache_that_cache_clear_empties() {
     assert_eq!(counter(&d, "disk_hits"), 0, "the tier was emptied: {d}");
     assert!(counter(&d, "bytes_down") >= data.len() as u64, "{d}");
     site.ok(&["unmount", &views[0].to_string_lossy()]);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+/// The built binary, copied where the unprivileged user `nobody` can run it
+/// (the target directory may sit under a directory only root may enter).
+fn binary_for_nobody(site: &Site) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = site.root.path().join("bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("blobdrive");
+    std::fs::copy(BIN, &bin).unwrap();
+    for p in [site.root.path(), &dir] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+/// `program ARGS` run as the user `nobody` (no groups), with this site's
+/// environment.
+fn as_nobody(site: &Site, program: &Path, args: &[&str]) -> Output {
+    site.command("setpriv")
+        .args([
+            "--reuid",
+            "nobody",
+            "--regid",
+            "nogroup",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(program)
+        .args(args)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run setpriv")
+}
+
+/// Every directory and file under `dir`, `dir` included.
+fn tree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    let mut at = 0;
+    while at < out.len() {
+        if std::fs::symlink_metadata(&out[at]).is_ok_and(|m| m.is_dir()) {
+            let mut children: Vec<PathBuf> = std::fs::read_dir(&out[at])
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            children.sort();
+            out.extend(children);
+        }
+        at += 1;
+    }
+    out
+}
+
+/// The paths of `paths` the user `nobody` can open (a directory: list).
+fn opened_by_nobody(site: &Site, paths: &[PathBuf]) -> Vec<String> {
+    let script = "import os, sys\n\
+        for p in sys.argv[1:]:\n\
+        \x20   try:\n\
+        \x20       os.listdir(p) if os.path.isdir(p) else open(p, 'rb').close()\n\
+        \x20       print(p)\n\
+        \x20   except OSError:\n\
+        \x20       pass\n";
+    let mut args = vec!["-c".to_string(), script.to_string()];
+    args.extend(paths.iter().map(|p| p.to_string_lossy().into_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = as_nobody(site, Path::new("/usr/bin/python3"), &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn no_other_user_can_read_the_disk_tier_of_an_attach() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !can_run("no_other_user_can_read_the_disk_tier_of_an_attach") {
+        return;
+    }
+    let site = Site::new();
+    binary_for_nobody(&site); // opens the site's directory to other users
+    let guard = runtime().block_on(ContainerGuard::new("attach-tier-modes"));
+    let drive = drive_name(&guard, "plain.vhd");
+    site.ok(&["create", &drive, "--size", "64M", "--mkfs", "ext4"]);
+    let dir = site.dir("data");
+    let dir_s = dir.to_string_lossy().to_string();
+    site.ok(&["mount", &drive, &dir_s]);
+    let data = pattern(4 << 20, 3);
+    std::fs::write(dir.join("secret.bin"), &data).unwrap();
+    site.ok(&["unmount", &dir_s]);
+
+    // A tier directory an older blobdrive made (0755, as the umask gave).
+    let cache = site.dir("cache");
+    let cache_s = cache.to_string_lossy().to_string();
+    std::fs::create_dir(cache.join("v1")).unwrap();
+    std::fs::set_permissions(cache.join("v1"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    site.ok(&[
+        "mount",
+        &drive,
+        &dir_s,
+        "--read-only",
+        "--cache-dir",
+        &cache_s,
+    ]);
+    assert!(std::fs::read(dir.join("secret.bin")).unwrap() == data);
+    let filled = || counter(&device_stats(&site, &dir), "disk_bytes") >= data.len() as u64;
+    let started = std::time::Instant::now();
+    while !filled() && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(filled(), "the tier filled: {}", device_stats(&site, &dir));
+    assert!(cached_chunks(&cache) > 0, "the tier holds chunks");
+    let held = tree(&cache.join("v1"));
+    assert!(held.len() > 4, "{held:?}");
+    let opened = opened_by_nobody(&site, &held);
+    assert!(opened.is_empty(), "nobody can open: {opened:?}");
+    for path in &held {
+        let mode = std::fs::symlink_metadata(path).unwrap().mode() & 0o777;
+        let want = if path.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode, want, "{} has mode {mode:o}", path.display());
+    }
+    // The directory the user named is left as it was.
+    assert_eq!(std::fs::metadata(&cache).unwrap().mode() & 0o7777, 0o755);
+    site.ok(&["unmount", &dir_s]);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+#[test]
+fn another_user_cannot_control_a_mount_and_a_shared_run_dir_keeps_its_mode() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !can_run("another_user_cannot_control_a_mount_and_a_shared_run_dir_keeps_its_mode") {
+        return;
+    }
+    let site = Site::new();
+    let bin = binary_for_nobody(&site);
+    // A shared run directory, as /tmp is.
+    let run = site.run_dir.path();
+    std::fs::set_permissions(run, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let guard = runtime().block_on(ContainerGuard::new("attach-control-peer"));
+    let drive = drive_name(&guard, "owned.vhd");
+    site.ok(&["create", &drive, "--size", "64M", "--mkfs", "ext4"]);
+    let dir = site.dir("data");
+    let dir_s = dir.to_string_lossy().to_string();
+    site.ok(&["mount", &drive, &dir_s]);
+    std::fs::write(dir.join("kept.txt"), b"still here\n").unwrap();
+
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!(
+        mode(run),
+        0o1777,
+        "the run directory given is never changed"
+    );
+    let private = run.join("blobdrive-0");
+    assert_eq!(mode(&private), 0o700, "root's private directory in it");
+    assert_eq!(std::fs::metadata(&private).unwrap().uid(), 0);
+
+    // `nobody` asks for an unmount and the stats: refused, one line each.
+    for args in [["unmount", &dir_s], ["stats", &dir_s]] {
+        let out = as_nobody(&site, &bin, &args);
+        assert!(!out.status.success(), "nobody ran {args:?}");
+        let line = stderr_line(&out);
+        assert!(line.starts_with("blobdrive: "), "{line}");
+    }
+    assert!(is_mounted(&dir), "the mount stays");
+
+    // Even with the directory opened up by hand, the daemon itself obeys
+    // only root and the user who mounted it.
+    let socket = std::fs::read_dir(&private)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "sock"))
+        .expect("the control socket");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let client = "import socket, sys\n\
+        s = socket.socket(socket.AF_UNIX)\n\
+        s.connect(sys.argv[1])\n\
+        try:\n\
+        \x20   s.sendall(sys.argv[2].encode() + b'\\n')\n\
+        except BrokenPipeError:\n\
+        \x20   pass\n\
+        print(s.makefile().readline().strip())\n";
+    for request in ["unmount", "flush", "grow 134217728", "stats"] {
+        let out = as_nobody(
+            &site,
+            Path::new("/usr/bin/python3"),
+            &["-c", client, &socket.to_string_lossy(), request],
+        );
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            answer.starts_with("error permission denied"),
+            "{request} by nobody: {answer:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(is_mounted(&dir), "the mount stays");
+    assert_eq!(
+        std::fs::read(dir.join("kept.txt")).unwrap(),
+        b"still here\n"
+    );
+    assert_eq!(
+        lease_state(&guard, "owned.vhd"),
+        Some(LeaseState::Leased),
+        "the drive was not closed"
+    );
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+
+    // Root controls it.
+    assert!(site.ok(&["stats", &dir_s, "--json"]).contains("owned.vhd"));
+    site.ok(&["unmount", &dir_s]);
+    assert!(!is_mounted(&dir));
+    assert_eq!(mode(run), 0o1777);
     assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
 }

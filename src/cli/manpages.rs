@@ -99,7 +99,9 @@ fn environment() -> Section {
             Item::Term(
                 "BLOBDRIVE_RUN_DIR",
                 "Where control sockets, the registry of attached drives and private FUSE \
-                 mounts live (default /run/blobdrive).",
+                 mounts live (default /run/blobdrive); when others may write to it (/tmp) or \
+                 it is not the user's, in blobdrive-UID inside it (0700). It is never \
+                 changed itself.",
             ),
             Item::Term(
                 "BLOBDRIVE_RECOVERY_DIR",
@@ -130,8 +132,9 @@ fn files() -> Section {
         items: vec![
             Item::Term(
                 "/run/blobdrive/",
-                "Control sockets of mounts, and attach/ with one registry entry (*.json) and \
-                 one private FUSE mount per attached drive.",
+                "Control sockets of mounts (only root and the user who mounted may use \
+                 them), and attach/ with one registry entry (*.json) and one private FUSE \
+                 mount per attached drive; 0700.",
             ),
             Item::Term(
                 "/var/lib/blobdrive/recovery/",
@@ -140,7 +143,7 @@ fn files() -> Section {
             ),
             Item::Term(
                 "/var/cache/blobdrive/",
-                "The local disk tier (--cache-dir).",
+                "The local disk tier (--cache-dir); directories 0700, files 0600.",
             ),
             Item::Term(
                 "/etc/blobdrive/NAME.conf, /etc/blobdrive/NAME.env",

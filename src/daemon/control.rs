@@ -1,12 +1,21 @@
 //! The control socket of a mount: how `blobdrive stats DIR` and
 //! `blobdrive unmount DIR` reach the daemon serving DIR.
 //!
-//! One Unix stream socket per mount, `$BLOBDRIVE_RUN_DIR/<hash>.sock` (default
-//! run dir `/run/blobdrive`, mode 0700), where `<hash>` is the first 16 hex digits
-//! of the SHA-256 of the canonical mountpoint path. Protocol: the client sends
-//! one line, `stats`, `flush`, `grow <bytes>` or `unmount`; the daemon answers one
-//! line: the stats JSON, or `ok` / `error <reason>` once the flush, the grow of
-//! the drive under the daemon's lease, or the unmount has finished.
+//! One Unix stream socket per mount, `<run dir>/<hash>.sock`, where `<hash>`
+//! is the first 16 hex digits of the SHA-256 of the canonical mountpoint path
+//! and the run dir is this user's (`mountpoint::run_dir`: `$BLOBDRIVE_RUN_DIR`
+//! itself when nobody else may write to it, else `blobdrive-UID` in it, 0700);
+//! the socket is 0600. Protocol: the client sends one line, `stats`, `metrics`, `flush`,
+//! `grow <bytes>` or `unmount`; the daemon answers one line: the stats JSON,
+//! or `ok` / `error <reason>` once the flush, the grow of the drive under the
+//! daemon's lease, or the unmount has finished.
+//!
+//! Who may ask: root and the user the daemon runs as (who mounted it), for
+//! every command, the read-only `stats` and `metrics` too (they name the
+//! account and drives). The directory keeps others away; the daemon also
+//! checks each peer's uid (`SO_PEERCRED`) and answers anyone else
+//! `error permission denied: ...` without reading the request, so a socket
+//! reachable by mistake (a directory opened up by hand) still obeys only them.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -15,7 +24,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use super::mountpoint::{is_mount_point, lazy_unmount, mount_key, run_dir, RUN_DIR_ENV};
+use super::mountpoint::{
+    every_run_dir, is_mount_point, lazy_unmount, mount_key, run_dir, RUN_DIR_ENV,
+};
+use crate::private_dir;
 
 /// How long `stats` waits for an answer.
 const STATS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -125,11 +137,45 @@ impl Command {
     }
 }
 
+/// May the user `uid` control a mount whose daemon runs as `owner`?
+fn may_control(uid: u32, owner: u32) -> bool {
+    uid == 0 || uid == owner
+}
+
+/// The control socket of the mount at `canonical`: in this user's run
+/// directory, or for root, who may control every mount, in the run
+/// directory of whichever user made it, when this user has none there.
+fn find_socket(canonical: &Path) -> PathBuf {
+    use std::os::unix::fs::FileTypeExt;
+    let own = socket_path_of_canonical(canonical);
+    if private_dir::euid() != 0 || own.exists() {
+        return own;
+    }
+    let name = own.file_name().map(PathBuf::from).unwrap_or_default();
+    every_run_dir()
+        .into_iter()
+        .map(|dir| dir.join(&name))
+        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket()))
+        .unwrap_or(own)
+}
+
 fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyhow::Result<String> {
     let dir = canonical_mountpoint(mountpoint)?;
-    let path = socket_path_of_canonical(&dir);
+    let path = find_socket(&dir);
     let mut stream = match UnixStream::connect(&path) {
         Ok(stream) => stream,
+        Err(err)
+            if err.kind() == std::io::ErrorKind::NotFound
+                && is_mount_point(&dir).unwrap_or(false)
+                && private_dir::euid() != 0 =>
+        {
+            bail!(
+                "no daemon of this user (uid {}) serves {}: a mount made by another user is \
+                 controlled by that user or root",
+                private_dir::euid(),
+                mountpoint.display()
+            )
+        }
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             return Err(NoDaemon::NotAMount {
                 dir: mountpoint.to_path_buf(),
@@ -157,7 +203,12 @@ fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyho
         }
     };
     stream.set_read_timeout(timeout)?;
-    stream.write_all(format!("{command}\n").as_bytes())?;
+    match stream.write_all(format!("{command}\n").as_bytes()) {
+        // A daemon that refuses this user answers and closes at once: its
+        // answer is still there to read.
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {}
+        r => r?,
+    }
     let mut line = String::new();
     BufReader::new(stream)
         .read_line(&mut line)
@@ -175,12 +226,24 @@ fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyho
 /// `{"mountpoint": .., "pid": .., "devices": {"container/blob": counters}}`.
 pub fn request_stats(mountpoint: &Path) -> anyhow::Result<serde_json::Value> {
     let line = request(mountpoint, "stats", Some(STATS_TIMEOUT))?;
+    if let Some(reason) = line.strip_prefix("error ") {
+        bail!(
+            "cannot read the stats of {}: {reason}",
+            mountpoint.display()
+        );
+    }
     serde_json::from_str(&line).with_context(|| format!("bad stats answer: {line}"))
 }
 
 /// The metrics of the mount at `mountpoint` in the Prometheus text format.
 pub fn request_metrics(mountpoint: &Path) -> anyhow::Result<String> {
     let line = request(mountpoint, "metrics", Some(STATS_TIMEOUT))?;
+    if let Some(reason) = line.strip_prefix("error ") {
+        bail!(
+            "cannot read the metrics of {}: {reason}",
+            mountpoint.display()
+        );
+    }
     serde_json::from_str(&line).with_context(|| format!("bad metrics answer: {line}"))
 }
 
@@ -243,20 +306,24 @@ impl UnmountRequest {
     }
 }
 
-/// Binds the control socket at `path`, replacing a stale one; fails if a live
+/// Binds the control socket at `path` (in this user's run directory, made
+/// or checked here) with mode 0600, replacing a stale one; fails if a live
 /// daemon already answers there.
 pub(crate) fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
-    let dir = path
-        .parent()
-        .context("control socket path has no directory")?;
     let denied = |e: &std::io::Error| e.kind() == std::io::ErrorKind::PermissionDenied;
-    match std::fs::create_dir_all(dir) {
-        Err(e) if denied(&e) => bail!("{}", run_dir_denied(path)),
-        r => r.with_context(|| format!("cannot create {}", dir.display()))?,
-    }
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    let dir = match super::mountpoint::ensure_run_dir() {
+        // The kernel's own "permission denied": not ours to create in.
+        Err(e) if denied(&e) && e.raw_os_error().is_some() => bail!("{}", run_dir_denied(path)),
+        // A directory `private_dir` refused says why itself.
+        Err(e) if e.raw_os_error().is_none() => bail!("cannot use the run directory: {e}"),
+        r => r.with_context(|| format!("cannot create {}", run_dir().display()))?,
+    };
+    if path.parent() != Some(dir.as_path()) {
+        bail!(
+            "the control socket {} is not in the run directory {}",
+            path.display(),
+            dir.display()
+        );
     }
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
@@ -268,10 +335,18 @@ pub(crate) fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
         std::fs::remove_file(path)
             .with_context(|| format!("cannot remove stale {}", path.display()))?;
     }
-    match tokio::net::UnixListener::bind(path) {
+    let listener = match tokio::net::UnixListener::bind(path) {
         Err(e) if denied(&e) => bail!("{}", run_dir_denied(path)),
-        r => r.with_context(|| format!("cannot bind {}", path.display())),
+        r => r.with_context(|| format!("cannot bind {}", path.display()))?,
+    };
+    // Connecting takes write permission on the socket: only its owner (and
+    // root). The directory may be one others can enter (0755, our own).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("cannot restrict {}", path.display()))?;
     }
+    Ok(listener)
 }
 
 /// What to say when the run directory holding `socket` is not ours to use.
@@ -300,8 +375,9 @@ pub(crate) async fn serve(
     unmounts: tokio::sync::mpsc::Sender<UnmountRequest>,
 ) {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let owner = private_dir::euid();
     loop {
-        let stream = match listener.accept().await {
+        let mut stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(err) => {
                 tracing::warn!(%err, "control socket accept failed");
@@ -313,6 +389,21 @@ pub(crate) async fn serve(
         let mountpoint = mountpoint.clone();
         let unmounts = unmounts.clone();
         tokio::spawn(async move {
+            let uid = match stream.peer_cred() {
+                Ok(cred) => cred.uid(),
+                Err(err) => {
+                    tracing::warn!(%err, "control socket: cannot tell who connected; refused");
+                    return;
+                }
+            };
+            if !may_control(uid, owner) {
+                tracing::warn!(uid, "control socket: a request from another user refused");
+                let line = format!(
+                    "error permission denied: only root or uid {owner}, who mounted it, may control this mount\n"
+                );
+                let _ = stream.write_all(line.as_bytes()).await;
+                return;
+            }
             let (read, mut write) = stream.into_split();
             let mut line = String::new();
             if tokio::io::BufReader::new(read)

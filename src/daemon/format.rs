@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 
-use super::mountpoint::{is_mount_point, mount_key, run_dir};
+use super::mountpoint::{ensure_run_dir, is_mount_point, mount_key, run_dir};
 use super::{attach, request_unmount, run_mount, MountOptions};
 use crate::attach::{filesystem, table, FsType, LoopDevice};
 use crate::blob::{Account, BlobClient, BlobPath};
@@ -154,7 +154,9 @@ fn lay_out(file: &Path, format: &Format) -> anyhow::Result<()> {
 }
 
 fn private_dir(path: &BlobPath) -> anyhow::Result<PathBuf> {
-    let root = run_dir().join("format");
+    let root = ensure_run_dir()
+        .with_context(|| format!("cannot use the run directory {}", run_dir().display()))?
+        .join("format");
     std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
     let name = mount_key(Path::new(&format!("{path}#{}", std::process::id())));
     let dir = root.join(name);

@@ -3,8 +3,9 @@
 //! under which the run directory keeps what belongs to it.
 //!
 //! What it owns: reading `/proc/self/mountinfo`, `umount2(MNT_DETACH)`, the
-//! run directory (`$BLOBDRIVE_RUN_DIR`, default `/run/blobdrive`) and the
-//! mount key. It sits below `attach.rs`, `control.rs`, `registry.rs` and
+//! run directory (`$BLOBDRIVE_RUN_DIR`, default `/run/blobdrive`; a shared
+//! one, such as `/tmp`, holds a private `blobdrive-UID` directory per user
+//! and is never changed itself) and the mount key. It sits below `attach.rs`, `control.rs`, `registry.rs` and
 //! `format.rs`, which all need these and must not need each other for them.
 //! Invariant: one canonical directory has one key, so the control socket and
 //! the registry entry of a mount are found from its path alone.
@@ -14,16 +15,80 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use sha2::{Digest, Sha256};
 
-/// Default directory of the control sockets.
+use crate::private_dir;
+
+/// Default run directory.
 pub const DEFAULT_RUN_DIR: &str = "/run/blobdrive";
 /// Environment variable that overrides [`DEFAULT_RUN_DIR`] (tests, non-root users).
 pub const RUN_DIR_ENV: &str = "BLOBDRIVE_RUN_DIR";
+/// What the private directory of uid N in a shared run directory is called,
+/// before the N.
+const PRIVATE_PREFIX: &str = "blobdrive-";
 
-/// The directory holding control sockets.
-pub fn run_dir() -> PathBuf {
+/// The run directory as the user gave it (`$BLOBDRIVE_RUN_DIR`, else
+/// [`DEFAULT_RUN_DIR`]); blobdrive never changes its mode.
+pub fn base_run_dir() -> PathBuf {
     std::env::var_os(RUN_DIR_ENV)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
+}
+
+/// The directory holding this user's control sockets, registry and private
+/// FUSE mounts: the run directory itself when it is this user's and nobody
+/// else may write to it (the default `/run/blobdrive`, which blobdrive makes
+/// 0700, or a directory of one's own), or when it does not exist yet (it is
+/// then made 0700); otherwise (a shared one such as `/tmp`, or another
+/// user's) `blobdrive-UID` inside it, 0700. Computes the path only: the
+/// daemon makes and checks it with [`ensure_run_dir`].
+pub fn run_dir() -> PathBuf {
+    let base = base_run_dir();
+    let missing =
+        std::fs::symlink_metadata(&base).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+    if missing || private_dir::is_ours_alone(&base) {
+        base
+    } else {
+        base.join(format!("{PRIVATE_PREFIX}{}", private_dir::euid()))
+    }
+}
+
+/// Make (0700) or check [`run_dir`] and return it. The run directory the
+/// user gave is never changed: used as it is when it is this user's alone;
+/// when it is shared, it must be root's or this user's, and sticky if others
+/// may write to it, and the private directory in it must be a real directory
+/// of this user that nobody else may write to (see `private_dir`). The
+/// error says in one line what is wrong.
+pub fn ensure_run_dir() -> std::io::Result<PathBuf> {
+    let base = base_run_dir();
+    let dir = run_dir();
+    if dir != base {
+        private_dir::check_parent(&base)?;
+        private_dir::ensure(&dir)?;
+    } else if !base.exists() {
+        private_dir::ensure(&base)?;
+    }
+    Ok(dir)
+}
+
+/// Every directory that may hold a mount's control socket on this host, for
+/// root, who may control every mount: the run directory itself and the
+/// private directory of each user in it.
+pub(crate) fn every_run_dir() -> Vec<PathBuf> {
+    let base = base_run_dir();
+    let mut dirs = vec![base.clone()];
+    if let Ok(entries) = std::fs::read_dir(&base) {
+        dirs.extend(
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_prefix(PRIVATE_PREFIX))
+                        .is_some_and(|uid| uid.parse::<u32>().is_ok())
+                })
+                .map(|e| e.path()),
+        );
+    }
+    dirs
 }
 
 /// The name of everything a mount keeps in the run directory: the first 16

@@ -1,6 +1,8 @@
 //! What this host has attached: one JSON file per attached drive in
-//! `$BLOBDRIVE_RUN_DIR/attach/<key>.json` (CloudDrive's GetMountedDrives), and
-//! the private FUSE mountpoint of each attach, `$BLOBDRIVE_RUN_DIR/attach/<key>/`.
+//! `<run dir>/attach/<key>.json` (CloudDrive's GetMountedDrives), and the
+//! private FUSE mountpoint of each attach, `<run dir>/attach/<key>/`, where
+//! the run dir is this user's private one (`mountpoint::run_dir`). The
+//! directory is 0700 and the entries 0600 (`private_dir`).
 //!
 //! `<key>` is the mount key of the user's directory (see `mountpoint::mount_key`),
 //! so one directory holds at most one attach and `blobdrive unmount DIR` finds
@@ -8,12 +10,14 @@
 //! exits; an entry whose daemon is gone (a crash, `kill -9`) is reported as
 //! stale, never hidden, because its lease and loop device may still be there.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
 use super::mountpoint::{mount_key, run_dir};
+use crate::private_dir;
 
 /// How a drive is attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,9 +96,11 @@ pub fn write(entry: &AttachedDrive) -> anyhow::Result<()> {
     let path = entry_file(&mount_key(&entry.dir));
     let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_string_pretty(entry).context("cannot encode registry entry")?;
-    std::fs::create_dir_all(attach_dir())
+    private_dir::ensure(&attach_dir())
         .with_context(|| format!("cannot create {}", attach_dir().display()))?;
-    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    private_dir::create_file(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
 }
 

@@ -23,6 +23,12 @@
 //!   least recently used chunks evicted first). Processes sharing one
 //!   snapshot's directory each keep their own account, so the bound there
 //!   holds per process.
+//! - Nobody else can read a page: the directories are 0700 and the files
+//!   0600 from their creation (`private_dir`), a loose directory or file
+//!   left by an older blobdrive is tightened at open, and a directory of
+//!   another user, or one others may write to, turns the tier off with one
+//!   line saying why. The cache dir itself is never changed (it may be
+//!   shared); it must belong to this user or root.
 //! - Every method here blocks on file I/O except [`DiskCache::store`],
 //!   [`DiskCache::store_wait`], [`DiskCache::invalidate`] and the counters:
 //!   the drive calls the others through `spawn_blocking`. Writes go to one
@@ -35,7 +41,9 @@ mod record;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::fs::Permissions;
 use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -47,6 +55,7 @@ use rand::Rng as _;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc::{Receiver, Sender};
 
+use crate::private_dir;
 pub use format::CachedChunk;
 use record::{DirLock, LockMode, Record};
 
@@ -271,7 +280,15 @@ fn wipe(chunks_dir: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    std::fs::create_dir_all(chunks_dir)
+    private_dir::ensure(chunks_dir)
+}
+
+/// Check the cache dir (never changed: it may be shared) and make or check
+/// the private layout directory under it, before a drive's directory is
+/// used (see `private_dir`). The error names the directory and what is wrong.
+fn check_root(cache_dir: &Path) -> io::Result<()> {
+    private_dir::check_parent(cache_dir)?;
+    private_dir::ensure(&cache_dir.join(LAYOUT))
 }
 
 /// The chunk files present, oldest first by modification time.
@@ -291,6 +308,10 @@ fn scan(chunks_dir: &Path, remove_temps: bool) -> io::Result<Index> {
             continue;
         };
         let meta = entry.metadata()?;
+        if meta.mode() & 0o077 != 0 {
+            // Left by an older blobdrive, which made chunk files 0644.
+            std::fs::set_permissions(entry.path(), Permissions::from_mode(private_dir::FILE_MODE))?;
+        }
         found.push((meta.modified().ok(), idx, round_up(meta.len())));
     }
     found.sort_unstable();
@@ -363,6 +384,7 @@ impl DiskCache {
         etag: Option<&str>,
         access: Access,
     ) -> io::Result<Opened> {
+        check_root(&opts.dir)?;
         let dir = drive_dir(&opts.dir, identity);
         let chunks_dir = dir.join("chunks");
         let mode = match access {
@@ -387,7 +409,7 @@ impl DiskCache {
             }
             wipe(&chunks_dir)?;
         } else {
-            std::fs::create_dir_all(&chunks_dir)?;
+            private_dir::ensure(&chunks_dir)?;
         }
         let state = match access {
             Access::Writer => record::IN_USE,
@@ -429,13 +451,12 @@ impl DiskCache {
         };
         let over = cache.shared.index().shrink_to(cache.shared.budget());
         remove_files(&cache.shared, &over);
-        tracing::info!(
-            dir = %cache.dir.display(),
-            trusted,
-            chunks = cache.shared.index().entries.len(),
-            bytes = cache.bytes_held(),
-            "disk cache open"
-        );
+        // Read before logging: two index guards in one macro call deadlock.
+        let (chunks, bytes) = {
+            let index = cache.shared.index();
+            (index.entries.len(), index.bytes)
+        };
+        tracing::info!(dir = %cache.dir.display(), trusted, chunks, bytes, "disk cache open");
         Ok(Opened::Ready(cache))
     }
 
@@ -700,7 +721,7 @@ fn write_chunk(shared: &Shared, idx: u64, ticket: u64, chunk: &CachedChunk, n: u
     let tmp = shared
         .chunks_dir
         .join(format!("{idx:016x}.tmp.{}.{n}", std::process::id()));
-    let written = File::create(&tmp).and_then(|mut f| {
+    let written = private_dir::create_file(&tmp).and_then(|mut f| {
         f.write_all(&format::header(idx, chunk))?;
         f.write_all(&chunk.data)
     });

@@ -10,13 +10,15 @@
 //! (read-only and snapshot mounts) share the lock; they only ever trust or
 //! reset a record (resetting needs the lock exclusively).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::private_dir;
 
 /// What `record.json` holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,7 +59,7 @@ pub fn read(dir: &Path) -> Option<Record> {
 pub fn write(dir: &Path, record: &Record) -> io::Result<()> {
     let tmp = dir.join(format!("record.json.tmp.{}", std::process::id()));
     {
-        let mut f = File::create(&tmp)?;
+        let mut f = private_dir::create_file(&tmp)?;
         f.write_all(&serde_json::to_vec_pretty(record).map_err(io::Error::other)?)?;
         f.sync_all()?;
     }
@@ -108,12 +110,8 @@ impl DirLock {
     pub fn try_take(dir: &Path, mode: LockMode) -> io::Result<Option<DirLock>> {
         let path = dir.join("lock");
         for _ in 0..8 {
-            std::fs::create_dir_all(dir)?;
-            let file = OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)?;
+            private_dir::ensure(dir)?;
+            let file = private_dir::open_file(&path)?;
             if !flock(&file, op_of(mode))? {
                 return Ok(None);
             }
