@@ -1174,3 +1174,365 @@ fn copy_onto_an_existing_blob_is_refused_and_leaves_it_byte_identical() {
     assert!(log[0].1.is_copy_blob() && !(200..300).contains(&log[0].1.status));
     rt.block_on(source.assert_unchanged(&guard.client));
 }
+
+// Interrupted lifecycle operations: `restore` and the offline `resize` hold
+// a fixed lease (60 s, renewed while they run), released at the end, on
+// Ctrl-C and SIGTERM, and expiring by itself after SIGKILL; a restore whose
+// copy cannot be polled keeps its lease rather than releasing it under a
+// copy that may still be pending. Made slow (or made to fail) by the fault
+// proxy between blobdrive and Azurite; the lease is read from Azurite
+// directly or through `info`.
+
+/// A runtime whose worker answers the proxy while the test thread waits on
+/// a process.
+fn proxy_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Every request held for `delay`, then forwarded: an operation of a few
+/// requests takes seconds, time enough to stop it half way.
+fn slow(delay: Duration) -> fault_proxy::Rates {
+    fault_proxy::Rates {
+        delay_per_mille: 1000,
+        delay,
+        max_faults: u64::MAX,
+        window: Duration::from_secs(600),
+        ..fault_proxy::Rates::none()
+    }
+}
+
+impl Site {
+    /// Starts `blobdrive ARGS` with `env` on top of the site's; its pid and
+    /// the process, killed on drop.
+    fn spawn(&self, args: &[&str], env: &[(&str, &str)]) -> (libc::pid_t, Running) {
+        let mut cmd = Command::new(BIN);
+        cmd.env("BLOBDRIVE_RUN_DIR", self.run_dir.path())
+            .env("BLOBDRIVE_RECOVERY_DIR", common::recovery_dir())
+            .env(
+                "AZURE_STORAGE_CONNECTION_STRING",
+                common::connection_string(),
+            )
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("RUST_LOG")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("run blobdrive");
+        (child.id() as libc::pid_t, Running(Some(child)))
+    }
+
+    /// `info --json` of `drive`.
+    fn info(&self, drive: &str) -> serde_json::Value {
+        serde_json::from_str(&self.ok(&["info", drive, "--json"])).expect("info json")
+    }
+}
+
+/// Sends `signal` to our child `pid`.
+fn send(pid: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: kill(2) on the pid of our own child, not reaped yet (its
+    // `Running` reaps it only in `finish` or on drop, after this).
+    let sent = unsafe { libc::kill(pid, signal) };
+    assert_eq!(sent, 0, "signal {signal} sent");
+}
+
+/// The lease state and duration of `path`, asked of Azurite directly.
+fn lease_of(
+    rt: &tokio::runtime::Runtime,
+    client: &BlobClient,
+    path: &BlobPath,
+) -> (
+    Option<blobdrive::blob::LeaseState>,
+    Option<blobdrive::blob::LeaseDuration>,
+) {
+    let props = rt
+        .block_on(client.get_properties(path))
+        .expect("properties");
+    (props.lease_state, props.lease_duration)
+}
+
+/// Waits until someone holds the lease of `path`.
+fn wait_until_leased(rt: &tokio::runtime::Runtime, client: &BlobClient, path: &BlobPath) {
+    system::wait_for("the operation's lease", Duration::from_secs(60), || {
+        lease_of(rt, client, path).0 == Some(blobdrive::blob::LeaseState::Leased)
+    });
+}
+
+/// A drive of 16 MiB with a few scattered ranges of `byte`.
+async fn drive_with_data(client: &BlobClient, path: &BlobPath, byte: u8) {
+    if client.get_properties(path).await.is_err() {
+        common::make_drive(client, path, 16 * MIB).await;
+    }
+    for at in [0, 3 * MIB, 7 * MIB, 11 * MIB] {
+        client
+            .put_pages(path, at, vec![byte; 64 * 1024].into(), None)
+            .await
+            .expect("put");
+    }
+}
+
+/// An offline resize stopped by `signal` once it holds its lease, through a
+/// proxy that holds every request for a second; its output.
+fn stop_an_offline_resize(signal: libc::c_int) -> (ContainerGuard, Site, String, Output) {
+    let rt = proxy_runtime();
+    let guard = rt.block_on(ContainerGuard::new("rsstop"));
+    let path = guard.path("d.vhd");
+    rt.block_on(common::make_drive(&guard.client, &path, 16 * MIB));
+    let proxy = rt.block_on(FaultProxy::start_random(
+        &common::account().endpoint,
+        slow(Duration::from_secs(1)),
+        1,
+    ));
+    let site = Site::new();
+    let drive = format!("{}/d.vhd", guard.name);
+    let via = via_proxy(&proxy);
+    let (pid, running) = site.spawn(
+        &["resize", &drive, "--size", "32M"],
+        &[("AZURE_STORAGE_CONNECTION_STRING", &via)],
+    );
+    wait_until_leased(&rt, &guard.client, &path);
+    send(pid, signal);
+    let out = running.finish(Duration::from_secs(30));
+    drop(proxy);
+    (guard, site, drive, out)
+}
+
+#[test]
+fn ctrl_c_during_an_offline_resize_releases_its_lease() {
+    let (_guard, site, drive, out) = stop_an_offline_resize(libc::SIGINT);
+    let line = only_line(&out);
+    assert!(
+        line.contains("interrupted") && line.contains("running the resize again"),
+        "{line}"
+    );
+    // Unlocked, and still a drive; the same resize then finishes it.
+    let info = site.info(&drive);
+    assert_eq!(info["lease_state"], "available", "{info}");
+    assert_eq!(info["is_drive"], true, "{info}");
+    site.ok(&["resize", &drive, "--size", "32M"]);
+    assert_eq!(site.info(&drive)["virtual_size_bytes"], 32 * MIB);
+}
+
+#[test]
+fn sigterm_during_an_offline_resize_releases_its_lease() {
+    let (_guard, site, drive, out) = stop_an_offline_resize(libc::SIGTERM);
+    let line = only_line(&out);
+    assert!(line.contains("interrupted"), "{line}");
+    assert_eq!(site.info(&drive)["lease_state"], "available");
+}
+
+#[test]
+fn a_killed_offline_resize_leaves_a_lease_that_expires_by_itself() {
+    let (guard, site, drive, out) = stop_an_offline_resize(libc::SIGKILL);
+    assert_eq!(out.status.code(), None, "killed: {out:?}");
+    // SIGKILL cannot be caught: the lease stays, but it is a fixed one
+    // that nobody renews any more.
+    let rt = runtime();
+    let path = guard.path("d.vhd");
+    let (state, duration) = lease_of(&rt, &guard.client, &path);
+    assert_eq!(state, Some(blobdrive::blob::LeaseState::Leased));
+    assert_eq!(duration, Some(blobdrive::blob::LeaseDuration::Fixed));
+    // Gone within its 60 s (a little slack for a loaded machine).
+    system::wait_for(
+        "the killed resize's lease to expire",
+        Duration::from_secs(75),
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            lease_of(&rt, &guard.client, &path).0 != Some(blobdrive::blob::LeaseState::Leased)
+        },
+    );
+    // With no break-lease: the resize runs again and finishes.
+    site.ok(&["resize", &drive, "--size", "32M"]);
+    let info = site.info(&drive);
+    assert_eq!(info["virtual_size_bytes"], 32 * MIB);
+    assert_ne!(info["lease_state"], "leased", "{info}");
+}
+
+#[test]
+fn ctrl_c_during_a_restore_releases_its_lease_and_names_the_safety_snapshot() {
+    let rt = proxy_runtime();
+    let guard = rt.block_on(ContainerGuard::new("rstint"));
+    let path = guard.path("d.vhd");
+    rt.block_on(drive_with_data(&guard.client, &path, 1));
+    let then = rt.block_on(guard.client.snapshot(&path)).expect("snapshot");
+    rt.block_on(drive_with_data(&guard.client, &path, 2));
+    let before = rt.block_on(BlobState::of(&guard.client, &path));
+    let proxy = rt.block_on(FaultProxy::start_random(
+        &common::account().endpoint,
+        slow(Duration::from_secs(1)),
+        2,
+    ));
+    let site = Site::new();
+    let drive = format!("{}/d.vhd", guard.name);
+    let via = via_proxy(&proxy);
+    let (pid, running) = site.spawn(
+        &["restore", &drive, "--snapshot", &then],
+        &[("AZURE_STORAGE_CONNECTION_STRING", &via)],
+    );
+    // Stopped once the safety snapshot is taken: the drive is being
+    // rewritten from here on.
+    let snapshots = || {
+        rt.block_on(blobdrive::lifecycle::checks::snapshots_of(
+            &guard.client,
+            &path,
+        ))
+        .expect("snapshots")
+    };
+    system::wait_for("the safety snapshot", Duration::from_secs(60), || {
+        snapshots().len() == 2
+    });
+    let safety = snapshots()
+        .into_iter()
+        .find(|t| *t != then)
+        .expect("safety snapshot");
+    send(pid, libc::SIGINT);
+    let out = running.finish(Duration::from_secs(30));
+    drop(proxy);
+    let line = only_line(&out);
+    assert!(
+        line.contains("interrupted")
+            && line.contains(&format!("blobdrive restore {drive} --snapshot {safety}")),
+        "{line}"
+    );
+    assert_eq!(site.info(&drive)["lease_state"], "available");
+    // The line's undo gives back the state before the restore.
+    site.ok(&["restore", &drive, "--snapshot", &safety]);
+    let after = rt.block_on(BlobState::of(&guard.client, &path));
+    assert_eq!(after.sha256, before.sha256, "the safety snapshot put back");
+}
+
+/// A restore of a drive through a proxy whose polls of the service's copy
+/// fail as `plan` says (the service copies, also on Azurite, with
+/// `BLOBDRIVE_TEST_SERVICE_COPY`; one client-side retry budget is
+/// `retry_secs`). The snapshot restored, the drive's state before, the run's
+/// output and the proxy's record of the drive.
+fn restore_with_failing_polls(
+    rt: &tokio::runtime::Runtime,
+    guard: &ContainerGuard,
+    plan: CopyPlan,
+    retry_secs: &str,
+) -> (String, Output, Vec<(usize, Exchange)>) {
+    let path = guard.path("d.vhd");
+    rt.block_on(drive_with_data(&guard.client, &path, 1));
+    let then = rt.block_on(guard.client.snapshot(&path)).expect("snapshot");
+    rt.block_on(drive_with_data(&guard.client, &path, 2));
+    let proxy = rt.block_on(FaultProxy::start_copy(
+        &common::account().endpoint,
+        &path,
+        plan,
+    ));
+    let site = Site::new();
+    let drive = format!("{}/d.vhd", guard.name);
+    let via = via_proxy(&proxy);
+    let out = site.blobdrive_env(
+        &["restore", &drive, "--snapshot", &then, "--json"],
+        &[
+            ("AZURE_STORAGE_CONNECTION_STRING", &via),
+            (blobdrive::lifecycle::copy::SERVICE_COPY_ENV, "1"),
+            ("BLOBDRIVE_RETRY_TOTAL_SECS", retry_secs),
+        ],
+    );
+    let log = about(&proxy);
+    (then, out, log)
+}
+
+/// Where the lease requests with `action` are in `log`.
+fn lease_actions(log: &[(usize, Exchange)], action: &str) -> Vec<usize> {
+    log.iter()
+        .filter(|(_, x)| x.query_param("comp") == Some("lease"))
+        .filter(|(_, x)| x.header("x-ms-lease-action") == Some(action))
+        .map(|(i, _)| *i)
+        .collect()
+}
+
+#[test]
+fn a_restore_keeps_its_lease_while_polls_of_its_copy_fail_and_finishes() {
+    let rt = proxy_runtime();
+    let guard = rt.block_on(ContainerGuard::new("rstpoll"));
+    // Ten failed polls: more than one poll's retries (about five in 2 s),
+    // well within the wait's budget (five of them).
+    let (then, out, log) = restore_with_failing_polls(&rt, &guard, CopyPlan::PollsFail(10), "2");
+    assert!(
+        out.status.success(),
+        "restored despite the failed polls: {out:?}{}",
+        shown(&log)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["snapshot"], then);
+    let failed: Vec<usize> = log
+        .iter()
+        .filter(|(_, x)| x.is_properties() && x.status == 503)
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(failed.len(), 10, "{}", shown(&log));
+    // Held as long as the copy could be pending: one release, after the
+    // last poll.
+    let last_poll = log
+        .iter()
+        .filter(|(_, x)| x.is_properties())
+        .map(|(i, _)| *i)
+        .max()
+        .expect("polls");
+    let releases = lease_actions(&log, "release");
+    assert_eq!(releases.len(), 1, "{}", shown(&log));
+    assert!(releases[0] > last_poll, "{}", shown(&log));
+    let path = guard.path("d.vhd");
+    let (state, _) = lease_of(&rt, &guard.client, &path);
+    assert_ne!(state, Some(blobdrive::blob::LeaseState::Leased));
+    let restored = rt.block_on(BlobState::of(&guard.client, &path));
+    let snap = rt.block_on(BlobState::of(
+        &guard.client,
+        &path.clone().with_snapshot(Some(&then)),
+    ));
+    assert_eq!(restored.sha256, snap.sha256, "the drive is the snapshot");
+}
+
+#[test]
+fn a_restore_whose_copy_cannot_be_polled_keeps_its_lease_and_names_the_safety_snapshot() {
+    let rt = proxy_runtime();
+    let guard = rt.block_on(ContainerGuard::new("rstlost"));
+    let (then, out, log) =
+        restore_with_failing_polls(&rt, &guard, CopyPlan::PollsFail(u32::MAX), "1");
+    // One error line (and a warning when the polls began to fail).
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("blobdrive: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "one error line: {err}");
+    let line = lines[0];
+    let path = guard.path("d.vhd");
+    let safety = rt
+        .block_on(blobdrive::lifecycle::checks::snapshots_of(
+            &guard.client,
+            &path,
+        ))
+        .expect("snapshots")
+        .into_iter()
+        .find(|t| *t != then)
+        .expect("a safety snapshot");
+    assert!(
+        line.contains("may still be copying")
+            && line.contains(&format!("safety snapshot {safety}"))
+            && line.contains(&format!("--snapshot {safety}")),
+        "{line}"
+    );
+    // Not released under a copy that may be pending: still held, and a
+    // fixed lease, so it expires by itself.
+    assert!(
+        lease_actions(&log, "release").is_empty(),
+        "no release: {}",
+        shown(&log)
+    );
+    let (state, duration) = lease_of(&rt, &guard.client, &path);
+    assert_eq!(state, Some(blobdrive::blob::LeaseState::Leased));
+    assert_eq!(duration, Some(blobdrive::blob::LeaseDuration::Fixed));
+}

@@ -1,7 +1,9 @@
 //! `blobdrive resize C/B --size S [--allow-shrink] [--json]`: change a
 //! drive's size. Attached read-write on this host: grown in place (blob,
 //! FUSE file, loop device, filesystem) with no remount. Not attached:
-//! resized offline under a short lease. Leased by another host: refused.
+//! resized offline under a lease of 60 s renewed while it runs, released
+//! at the end and on Ctrl-C (SIGINT) or SIGTERM. Leased by another host:
+//! refused.
 //! The work is in `crate::lifecycle::resize`.
 
 use clap::Args;
@@ -42,7 +44,8 @@ pub fn run(ctx: &Context, args: &ResizeArgs) -> CmdResult {
             let allow = args.allow_shrink;
             let mut out = None;
             drives::block_on(async {
-                out = Some(resize::resize_offline(&client, &path, size, allow).await?);
+                let cancel = super::copy::stop_signals("resize")?;
+                out = Some(resize::resize_offline(&client, &path, size, allow, cancel).await?);
                 Ok(())
             })
             .map_err(|e| match e.downcast::<resize::ShrinkNotAllowed>() {

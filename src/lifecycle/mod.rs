@@ -13,4 +13,5 @@ pub mod checks;
 pub mod copy;
 pub mod diff;
 pub mod layout;
+pub mod lease;
 pub mod resize;

@@ -1,5 +1,8 @@
 //! The offline resize: a drive nobody has leased, resized under a lease of
-//! its own taken for the few requests it needs and released after.
+//! its own (`lifecycle::lease`: 60 s, renewed while the resize runs),
+//! released after, also when it fails or is interrupted (`cancel`: the
+//! CLI's Ctrl-C and SIGTERM). Interrupted at any step, the drive is a drive
+//! at its old or its new size, and running the resize again finishes it.
 //!
 //! Invariants: the drive is refused while anyone holds its lease (this
 //! host's daemon included: an attached drive grows through `online.rs`);
@@ -12,6 +15,8 @@
 //! partitions are not checked yet). No table is written here: a grown GPT's
 //! backup stays at the old end, and the todo says how to move it.
 
+use std::future::Future;
+
 use anyhow::{anyhow, bail};
 
 use super::{leased_elsewhere, ResizeReport, ShrinkNotAllowed};
@@ -20,15 +25,18 @@ use crate::drive::resize::{locate_footer, move_footer};
 use crate::drive::{BlobPageStore, PageStore};
 use crate::lifecycle::checks::{blob_err, is_leased};
 use crate::lifecycle::layout::{self, Layout};
+use crate::lifecycle::lease::OperationLease;
 use crate::units::{format_size, ByteRange};
 
 /// Resizes a drive nobody has leased: grows it, or with `allow_shrink`
 /// shrinks it after checking that nothing it holds reaches past the new end.
+/// `cancel` resolving stops it between two requests and releases the lease.
 pub async fn resize_offline(
     client: &BlobClient,
     path: &BlobPath,
     new_size_bytes: u64,
     allow_shrink: bool,
+    cancel: impl Future<Output = ()>,
 ) -> anyhow::Result<ResizeReport> {
     let props = client.get_properties(path).await.map_err(blob_err)?;
     if props.blob_type != Some(BlobType::PageBlob) {
@@ -37,21 +45,24 @@ pub async fn resize_offline(
     if is_leased(props.lease_state) {
         bail!("{}", leased_elsewhere(path));
     }
-    let lease_id = uuid::Uuid::new_v4().to_string();
-    client
-        .acquire_lease(path, &lease_id, None)
-        .await
-        .map_err(|e| {
-            if e.is_lease_conflict() {
-                anyhow!(leased_elsewhere(path))
-            } else {
-                blob_err(e)
-            }
-        })?;
-    let result = resize_leased(client, path, new_size_bytes, allow_shrink, &lease_id).await;
-    if let Err(e) = client.release_lease(path, &lease_id).await {
-        tracing::warn!(drive = %path, error = %e, "could not release the resize lease");
-    }
+    let lease = OperationLease::acquire(client, path).await.map_err(|e| {
+        if e.is_lease_conflict() {
+            anyhow!(leased_elsewhere(path))
+        } else {
+            blob_err(e)
+        }
+    })?;
+    // Dropped at its next request when cancelled: each step is one request,
+    // and one still in flight carries the lease id, so the service refuses
+    // it once the lease is released.
+    let result = tokio::select! {
+        r = resize_leased(client, path, new_size_bytes, allow_shrink, lease.id()) => r,
+        () = cancel => Err(anyhow!(
+            "resize of {path} was interrupted; it is a drive at its old or its new size: \
+             'blobdrive info {path}' shows which, and running the resize again finishes it"
+        )),
+    };
+    lease.release().await;
     result
 }
 
