@@ -537,6 +537,122 @@ fn copy_and_restore_and_snapshot_pruning() {
     assert!(line.contains("is not a snapshot"), "{line}");
 }
 
+/// 16 MiB that no two runs share, and that no page of zeros could pass for.
+fn unsynced_payload() -> Vec<u8> {
+    use sha2::Digest as _;
+    let seed = uuid::Uuid::new_v4();
+    (0..16 * 1024)
+        .flat_map(|i: u32| {
+            let block =
+                sha2::Sha256::digest([seed.as_bytes().as_slice(), &i.to_le_bytes()].concat());
+            block.into_iter().cycle().take(1024).collect::<Vec<u8>>()
+        })
+        .collect()
+}
+
+#[test]
+fn copy_of_a_drive_attached_here_holds_what_was_written_without_sync() {
+    if !system::can_run("copy of an attached drive", true) {
+        return;
+    }
+    let guard = runtime().block_on(ContainerGuard::new("copylive"));
+    let site = Site::new();
+    let drive = format!("{}/d.vhd", guard.name);
+    let clone = format!("{}/clone.vhd", guard.name);
+    site.ok(&["create", &drive, "--size", "64M", "--mkfs", "ext4"]);
+    let a = site.dir("a");
+    let a_s = a.to_string_lossy().to_string();
+    site.ok(&["mount", &drive, &a_s]);
+    // Written and not synced: in the page cache, dirty, not yet in the blob.
+    let data = unsynced_payload();
+    std::fs::write(a.join("unsynced.bin"), &data).expect("write");
+    let out = site.ok(&["copy", &drive, &clone]);
+    // Named: the snapshot it came from, and that it was frozen for it.
+    assert!(
+        out.contains("from snapshot ")
+            && out.contains("frozen")
+            && out.contains("deleted after the copy"),
+        "{out}"
+    );
+    site.ok(&["unmount", &a_s]);
+    // The snapshot taken for the copy is gone again.
+    let info = site.info(&drive);
+    assert_eq!(
+        info["snapshots"].as_array().map(Vec::len),
+        Some(0),
+        "{info}"
+    );
+    // The copy, read by e2fsprogs: a clean filesystem holding the file.
+    let image = site.root.path().join("clone.img");
+    let image_s = image.to_string_lossy().to_string();
+    site.ok(&["download", &clone, &image_s]);
+    let fsck = Command::new("e2fsck")
+        .args(["-fn", &image_s])
+        .output()
+        .expect("e2fsck");
+    assert!(
+        fsck.status.success(),
+        "the copy's filesystem is clean: {}{}",
+        String::from_utf8_lossy(&fsck.stdout),
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+    let cat = Command::new("debugfs")
+        .args(["-R", "cat /unsynced.bin", &image_s])
+        .output()
+        .expect("debugfs");
+    assert!(
+        cat.stdout == data,
+        "the copy holds the file as written ({} of {} bytes read back): {}",
+        cat.stdout.len(),
+        data.len(),
+        String::from_utf8_lossy(&cat.stderr)
+    );
+}
+
+#[test]
+fn copy_of_a_drive_leased_elsewhere_warns_that_it_is_crash_consistent() {
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("copyelse"));
+    let site = Site::new();
+    let path = guard.path("d.vhd");
+    rt.block_on(drive_with_data(&guard.client, &path, 3));
+    // Another host's mount: a lease this host's registry does not know.
+    rt.block_on(
+        guard
+            .client
+            .acquire_lease(&path, &uuid::Uuid::new_v4().to_string(), None),
+    )
+    .expect("lease");
+    let before = rt.block_on(BlobState::of(&guard.client, &path));
+    let drive = format!("{}/d.vhd", guard.name);
+    let clone = format!("{}/clone.vhd", guard.name);
+    let out = site.blobdrive(&["copy", &drive, &clone]);
+    assert!(out.status.success(), "a warning, not a refusal: {out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("blobdrive: warning: "))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one warning line: {err}");
+    assert!(warnings[0].contains("crash-consistent only"), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("from snapshot "), "{text}");
+    let copied = rt.block_on(BlobState::of(&guard.client, &guard.path("clone.vhd")));
+    assert_eq!(
+        copied.sha256, before.sha256,
+        "the copy holds the drive's pages"
+    );
+    assert_eq!(
+        rt.block_on(blobdrive::lifecycle::checks::snapshots_of(
+            &guard.client,
+            &path
+        ))
+        .expect("snapshots"),
+        Vec::<String>::new(),
+        "the snapshot taken for the copy was deleted"
+    );
+}
+
 /// The pages of one state: page index to its 512 bytes.
 type Pages = BTreeMap<u64, Vec<u8>>;
 

@@ -16,9 +16,11 @@
 //! Azurite finishes every Copy Blob at once: the answer to Copy Blob into one
 //! destination says `pending`, and the destination's properties (the copy's
 //! polls) show `pending` with progress short of the total, or `failed` after
-//! some polls, or its polls fail for a while ([`CopyPlan`]). It forwards one request per connection and
-//! records every exchange ([`Exchange`]), so a test can check which requests
-//! a copy sent (Abort Copy Blob, Delete Blob) and in what order.
+//! some polls; or the polls fail for a while as the copy goes on
+//! ([`CopyPlan`]). It forwards one request per connection and records every
+//! exchange ([`Exchange`]), so a test can check which requests a copy (or a
+//! restore) sent (Abort Copy Blob, Delete Blob, lease releases) and in what
+//! order.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -718,6 +720,23 @@ Content-Length: 0\r\nConnection: close\r\n\r\n";
             let _ = conn.shutdown().await;
             return Ok(());
         }
+    }
+    if ours && exchange.is_abort_copy() && plan == CopyPlan::PendingAbortAccepted {
+        // What the service answers for a copy still pending.
+        let answer = b"HTTP/1.1 204 No Content\r\nx-ms-version: 2021-08-06\r\n\
+Content-Length: 0\r\nConnection: close\r\n\r\n";
+        exchange.status = 204;
+        exchange.response_headers = split_head(answer)
+            .map(|(h, _)| h.headers)
+            .unwrap_or_default();
+        {
+            let mut watch = shared.copy.lock().expect("copy lock");
+            watch.aborted = true;
+            watch.log.push(exchange);
+        }
+        conn.write_all(answer).await?;
+        let _ = conn.shutdown().await;
+        return Ok(());
     }
     let mut up = TcpStream::connect(&shared.upstream).await?;
     up.write_all(&request).await?;
