@@ -567,13 +567,6 @@ fn copy_of_a_drive_attached_here_holds_what_was_written_without_sync() {
     let data = unsynced_payload();
     std::fs::write(a.join("unsynced.bin"), &data).expect("write");
     let out = site.ok(&["copy", &drive, &clone]);
-    // Named: the snapshot it came from, and that it was frozen for it.
-    assert!(
-        out.contains("from snapshot ")
-            && out.contains("frozen")
-            && out.contains("deleted after the copy"),
-        "{out}"
-    );
     site.ok(&["unmount", &a_s]);
     // The snapshot taken for the copy is gone again.
     let info = site.info(&drive);
@@ -606,6 +599,13 @@ fn copy_of_a_drive_attached_here_holds_what_was_written_without_sync() {
         cat.stdout.len(),
         data.len(),
         String::from_utf8_lossy(&cat.stderr)
+    );
+    // Named: the snapshot it came from, and that it was frozen for it.
+    assert!(
+        out.contains("from snapshot ")
+            && out.contains("frozen")
+            && out.contains("deleted after the copy"),
+        "{out}"
     );
 }
 
