@@ -1309,18 +1309,6 @@ fn proxy_runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// Every request held for `delay`, then forwarded: an operation of a few
-/// requests takes seconds, time enough to stop it half way.
-fn slow(delay: Duration) -> fault_proxy::Rates {
-    fault_proxy::Rates {
-        delay_per_mille: 1000,
-        delay,
-        max_faults: u64::MAX,
-        window: Duration::from_secs(600),
-        ..fault_proxy::Rates::none()
-    }
-}
-
 impl Site {
     /// Starts `blobdrive ARGS` with `env` on top of the site's; its pid and
     /// the process, killed on drop.
@@ -1394,18 +1382,31 @@ async fn drive_with_data(client: &BlobClient, path: &BlobPath, byte: u8) {
     }
 }
 
-/// An offline resize stopped by `signal` once it holds its lease, through a
-/// proxy that holds every request for a second; its output.
-fn stop_an_offline_resize(signal: libc::c_int) -> (ContainerGuard, Site, String, Output) {
+/// How long the proxy holds the request an interrupted operation is stuck
+/// on: long enough for the signal and the release to come first, on a
+/// loaded machine too.
+const HELD: Duration = Duration::from_secs(10);
+
+/// An offline resize stopped by `signal` while it is stuck on its Set Blob
+/// Properties (the blob's new size), which the proxy holds for `held` and
+/// then lets land; its output, and for a `held` that is not too long, the
+/// status that late request got.
+fn stop_an_offline_resize(
+    signal: libc::c_int,
+    held: Duration,
+) -> (ContainerGuard, Site, String, Output, Option<u16>) {
     let rt = proxy_runtime();
     let guard = rt.block_on(ContainerGuard::new("rsstop"));
     let path = guard.path("d.vhd");
     rt.block_on(common::make_drive(&guard.client, &path, 16 * MIB));
     let proxy = rt.block_on(FaultProxy::start_random(
         &common::account().endpoint,
-        slow(Duration::from_secs(1)),
-        1,
+        fault_proxy::Rates::none(),
+        0,
     ));
+    // Sent after the lease is taken: the resize cannot end before the
+    // signal.
+    proxy.land_late("comp=properties", held);
     let site = Site::new();
     let drive = format!("{}/d.vhd", guard.name);
     let via = via_proxy(&proxy);
@@ -1414,31 +1415,43 @@ fn stop_an_offline_resize(signal: libc::c_int) -> (ContainerGuard, Site, String,
         &[("AZURE_STORAGE_CONNECTION_STRING", &via)],
     );
     wait_until_leased(&rt, &guard.client, &path);
+    system::wait_for("the held request", Duration::from_secs(60), || {
+        proxy.late_held()
+    });
     send(pid, signal);
     let out = running.finish(Duration::from_secs(30));
+    let late = if held <= HELD {
+        rt.block_on(proxy.late_landed(held + Duration::from_secs(20)))
+    } else {
+        None
+    };
     drop(proxy);
-    (guard, site, drive, out)
+    (guard, site, drive, out, late)
 }
 
 #[test]
 fn ctrl_c_during_an_offline_resize_releases_its_lease() {
-    let (_guard, site, drive, out) = stop_an_offline_resize(libc::SIGINT);
+    let (_guard, site, drive, out, late) = stop_an_offline_resize(libc::SIGINT, HELD);
     let line = only_line(&out);
     assert!(
         line.contains("interrupted") && line.contains("running the resize again"),
         "{line}"
     );
-    // Unlocked, and still a drive; the same resize then finishes it.
+    // The step it was stuck on landed after the release: refused, as it
+    // carries the released lease's id.
+    assert_eq!(late, Some(412), "the late Set Blob Properties");
+    // Unlocked, and still the drive it was; the same resize then grows it.
     let info = site.info(&drive);
     assert_eq!(info["lease_state"], "available", "{info}");
     assert_eq!(info["is_drive"], true, "{info}");
+    assert_eq!(info["virtual_size_bytes"], 16 * MIB, "{info}");
     site.ok(&["resize", &drive, "--size", "32M"]);
     assert_eq!(site.info(&drive)["virtual_size_bytes"], 32 * MIB);
 }
 
 #[test]
 fn sigterm_during_an_offline_resize_releases_its_lease() {
-    let (_guard, site, drive, out) = stop_an_offline_resize(libc::SIGTERM);
+    let (_guard, site, drive, out, _) = stop_an_offline_resize(libc::SIGTERM, HELD);
     let line = only_line(&out);
     assert!(line.contains("interrupted"), "{line}");
     assert_eq!(site.info(&drive)["lease_state"], "available");
@@ -1446,7 +1459,9 @@ fn sigterm_during_an_offline_resize_releases_its_lease() {
 
 #[test]
 fn a_killed_offline_resize_leaves_a_lease_that_expires_by_itself() {
-    let (guard, site, drive, out) = stop_an_offline_resize(libc::SIGKILL);
+    // The held step never lands while the test looks.
+    let (guard, site, drive, out, _) =
+        stop_an_offline_resize(libc::SIGKILL, Duration::from_secs(3600));
     assert_eq!(out.status.code(), None, "killed: {out:?}");
     // SIGKILL cannot be caught: the lease stays, but it is a fixed one
     // that nobody renews any more.
@@ -1482,9 +1497,12 @@ fn ctrl_c_during_a_restore_releases_its_lease_and_names_the_safety_snapshot() {
     let before = rt.block_on(BlobState::of(&guard.client, &path));
     let proxy = rt.block_on(FaultProxy::start_random(
         &common::account().endpoint,
-        slow(Duration::from_secs(1)),
-        2,
+        fault_proxy::Rates::none(),
+        0,
     ));
+    // The drive's new size, the first change after the safety snapshot:
+    // held, so the restore is stuck there when the signal comes.
+    proxy.land_late("comp=properties", HELD);
     let site = Site::new();
     let drive = format!("{}/d.vhd", guard.name);
     let via = via_proxy(&proxy);
@@ -1492,8 +1510,7 @@ fn ctrl_c_during_a_restore_releases_its_lease_and_names_the_safety_snapshot() {
         &["restore", &drive, "--snapshot", &then],
         &[("AZURE_STORAGE_CONNECTION_STRING", &via)],
     );
-    // Stopped once the safety snapshot is taken: the drive is being
-    // rewritten from here on.
+    // Stopped once the safety snapshot is taken.
     let snapshots = || {
         rt.block_on(blobdrive::lifecycle::checks::snapshots_of(
             &guard.client,
@@ -1508,9 +1525,11 @@ fn ctrl_c_during_a_restore_releases_its_lease_and_names_the_safety_snapshot() {
         .into_iter()
         .find(|t| *t != then)
         .expect("safety snapshot");
+    system::wait_for("the held request", Duration::from_secs(60), || {
+        proxy.late_held()
+    });
     send(pid, libc::SIGINT);
     let out = running.finish(Duration::from_secs(30));
-    drop(proxy);
     let line = only_line(&out);
     assert!(
         line.contains("interrupted")
@@ -1518,6 +1537,10 @@ fn ctrl_c_during_a_restore_releases_its_lease_and_names_the_safety_snapshot() {
         "{line}"
     );
     assert_eq!(site.info(&drive)["lease_state"], "available");
+    // Its step in flight, landing after the release, was refused.
+    let late = rt.block_on(proxy.late_landed(HELD + Duration::from_secs(20)));
+    assert_eq!(late, Some(412), "the late Set Blob Properties");
+    drop(proxy);
     // The line's undo gives back the state before the restore.
     site.ok(&["restore", &drive, "--snapshot", &safety]);
     let after = rt.block_on(BlobState::of(&guard.client, &path));

@@ -23,6 +23,12 @@ use crate::units::format_size;
 
 /// Arguments of `copy`.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "A drive in use is copied from a snapshot taken for the copy, named in the output and \
+                  deleted once the copy is complete: attached read-write on this host, its filesystem is \
+                  frozen and flushed first (a consistent copy); leased elsewhere, a warning says the copy \
+                  is crash-consistent only. Ctrl-C or SIGTERM aborts the copy and deletes DST."
+)]
 pub struct CopyArgs {
     /// The source: a drive C/B of this account, or a blob URL with a SAS.
     #[arg(value_name = "SRC")]

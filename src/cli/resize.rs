@@ -16,6 +16,12 @@ use crate::units::format_size;
 
 /// Arguments of `resize`.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Offline (not attached here), the drive is locked by a 60-second lease, renewed while the \
+                  resize runs and released when it ends. Ctrl-C or SIGTERM stops it between two steps \
+                  (run it again to finish) and releases the lease; after kill -9 the lease expires by \
+                  itself within 60 s ('blobdrive break-lease' frees it at once)."
+)]
 pub struct ResizeArgs {
     /// The drive, CONTAINER/PATH or a full URL.
     #[arg(value_name = "C/B")]

@@ -14,6 +14,12 @@ use crate::lifecycle::copy;
 
 /// Arguments of `restore`.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "The drive is locked by a 60-second lease, renewed while the restore runs and released \
+                  when it ends. Ctrl-C or SIGTERM stops it (a copy the service is making is aborted) and \
+                  releases the lease; after kill -9 the lease expires by itself within 60 s \
+                  ('blobdrive break-lease' frees it at once)."
+)]
 pub struct RestoreArgs {
     /// The drive, CONTAINER/PATH.
     #[arg(value_name = "C/B")]

@@ -12,10 +12,10 @@
 //! read-write (`daemon::freeze`, what `snapshot` does), else as a crash
 //! would leave it, which the report says; that snapshot is deleted once
 //! the copy has ended. A restore refuses a leased (mounted) drive, holds a
-//! lease of its own while it copies (`lease.rs`: renewed, released at the
-//! end and when interrupted, left to expire only while the service may
-//! still be copying), and takes a safety snapshot first unless told not
-//! to; every failure line after it names it. A source URL may carry a SAS
+//! lease of its own while it copies (`blob::RenewedLease`: renewed,
+//! released at the end and when interrupted, left to expire only while the
+//! service may still be copying), and takes a safety snapshot first unless
+//! told not to; every failure line after it names it. A source URL may carry a SAS
 //! signature: it is never logged or printed (see [`redact`]).
 //!
 //! The wait for a service-side copy polls its state; a poll that fails is
@@ -36,8 +36,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail};
 use serde::Serialize;
 
-use super::checks::{self, blob_err};
-use super::lease::{OperationLease, LEASE_SECS};
+use super::checks::{self, blob_err, release_operation_lease, OPERATION_LEASE_SECS};
 use crate::blob::{BlobClient, BlobPath, CopyState, CopyStatus};
 
 /// How often a pending copy is polled.
@@ -478,7 +477,7 @@ pub struct RestoreReport {
 
 /// How a restore under its lease stopped short.
 enum Stopped {
-    /// It failed, as one phrase (after "restore of D from T ").
+    /// It failed; why, as one phrase.
     Failed(String),
     /// `cancel` resolved (Ctrl-C, SIGTERM); what the drive holds now.
     Interrupted(String),
@@ -488,9 +487,10 @@ enum Stopped {
 }
 
 /// Puts the drive `path` back to its snapshot `time`, under a lease of its
-/// own (see `lease.rs`). `cancel` resolving (the CLI: Ctrl-C or SIGTERM)
-/// stops it: the service's copy is aborted, the lease released, and the
-/// error line says what the drive holds and names the safety snapshot.
+/// own (see [`checks::OPERATION_LEASE_SECS`]). `cancel` resolving (the CLI:
+/// Ctrl-C or SIGTERM) stops it: the service's copy is aborted, the lease
+/// released, and the error line says what the drive holds and names the
+/// safety snapshot.
 pub async fn restore(
     client: &BlobClient,
     path: &BlobPath,
@@ -507,7 +507,7 @@ pub async fn restore(
     }
     let snap = path.clone().with_snapshot(Some(time));
     require_drive(client, &snap).await?;
-    let lease = OperationLease::acquire(client, path)
+    let lease = checks::operation_lease(client, path)
         .await
         .map_err(blob_err)?;
     tokio::pin!(cancel);
@@ -521,7 +521,7 @@ pub async fn restore(
         match taken {
             Ok(t) => Some(t),
             Err(e) => {
-                lease.release().await;
+                release_operation_lease(lease, path).await;
                 return Err(e);
             }
         }
@@ -530,7 +530,7 @@ pub async fn restore(
     };
     let stopped = restore_leased(client, path, &snap, lease.id(), &mut cancel).await;
     let Err(stopped) = stopped else {
-        lease.release().await;
+        release_operation_lease(lease, path).await;
         return Ok(RestoreReport {
             drive: path.to_string(),
             snapshot: time.to_string(),
@@ -545,11 +545,11 @@ pub async fn restore(
     };
     let what = match stopped {
         Stopped::Failed(why) => {
-            lease.release().await;
+            release_operation_lease(lease, path).await;
             format!("failed ({why})")
         }
         Stopped::Interrupted(holds) => {
-            lease.release().await;
+            release_operation_lease(lease, path).await;
             format!("was interrupted: {holds}; run the restore again")
         }
         Stopped::CopyUnknown(why) => {
@@ -559,7 +559,7 @@ pub async fn restore(
             lease.abandon();
             format!(
                 "did not finish: {why}; the service may still be copying, so the drive stays locked until its lease \
-                 expires (within {LEASE_SECS} s); 'blobdrive info {path}' shows the copy's status"
+                 expires (within {OPERATION_LEASE_SECS} s); 'blobdrive info {path}' shows the copy's status"
             )
         }
     };
@@ -605,7 +605,7 @@ async fn restore_leased(
                 .unwrap_or_else(|| "no reason given".to_string()),
         )),
         Waited::Cancelled(Abort::Aborted) => Err(Stopped::Interrupted(
-            "the service's copy was aborted, which leaves the drive without its contents"
+            "the service's copy was aborted, which leaves the drive empty (zero length)"
                 .to_string(),
         )),
         Waited::Cancelled(Abort::NothingPending) => Err(Stopped::Interrupted(

@@ -13,5 +13,4 @@ pub mod checks;
 pub mod copy;
 pub mod diff;
 pub mod layout;
-pub mod lease;
 pub mod resize;

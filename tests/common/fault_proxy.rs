@@ -421,6 +421,12 @@ impl FaultProxy {
         self.shared.late_status.send_replace(None);
     }
 
+    /// True once the request `land_late` waits for has arrived (and is
+    /// being held).
+    pub fn late_held(&self) -> bool {
+        self.shared.late.lock().expect("late lock").is_none()
+    }
+
     /// Waits (at most `timeout`) until the late request reached the
     /// upstream and returns the status it got there.
     pub async fn late_landed(&self, timeout: Duration) -> Option<u16> {

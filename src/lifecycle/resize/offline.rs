@@ -1,5 +1,5 @@
 //! The offline resize: a drive nobody has leased, resized under a lease of
-//! its own (`lifecycle::lease`: 60 s, renewed while the resize runs),
+//! its own (`checks::OPERATION_LEASE_SECS`, renewed while the resize runs),
 //! released after, also when it fails or is interrupted (`cancel`: the
 //! CLI's Ctrl-C and SIGTERM). Interrupted at any step, the drive is a drive
 //! at its old or its new size, and running the resize again finishes it.
@@ -23,9 +23,8 @@ use super::{leased_elsewhere, ResizeReport, ShrinkNotAllowed};
 use crate::blob::{BlobClient, BlobPath, BlobType};
 use crate::drive::resize::{locate_footer, move_footer};
 use crate::drive::{BlobPageStore, PageStore};
-use crate::lifecycle::checks::{blob_err, is_leased};
+use crate::lifecycle::checks::{blob_err, is_leased, operation_lease, release_operation_lease};
 use crate::lifecycle::layout::{self, Layout};
-use crate::lifecycle::lease::OperationLease;
 use crate::units::{format_size, ByteRange};
 
 /// Resizes a drive nobody has leased: grows it, or with `allow_shrink`
@@ -45,7 +44,7 @@ pub async fn resize_offline(
     if is_leased(props.lease_state) {
         bail!("{}", leased_elsewhere(path));
     }
-    let lease = OperationLease::acquire(client, path).await.map_err(|e| {
+    let lease = operation_lease(client, path).await.map_err(|e| {
         if e.is_lease_conflict() {
             anyhow!(leased_elsewhere(path))
         } else {
@@ -62,7 +61,7 @@ pub async fn resize_offline(
              'blobdrive info {path}' shows which, and running the resize again finishes it"
         )),
     };
-    lease.release().await;
+    release_operation_lease(lease, path).await;
     result
 }
 
