@@ -713,6 +713,122 @@ fn copy_and_restore_and_snapshot_pruning() {
     assert!(line.contains("is not a snapshot"), "{line}");
 }
 
+/// 16 MiB that no two runs share, and that no page of zeros could pass for.
+fn unsynced_payload() -> Vec<u8> {
+    use sha2::Digest as _;
+    let seed = uuid::Uuid::new_v4();
+    (0..16 * 1024)
+        .flat_map(|i: u32| {
+            let block =
+                sha2::Sha256::digest([seed.as_bytes().as_slice(), &i.to_le_bytes()].concat());
+            block.into_iter().cycle().take(1024).collect::<Vec<u8>>()
+        })
+        .collect()
+}
+
+#[test]
+fn copy_of_a_drive_attached_here_holds_what_was_written_without_sync() {
+    if !system::can_run("copy of an attached drive", true) {
+        return;
+    }
+    let guard = runtime().block_on(ContainerGuard::new("copylive"));
+    let site = Site::new();
+    let drive = format!("{}/d.vhd", guard.name);
+    let clone = format!("{}/clone.vhd", guard.name);
+    site.ok(&["create", &drive, "--size", "64M", "--mkfs", "ext4"]);
+    let a = site.dir("a");
+    let a_s = a.to_string_lossy().to_string();
+    site.ok(&["mount", &drive, &a_s]);
+    // Written and not synced: in the page cache, dirty, not yet in the blob.
+    let data = unsynced_payload();
+    std::fs::write(a.join("unsynced.bin"), &data).expect("write");
+    let out = site.ok(&["copy", &drive, &clone]);
+    site.ok(&["unmount", &a_s]);
+    // The snapshot taken for the copy is gone again.
+    let info = site.info(&drive);
+    assert_eq!(
+        info["snapshots"].as_array().map(Vec::len),
+        Some(0),
+        "{info}"
+    );
+    // The copy, read by e2fsprogs: a clean filesystem holding the file.
+    let image = site.root.path().join("clone.img");
+    let image_s = image.to_string_lossy().to_string();
+    site.ok(&["download", &clone, &image_s]);
+    let fsck = Command::new("e2fsck")
+        .args(["-fn", &image_s])
+        .output()
+        .expect("e2fsck");
+    assert!(
+        fsck.status.success(),
+        "the copy's filesystem is clean: {}{}",
+        String::from_utf8_lossy(&fsck.stdout),
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+    let cat = Command::new("debugfs")
+        .args(["-R", "cat /unsynced.bin", &image_s])
+        .output()
+        .expect("debugfs");
+    assert!(
+        cat.stdout == data,
+        "the copy holds the file as written ({} of {} bytes read back): {}",
+        cat.stdout.len(),
+        data.len(),
+        String::from_utf8_lossy(&cat.stderr)
+    );
+    // Named: the snapshot it came from, and that it was frozen for it.
+    assert!(
+        out.contains("from snapshot ")
+            && out.contains("frozen")
+            && out.contains("deleted after the copy"),
+        "{out}"
+    );
+}
+
+#[test]
+fn copy_of_a_drive_leased_elsewhere_warns_that_it_is_crash_consistent() {
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("copyelse"));
+    let site = Site::new();
+    let path = guard.path("d.vhd");
+    rt.block_on(drive_with_data(&guard.client, &path, 3));
+    // Another host's mount: a lease this host's registry does not know.
+    rt.block_on(
+        guard
+            .client
+            .acquire_lease(&path, &uuid::Uuid::new_v4().to_string(), None),
+    )
+    .expect("lease");
+    let before = rt.block_on(BlobState::of(&guard.client, &path));
+    let drive = format!("{}/d.vhd", guard.name);
+    let clone = format!("{}/clone.vhd", guard.name);
+    let out = site.blobdrive(&["copy", &drive, &clone]);
+    assert!(out.status.success(), "a warning, not a refusal: {out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("blobdrive: warning: "))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one warning line: {err}");
+    assert!(warnings[0].contains("crash-consistent only"), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("from snapshot "), "{text}");
+    let copied = rt.block_on(BlobState::of(&guard.client, &guard.path("clone.vhd")));
+    assert_eq!(
+        copied.sha256, before.sha256,
+        "the copy holds the drive's pages"
+    );
+    assert_eq!(
+        rt.block_on(blobdrive::lifecycle::checks::snapshots_of(
+            &guard.client,
+            &path
+        ))
+        .expect("snapshots"),
+        Vec::<String>::new(),
+        "the snapshot taken for the copy was deleted"
+    );
+}
+
 /// The pages of one state: page index to its 512 bytes.
 type Pages = BTreeMap<u64, Vec<u8>>;
 
@@ -1451,4 +1567,389 @@ fn copy_onto_an_existing_blob_is_refused_and_leaves_it_byte_identical() {
     assert_eq!(log.len(), 1, "{}", shown(&log));
     assert!(log[0].1.is_copy_blob() && !(200..300).contains(&log[0].1.status));
     rt.block_on(source.assert_unchanged(&guard.client));
+}
+
+// Interrupted lifecycle operations: `restore` and the offline `resize` hold
+// a fixed lease (60 s, renewed while they run), released at the end, on
+// Ctrl-C and SIGTERM, and expiring by itself after SIGKILL; a restore whose
+// copy cannot be polled keeps its lease rather than releasing it under a
+// copy that may still be pending. Made slow (or made to fail) by the fault
+// proxy between blobdrive and Azurite; the lease is read from Azurite
+// directly or through `info`.
+
+/// A runtime whose worker answers the proxy while the test thread waits on
+/// a process.
+fn proxy_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+impl Site {
+    /// Starts `blobdrive ARGS` with `env` on top of the site's; its pid and
+    /// the process, killed on drop.
+    fn spawn(&self, args: &[&str], env: &[(&str, &str)]) -> (libc::pid_t, Running) {
+        let mut cmd = Command::new(BIN);
+        cmd.env("BLOBDRIVE_RUN_DIR", self.run_dir.path())
+            .env("BLOBDRIVE_RECOVERY_DIR", common::recovery_dir())
+            .env(
+                "AZURE_STORAGE_CONNECTION_STRING",
+                common::connection_string(),
+            )
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("RUST_LOG")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("run blobdrive");
+        (child.id() as libc::pid_t, Running(Some(child)))
+    }
+
+    /// `info --json` of `drive`.
+    fn info(&self, drive: &str) -> serde_json::Value {
+        serde_json::from_str(&self.ok(&["info", drive, "--json"])).expect("info json")
+    }
+}
+
+/// Sends `signal` to our child `pid`.
+fn send(pid: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: kill(2) on the pid of our own child, not reaped yet (its
+    // `Running` reaps it only in `finish` or on drop, after this).
+    let sent = unsafe { libc::kill(pid, signal) };
+    assert_eq!(sent, 0, "signal {signal} sent");
+}
+
+/// The lease state and duration of `path`, asked of Azurite directly.
+fn lease_of(
+    rt: &tokio::runtime::Runtime,
+    client: &BlobClient,
+    path: &BlobPath,
+) -> (
+    Option<blobdrive::blob::LeaseState>,
+    Option<blobdrive::blob::LeaseDuration>,
+) {
+    let props = rt
+        .block_on(client.get_properties(path))
+        .expect("properties");
+    (props.lease_state, props.lease_duration)
+}
+
+/// Waits until someone holds the lease of `path`.
+fn wait_until_leased(rt: &tokio::runtime::Runtime, client: &BlobClient, path: &BlobPath) {
+    system::wait_for("the operation's lease", Duration::from_secs(60), || {
+        lease_of(rt, client, path).0 == Some(blobdrive::blob::LeaseState::Leased)
+    });
+}
+
+/// A drive of 16 MiB with a few scattered ranges of `byte`.
+async fn drive_with_data(client: &BlobClient, path: &BlobPath, byte: u8) {
+    if client.get_properties(path).await.is_err() {
+        common::make_drive(client, path, 16 * MIB).await;
+    }
+    for at in [0, 3 * MIB, 7 * MIB, 11 * MIB] {
+        client
+            .put_pages(path, at, vec![byte; 64 * 1024].into(), None)
+            .await
+            .expect("put");
+    }
+}
+
+/// How long the proxy holds the request an interrupted operation is stuck
+/// on: long enough for the signal and the release to come first, on a
+/// loaded machine too.
+const HELD: Duration = Duration::from_secs(10);
+
+/// An offline resize stopped by `signal` while it is stuck on its Set Blob
+/// Properties (the blob's new size), which the proxy holds for `held` and
+/// then lets land; its output, and for a `held` that is not too long, the
+/// status that late request got.
+fn stop_an_offline_resize(
+    signal: libc::c_int,
+    held: Duration,
+) -> (ContainerGuard, Site, String, Output, Option<u16>) {
+    let rt = proxy_runtime();
+    let guard = rt.block_on(ContainerGuard::new("rsstop"));
+    let path = guard.path("d.vhd");
+    rt.block_on(common::make_drive(&guard.client, &path, 16 * MIB));
+    let proxy = rt.block_on(FaultProxy::start_random(
+        &common::account().endpoint,
+        fault_proxy::Rates::none(),
+        0,
+    ));
+    // Sent after the lease is taken: the resize cannot end before the
+    // signal.
+    proxy.land_late("comp=properties", held);
+    let site = Site::new();
+    let drive = format!("{}/d.vhd", guard.name);
+    let via = via_proxy(&proxy);
+    let (pid, running) = site.spawn(
+        &["resize", &drive, "--size", "32M"],
+        &[("AZURE_STORAGE_CONNECTION_STRING", &via)],
+    );
+    wait_until_leased(&rt, &guard.client, &path);
+    system::wait_for("the held request", Duration::from_secs(60), || {
+        proxy.late_held()
+    });
+    send(pid, signal);
+    let out = running.finish(Duration::from_secs(30));
+    let late = if held <= HELD {
+        rt.block_on(proxy.late_landed(held + Duration::from_secs(20)))
+    } else {
+        None
+    };
+    drop(proxy);
+    (guard, site, drive, out, late)
+}
+
+#[test]
+fn ctrl_c_during_an_offline_resize_releases_its_lease() {
+    let (_guard, site, drive, out, late) = stop_an_offline_resize(libc::SIGINT, HELD);
+    let line = only_line(&out);
+    assert!(
+        line.contains("interrupted") && line.contains("running the resize again"),
+        "{line}"
+    );
+    // The step it was stuck on landed after the release: refused, as it
+    // carries the released lease's id.
+    assert_eq!(late, Some(412), "the late Set Blob Properties");
+    // Unlocked, and still the drive it was; the same resize then grows it.
+    let info = site.info(&drive);
+    assert_eq!(info["lease_state"], "available", "{info}");
+    assert_eq!(info["is_drive"], true, "{info}");
+    assert_eq!(info["virtual_size_bytes"], 16 * MIB, "{info}");
+    site.ok(&["resize", &drive, "--size", "32M"]);
+    assert_eq!(site.info(&drive)["virtual_size_bytes"], 32 * MIB);
+}
+
+#[test]
+fn sigterm_during_an_offline_resize_releases_its_lease() {
+    let (_guard, site, drive, out, _) = stop_an_offline_resize(libc::SIGTERM, HELD);
+    let line = only_line(&out);
+    assert!(line.contains("interrupted"), "{line}");
+    assert_eq!(site.info(&drive)["lease_state"], "available");
+}
+
+#[test]
+fn a_killed_offline_resize_leaves_a_lease_that_expires_by_itself() {
+    // The held step never lands while the test looks.
+    let (guard, site, drive, out, _) =
+        stop_an_offline_resize(libc::SIGKILL, Duration::from_secs(3600));
+    assert_eq!(out.status.code(), None, "killed: {out:?}");
+    // SIGKILL cannot be caught: the lease stays, but it is a fixed one
+    // that nobody renews any more.
+    let rt = runtime();
+    let path = guard.path("d.vhd");
+    let (state, duration) = lease_of(&rt, &guard.client, &path);
+    assert_eq!(state, Some(blobdrive::blob::LeaseState::Leased));
+    assert_eq!(duration, Some(blobdrive::blob::LeaseDuration::Fixed));
+    // Gone within its 60 s (a little slack for a loaded machine).
+    system::wait_for(
+        "the killed resize's lease to expire",
+        Duration::from_secs(75),
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            lease_of(&rt, &guard.client, &path).0 != Some(blobdrive::blob::LeaseState::Leased)
+        },
+    );
+    // With no break-lease: the resize runs again and finishes.
+    site.ok(&["resize", &drive, "--size", "32M"]);
+    let info = site.info(&drive);
+    assert_eq!(info["virtual_size_bytes"], 32 * MIB);
+    assert_ne!(info["lease_state"], "leased", "{info}");
+}
+
+#[test]
+fn ctrl_c_during_a_restore_releases_its_lease_and_names_the_safety_snapshot() {
+    let rt = proxy_runtime();
+    let guard = rt.block_on(ContainerGuard::new("rstint"));
+    let path = guard.path("d.vhd");
+    rt.block_on(drive_with_data(&guard.client, &path, 1));
+    let then = rt.block_on(guard.client.snapshot(&path)).expect("snapshot");
+    rt.block_on(drive_with_data(&guard.client, &path, 2));
+    let before = rt.block_on(BlobState::of(&guard.client, &path));
+    let proxy = rt.block_on(FaultProxy::start_random(
+        &common::account().endpoint,
+        fault_proxy::Rates::none(),
+        0,
+    ));
+    // The drive's new size, the first change after the safety snapshot:
+    // held, so the restore is stuck there when the signal comes.
+    proxy.land_late("comp=properties", HELD);
+    let site = Site::new();
+    let drive = format!("{}/d.vhd", guard.name);
+    let via = via_proxy(&proxy);
+    let (pid, running) = site.spawn(
+        &["restore", &drive, "--snapshot", &then],
+        &[("AZURE_STORAGE_CONNECTION_STRING", &via)],
+    );
+    // Stopped once the safety snapshot is taken.
+    let snapshots = || {
+        rt.block_on(blobdrive::lifecycle::checks::snapshots_of(
+            &guard.client,
+            &path,
+        ))
+        .expect("snapshots")
+    };
+    system::wait_for("the safety snapshot", Duration::from_secs(60), || {
+        snapshots().len() == 2
+    });
+    let safety = snapshots()
+        .into_iter()
+        .find(|t| *t != then)
+        .expect("safety snapshot");
+    system::wait_for("the held request", Duration::from_secs(60), || {
+        proxy.late_held()
+    });
+    send(pid, libc::SIGINT);
+    let out = running.finish(Duration::from_secs(30));
+    let line = only_line(&out);
+    assert!(
+        line.contains("interrupted")
+            && line.contains(&format!("blobdrive restore {drive} --snapshot {safety}")),
+        "{line}"
+    );
+    assert_eq!(site.info(&drive)["lease_state"], "available");
+    // Its step in flight, landing after the release, was refused.
+    let late = rt.block_on(proxy.late_landed(HELD + Duration::from_secs(20)));
+    assert_eq!(late, Some(412), "the late Set Blob Properties");
+    drop(proxy);
+    // The line's undo gives back the state before the restore.
+    site.ok(&["restore", &drive, "--snapshot", &safety]);
+    let after = rt.block_on(BlobState::of(&guard.client, &path));
+    assert_eq!(after.sha256, before.sha256, "the safety snapshot put back");
+}
+
+/// A restore of a drive through a proxy whose polls of the service's copy
+/// fail as `plan` says (the service copies, also on Azurite, with
+/// `BLOBDRIVE_TEST_SERVICE_COPY`; one client-side retry budget is
+/// `retry_secs`). The snapshot restored, the drive's state before, the run's
+/// output and the proxy's record of the drive.
+fn restore_with_failing_polls(
+    rt: &tokio::runtime::Runtime,
+    guard: &ContainerGuard,
+    plan: CopyPlan,
+    retry_secs: &str,
+) -> (String, Output, Vec<(usize, Exchange)>) {
+    let path = guard.path("d.vhd");
+    rt.block_on(drive_with_data(&guard.client, &path, 1));
+    let then = rt.block_on(guard.client.snapshot(&path)).expect("snapshot");
+    rt.block_on(drive_with_data(&guard.client, &path, 2));
+    let proxy = rt.block_on(FaultProxy::start_copy(
+        &common::account().endpoint,
+        &path,
+        plan,
+    ));
+    let site = Site::new();
+    let drive = format!("{}/d.vhd", guard.name);
+    let via = via_proxy(&proxy);
+    let out = site.blobdrive_env(
+        &["restore", &drive, "--snapshot", &then, "--json"],
+        &[
+            ("AZURE_STORAGE_CONNECTION_STRING", &via),
+            (blobdrive::lifecycle::copy::SERVICE_COPY_ENV, "1"),
+            ("BLOBDRIVE_RETRY_TOTAL_SECS", retry_secs),
+        ],
+    );
+    let log = about(&proxy);
+    (then, out, log)
+}
+
+/// Where the lease requests with `action` are in `log`.
+fn lease_actions(log: &[(usize, Exchange)], action: &str) -> Vec<usize> {
+    log.iter()
+        .filter(|(_, x)| x.query_param("comp") == Some("lease"))
+        .filter(|(_, x)| x.header("x-ms-lease-action") == Some(action))
+        .map(|(i, _)| *i)
+        .collect()
+}
+
+#[test]
+fn a_restore_keeps_its_lease_while_polls_of_its_copy_fail_and_finishes() {
+    let rt = proxy_runtime();
+    let guard = rt.block_on(ContainerGuard::new("rstpoll"));
+    // Ten failed polls: more than one poll's retries (about five in 2 s),
+    // well within the wait's budget (five of them).
+    let (then, out, log) = restore_with_failing_polls(&rt, &guard, CopyPlan::PollsFail(10), "2");
+    assert!(
+        out.status.success(),
+        "restored despite the failed polls: {out:?}{}",
+        shown(&log)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["snapshot"], then);
+    let failed: Vec<usize> = log
+        .iter()
+        .filter(|(_, x)| x.is_properties() && x.status == 503)
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(failed.len(), 10, "{}", shown(&log));
+    // Held as long as the copy could be pending: one release, after the
+    // last poll.
+    let last_poll = log
+        .iter()
+        .filter(|(_, x)| x.is_properties())
+        .map(|(i, _)| *i)
+        .max()
+        .expect("polls");
+    let releases = lease_actions(&log, "release");
+    assert_eq!(releases.len(), 1, "{}", shown(&log));
+    assert!(releases[0] > last_poll, "{}", shown(&log));
+    let path = guard.path("d.vhd");
+    let (state, _) = lease_of(&rt, &guard.client, &path);
+    assert_ne!(state, Some(blobdrive::blob::LeaseState::Leased));
+    let restored = rt.block_on(BlobState::of(&guard.client, &path));
+    let snap = rt.block_on(BlobState::of(
+        &guard.client,
+        &path.clone().with_snapshot(Some(&then)),
+    ));
+    assert_eq!(restored.sha256, snap.sha256, "the drive is the snapshot");
+}
+
+#[test]
+fn a_restore_whose_copy_cannot_be_polled_keeps_its_lease_and_names_the_safety_snapshot() {
+    let rt = proxy_runtime();
+    let guard = rt.block_on(ContainerGuard::new("rstlost"));
+    let (then, out, log) =
+        restore_with_failing_polls(&rt, &guard, CopyPlan::PollsFail(u32::MAX), "1");
+    // One error line (and a warning when the polls began to fail).
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("blobdrive: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "one error line: {err}");
+    let line = lines[0];
+    let path = guard.path("d.vhd");
+    let safety = rt
+        .block_on(blobdrive::lifecycle::checks::snapshots_of(
+            &guard.client,
+            &path,
+        ))
+        .expect("snapshots")
+        .into_iter()
+        .find(|t| *t != then)
+        .expect("a safety snapshot");
+    assert!(
+        line.contains("may still be copying")
+            && line.contains(&format!("safety snapshot {safety}"))
+            && line.contains(&format!("--snapshot {safety}")),
+        "{line}"
+    );
+    // Not released under a copy that may be pending: still held, and a
+    // fixed lease, so it expires by itself.
+    assert!(
+        lease_actions(&log, "release").is_empty(),
+        "no release: {}",
+        shown(&log)
+    );
+    let (state, duration) = lease_of(&rt, &guard.client, &path);
+    assert_eq!(state, Some(blobdrive::blob::LeaseState::Leased));
+    assert_eq!(duration, Some(blobdrive::blob::LeaseDuration::Fixed));
 }

@@ -25,6 +25,7 @@ pub use blobs::{CopyState, CopyStatus, PageRangeDiff, CREATE_ID_METADATA};
 pub use client::{BlobClient, BodySink, API_VERSION};
 pub use error::{Error, ErrorKind, Result};
 pub use fence::WriteFence;
+pub use lease::RenewedLease;
 pub use path::BlobPath;
 pub use retry::RetryPolicy;
 pub use types::{

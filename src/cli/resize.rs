@@ -1,7 +1,9 @@
 //! `blobdrive resize C/B --size S [--allow-shrink] [--json]`: change a
 //! drive's size. Attached read-write on this host: grown in place (blob,
 //! FUSE file, loop device, filesystem) with no remount. Not attached:
-//! resized offline under a short lease. Leased by another host: refused.
+//! resized offline under a lease of 60 s renewed while it runs, released
+//! at the end and on Ctrl-C (SIGINT) or SIGTERM. Leased by another host:
+//! refused.
 //! The work is in `crate::lifecycle::resize`.
 
 use clap::Args;
@@ -14,6 +16,12 @@ use crate::units::format_size;
 
 /// Arguments of `resize`.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Offline (not attached here), the drive is locked by a 60-second lease, renewed while the \
+                  resize runs and released when it ends. Ctrl-C or SIGTERM stops it between two steps \
+                  (run it again to finish) and releases the lease; after kill -9 the lease expires by \
+                  itself within 60 s ('blobdrive break-lease' frees it at once)."
+)]
 pub struct ResizeArgs {
     /// The drive, CONTAINER/PATH or a full URL.
     #[arg(value_name = "C/B")]
@@ -53,7 +61,8 @@ pub fn run(ctx: &Context, args: &ResizeArgs) -> CmdResult {
                 } else {
                     None
                 };
-                out = Some(resize::resize_offline(&client, &path, size, allow, key).await?);
+                let cancel = super::copy::stop_signals("resize")?;
+                out = Some(resize::resize_offline(&client, &path, size, allow, key, cancel).await?);
                 Ok(())
             })
             .map_err(|e| match e.downcast::<resize::ShrinkNotAllowed>() {

@@ -1,8 +1,10 @@
 //! `blobdrive restore C/B --snapshot T [--no-safety-snapshot] [--json]`:
 //! put a drive back to one of its snapshots (Copy Blob from the snapshot onto
 //! the drive). Refused while the drive is leased (mounted). Prints the safety
-//! snapshot taken first, which undoes the restore. The work is in
-//! `crate::lifecycle::copy`.
+//! snapshot taken first, which undoes the restore. The drive is locked by a
+//! lease of 60 s, renewed while the restore runs; Ctrl-C (SIGINT) or SIGTERM
+//! stops it and releases the lease (after SIGKILL it expires by itself). The
+//! work is in `crate::lifecycle::copy`.
 
 use clap::Args;
 
@@ -12,6 +14,12 @@ use crate::lifecycle::copy;
 
 /// Arguments of `restore`.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "The drive is locked by a 60-second lease, renewed while the restore runs and released \
+                  when it ends. Ctrl-C or SIGTERM stops it (a copy the service is making is aborted) and \
+                  releases the lease; after kill -9 the lease expires by itself within 60 s \
+                  ('blobdrive break-lease' frees it at once)."
+)]
 pub struct RestoreArgs {
     /// The drive, CONTAINER/PATH.
     #[arg(value_name = "C/B")]
@@ -33,8 +41,15 @@ pub fn run(ctx: &Context, args: &RestoreArgs) -> CmdResult {
     drives::require_base(&path, "give the drive and the snapshot with --snapshot")?;
     let client = drives::connect(ctx)?;
     drives::block_on(async move {
-        let report =
-            copy::restore(&client, &path, &args.snapshot, !args.no_safety_snapshot).await?;
+        let cancel = super::copy::stop_signals("restore")?;
+        let report = copy::restore(
+            &client,
+            &path,
+            &args.snapshot,
+            !args.no_safety_snapshot,
+            cancel,
+        )
+        .await?;
         if args.json {
             output::print_json(&report);
         } else {

@@ -1,7 +1,7 @@
 //! What a blob is, and how to say what went wrong with it: the footer check
 //! (a drive or not, also after an interrupted grow), its snapshots, whether
-//! it is leased, and the one place that turns blob errors into lines a
-//! person can act on. The commands under `cli/` and the operations of this
+//! it is leased (and the lease an operation takes on it), and the one place
+//! that turns blob errors into lines a person can act on. The commands under `cli/` and the operations of this
 //! module share them (`cli::drives` re-exports them).
 //!
 //! Invariant: every message built here names the blob (or container) and the
@@ -12,7 +12,7 @@ use anyhow::anyhow;
 
 use crate::blob::{
     BlobClient, BlobPath, BlobProperties, BlobType, Error as BlobError, ErrorKind, LeaseState,
-    ListBlobsOptions,
+    ListBlobsOptions, RenewedLease,
 };
 use crate::drive::BlobPageStore;
 use crate::units::{ByteRange, VHD_FOOTER_BYTES};
@@ -190,6 +190,31 @@ pub async fn snapshots_of(client: &BlobClient, path: &BlobPath) -> Result<Vec<St
 /// True when a lease is held or being broken: the drive is mounted somewhere.
 pub fn is_leased(state: Option<LeaseState>) -> bool {
     matches!(state, Some(LeaseState::Leased | LeaseState::Breaking))
+}
+
+/// The duration of the lease `restore` and the offline `resize` hold while
+/// they change a drive ([`RenewedLease`]: renewed while they run, released
+/// when they end or are interrupted): how long a killed one (SIGKILL, a
+/// host gone) leaves the drive locked at most. A mount's lease is infinite
+/// instead: it lives as long as the daemon, which releases it.
+pub const OPERATION_LEASE_SECS: u32 = 60;
+
+/// Takes the lease of an operation on `path` ([`OPERATION_LEASE_SECS`]).
+pub async fn operation_lease(
+    client: &BlobClient,
+    path: &BlobPath,
+) -> Result<RenewedLease, BlobError> {
+    RenewedLease::acquire(client, path, OPERATION_LEASE_SECS).await
+}
+
+/// Releases an operation's lease. A failure is logged, not returned: the
+/// operation's own result is what the caller reports, and the lease
+/// expires by itself.
+pub async fn release_operation_lease(lease: RenewedLease, path: &BlobPath) {
+    let secs = lease.secs();
+    if let Err(e) = lease.release().await {
+        tracing::warn!(drive = %path, error = %e, "could not release the lease; it expires by itself within {secs} s");
+    }
 }
 
 /// Properties of `path`, with the errors explained.

@@ -16,9 +16,11 @@
 //! Azurite finishes every Copy Blob at once: the answer to Copy Blob into one
 //! destination says `pending`, and the destination's properties (the copy's
 //! polls) show `pending` with progress short of the total, or `failed` after
-//! some polls ([`CopyPlan`]). It forwards one request per connection and
-//! records every exchange ([`Exchange`]), so a test can check which requests
-//! a copy sent (Abort Copy Blob, Delete Blob) and in what order.
+//! some polls; or the polls fail for a while as the copy goes on
+//! ([`CopyPlan`]). It forwards one request per connection and records every
+//! exchange ([`Exchange`]), so a test can check which requests a copy (or a
+//! restore) sent (Abort Copy Blob, Delete Blob, lease releases) and in what
+//! order.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -120,6 +122,11 @@ pub enum CopyPlan {
     /// Pending for this many polls, then `failed` with
     /// [`COPY_FAILED_DESCRIPTION`].
     FailsAfter(u32),
+    /// The first this many polls (`u32::MAX`: all) are answered `503
+    /// ServerBusy` by the proxy itself (storage unreachable while the copy
+    /// goes on); the later ones reach the upstream and are passed on as it
+    /// answers them (Azurite: the copy finished).
+    PollsFail(u32),
 }
 
 /// The `x-ms-copy-status-description` of a copy that [`CopyPlan::FailsAfter`]
@@ -414,6 +421,12 @@ impl FaultProxy {
         self.shared.late_status.send_replace(None);
     }
 
+    /// True once the request `land_late` waits for has arrived (and is
+    /// being held).
+    pub fn late_held(&self) -> bool {
+        self.shared.late.lock().expect("late lock").is_none()
+    }
+
     /// Waits (at most `timeout`) until the late request reached the
     /// upstream and returns the status it got there.
     pub async fn late_landed(&self, timeout: Duration) -> Option<u16> {
@@ -692,6 +705,28 @@ async fn serve_copy(
         response_headers: Vec::new(),
     };
     let ours = exchange.path == shared.copy.lock().expect("copy lock").dest;
+    if let CopyPlan::PollsFail(n) = plan {
+        let failed = {
+            let mut watch = shared.copy.lock().expect("copy lock");
+            let fail = ours && watch.started && exchange.is_properties() && watch.polls < n;
+            if fail {
+                watch.polls += 1;
+            }
+            fail
+        };
+        if failed {
+            let answer = b"HTTP/1.1 503 Service Unavailable\r\nx-ms-error-code: ServerBusy\r\n\
+Content-Length: 0\r\nConnection: close\r\n\r\n";
+            exchange.status = 503;
+            exchange.response_headers = split_head(answer)
+                .map(|(h, _)| h.headers)
+                .unwrap_or_default();
+            shared.copy.lock().expect("copy lock").log.push(exchange);
+            conn.write_all(answer).await?;
+            let _ = conn.shutdown().await;
+            return Ok(());
+        }
+    }
     if ours && exchange.is_abort_copy() && plan == CopyPlan::PendingAbortAccepted {
         // What the service answers for a copy still pending.
         let answer = b"HTTP/1.1 204 No Content\r\nx-ms-version: 2021-08-06\r\n\
@@ -731,7 +766,12 @@ Content-Length: 0\r\nConnection: close\r\n\r\n";
             watch.started = true;
             watch.polls = 0;
             set_header(&mut resp.headers, "x-ms-copy-status", "pending");
-        } else if ours && ok && watch.started && exchange.is_properties() {
+        } else if ours
+            && ok
+            && watch.started
+            && exchange.is_properties()
+            && !matches!(plan, CopyPlan::PollsFail(_))
+        {
             watch.polls += 1;
             let total: u64 = find_header(&resp.headers, "content-length")
                 .and_then(|v| v.parse().ok())

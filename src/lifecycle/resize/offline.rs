@@ -1,5 +1,8 @@
 //! The offline resize: a drive nobody has leased, resized under a lease of
-//! its own taken for the few requests it needs and released after.
+//! its own (`checks::OPERATION_LEASE_SECS`, renewed while the resize runs),
+//! released after, also when it fails or is interrupted (`cancel`: the
+//! CLI's Ctrl-C and SIGTERM). Interrupted at any step, the drive is a drive
+//! at its old or its new size, and running the resize again finishes it.
 //!
 //! Invariants: the drive is refused while anyone holds its lease (this
 //! host's daemon included: an attached drive grows through `online.rs`);
@@ -17,6 +20,8 @@
 
 use std::sync::Arc;
 
+use std::future::Future;
+
 use anyhow::{anyhow, bail};
 
 use super::{leased_elsewhere, ResizeReport, ShrinkNotAllowed};
@@ -24,7 +29,7 @@ use crate::blob::{BlobClient, BlobPath, BlobType};
 use crate::crypt::{DataKey, KeySlots};
 use crate::drive::resize::{locate_footer, move_footer};
 use crate::drive::{BlobPageStore, PageStore};
-use crate::lifecycle::checks::{blob_err, is_leased};
+use crate::lifecycle::checks::{blob_err, is_leased, operation_lease, release_operation_lease};
 use crate::lifecycle::layout;
 use crate::partition::{self, Layout};
 use crate::units::{format_size, ByteRange};
@@ -33,12 +38,14 @@ use crate::units::{format_size, ByteRange};
 /// shrinks it after checking that nothing it holds reaches past the new end.
 /// `key` is the unlocked data key of an encrypted drive: its layout is read
 /// through it; without it, an encrypted drive's layout is unknown.
+/// `cancel` resolving stops it between two requests and releases the lease.
 pub async fn resize_offline(
     client: &BlobClient,
     path: &BlobPath,
     new_size_bytes: u64,
     allow_shrink: bool,
     key: Option<Arc<DataKey>>,
+    cancel: impl Future<Output = ()>,
 ) -> anyhow::Result<ResizeReport> {
     let props = client.get_properties(path).await.map_err(blob_err)?;
     if props.blob_type != Some(BlobType::PageBlob) {
@@ -51,29 +58,24 @@ pub async fn resize_offline(
     if is_leased(props.lease_state) {
         bail!("{}", leased_elsewhere(path));
     }
-    let lease_id = uuid::Uuid::new_v4().to_string();
-    client
-        .acquire_lease(path, &lease_id, None)
-        .await
-        .map_err(|e| {
-            if e.is_lease_conflict() {
-                anyhow!(leased_elsewhere(path))
-            } else {
-                blob_err(e)
-            }
-        })?;
-    let result = resize_leased(
-        client,
-        path,
-        new_size_bytes,
-        allow_shrink,
-        &lease_id,
-        layout_store,
-    )
-    .await;
-    if let Err(e) = client.release_lease(path, &lease_id).await {
-        tracing::warn!(drive = %path, error = %e, "could not release the resize lease");
-    }
+    let lease = operation_lease(client, path).await.map_err(|e| {
+        if e.is_lease_conflict() {
+            anyhow!(leased_elsewhere(path))
+        } else {
+            blob_err(e)
+        }
+    })?;
+    // Dropped at its next request when cancelled: each step is one request,
+    // and one still in flight carries the lease id, so the service refuses
+    // it once the lease is released.
+    let result = tokio::select! {
+        r = resize_leased(client, path, new_size_bytes, allow_shrink, lease.id(), layout_store) => r,
+        () = cancel => Err(anyhow!(
+            "resize of {path} was interrupted; it is a drive at its old or its new size: \
+             'blobdrive info {path}' shows which, and running the resize again finishes it"
+        )),
+    };
+    release_operation_lease(lease, path).await;
     result
 }
 
