@@ -273,6 +273,69 @@ async fn create_never_replaces_an_existing_blob() {
 }
 
 #[tokio::test]
+async fn a_url_naming_another_account_is_refused_not_served_by_this_one() {
+    // A drive of this account, and URLs naming a blob of the same name in
+    // other accounts: without their SAS they would be read, resized or
+    // copied here instead.
+    let c = ContainerGuard::new("cli-url").await;
+    let name = format!("{}/d.vhd", c.name);
+    ok(&["create", &name, "--size", "16M"]);
+    let etag = c
+        .client
+        .get_properties(&c.path("d.vhd"))
+        .await
+        .unwrap()
+        .etag;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.img");
+    let endpoint = common::account().endpoint;
+    let own = format!("{}/{name}", endpoint.as_str().trim_end_matches('/'));
+    let mut other_port = endpoint.clone();
+    other_port
+        .set_port(Some(endpoint.port_or_known_default().unwrap() + 1))
+        .unwrap();
+    let mut elsewhere = vec![
+        format!("https://evil.blob.core.windows.net/{name}"),
+        format!("{}/{name}", other_port.as_str().trim_end_matches('/')),
+    ];
+    if endpoint.path().len() > 1 {
+        // Path style (Azurite): the first segment names the account.
+        elsewhere.push(own.replacen(endpoint.path(), "/otheraccount", 1));
+    }
+    for url in &elsewhere {
+        for args in [
+            vec!["download", url.as_str(), s(&file)],
+            vec!["info", url.as_str()],
+            vec!["resize", url.as_str(), "--size", "32M"],
+            vec![
+                "restore",
+                url.as_str(),
+                "--snapshot",
+                "2026-01-01T00:00:00.0000000Z",
+            ],
+            vec![
+                "diff",
+                url.as_str(),
+                "--from",
+                "2026-01-01T00:00:00.0000000Z",
+            ],
+            vec!["key", "dump", url.as_str(), "--key-file", "/dev/null"],
+            vec!["copy", url.as_str(), &format!("{}/copy.vhd", c.name)],
+            vec!["delete", url.as_str()],
+        ] {
+            let (err, _) = fails(&args, 1);
+            assert!(err.contains("names the account at"), "{args:?}: {err}");
+        }
+    }
+    assert!(!file.exists(), "nothing downloaded");
+    let props = c.client.get_properties(&c.path("d.vhd")).await.unwrap();
+    assert_eq!((props.etag, props.content_length), (etag, 16 * MIB + 512));
+    assert!(c.client.get_properties(&c.path("copy.vhd")).await.is_err());
+    // The URL of this account's own drive works as its C/B does.
+    assert!(ok(&["info", &own]).contains("16.0 MiB"));
+}
+
+#[tokio::test]
 async fn bad_sizes_are_refused_before_anything_is_created() {
     let c = ContainerGuard::new("cli-sizes").await;
     let name = format!("{}/d.vhd", c.name);

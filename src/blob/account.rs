@@ -218,6 +218,28 @@ pub fn redact_sas(token: &str) -> String {
         .join("&")
 }
 
+/// The blob endpoint of a blob URL: its scheme, host and port, plus the
+/// account segment of a path-style URL (an IP address or `localhost`, as
+/// Azurite's are); no path below it, no query.
+fn endpoint_of_blob_url(url: &Url) -> Url {
+    let mut endpoint = url.clone();
+    endpoint.set_query(None);
+    endpoint.set_fragment(None);
+    let host = url.host_str().unwrap_or_default();
+    let path_style =
+        host == "localhost" || host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('[');
+    let account_segment = if path_style {
+        url.path_segments()
+            .and_then(|mut p| p.find(|s| !s.is_empty()))
+            .map(|a| format!("/{a}"))
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    endpoint.set_path(&account_segment);
+    endpoint
+}
+
 fn config_error(target: &str, message: impl Into<String>) -> Error {
     Error::other(ErrorKind::Config, OP, target, message)
 }
@@ -477,6 +499,38 @@ impl Account {
         })
     }
 
+    /// Refuses a blob URL (`http(s)://...`) that names another account than
+    /// this one: without its own SAS it would be sent to this account, where
+    /// a blob of the same name is another drive. `C/B` operands pass.
+    pub fn check_blob_url(&self, operand: &str) -> Result<()> {
+        if !(operand.starts_with("https://") || operand.starts_with("http://")) {
+            return Ok(());
+        }
+        let Ok(url) = Url::parse(operand) else {
+            // BlobPath::parse gives the one line for a malformed URL.
+            return Ok(());
+        };
+        let named = endpoint_of_blob_url(&url);
+        let same = named.host_str().map(str::to_ascii_lowercase)
+            == self.endpoint.host_str().map(str::to_ascii_lowercase)
+            && named.port_or_known_default() == self.endpoint.port_or_known_default()
+            && named.path().trim_end_matches('/') == self.endpoint.path().trim_end_matches('/');
+        if same {
+            return Ok(());
+        }
+        // The endpoint holds no query, so no SAS.
+        let shown = named.as_str().trim_end_matches('/').to_string();
+        Err(config_error(
+            &shown,
+            format!(
+                "the URL names the account at {shown}, but the account in use is {} at {}: \
+                 give CONTAINER/BLOB with that account chosen (--account, --connection-string \
+                 or AZURE_STORAGE_*), or a URL with its SAS",
+                self.name, self.endpoint
+            ),
+        ))
+    }
+
     /// The account a blob URL carrying its own SAS names (`https://HOST/C/B?sv=..&sig=..`,
     /// what `az disk grant-access` hands out for a managed disk), signed in
     /// with that SAS; `None` when `s` is not such a URL (no `sig=`).
@@ -499,22 +553,8 @@ impl Account {
         if !sas.iter().any(|kv| kv.starts_with("sig=")) {
             return Ok(None);
         }
-        let mut endpoint = url.clone();
-        endpoint.set_query(None);
-        endpoint.set_fragment(None);
         let host = url.host_str().unwrap_or_default();
-        let path_style = host == "localhost"
-            || host.parse::<std::net::IpAddr>().is_ok()
-            || host.starts_with('[');
-        let account_segment = if path_style {
-            url.path_segments()
-                .and_then(|mut p| p.find(|s| !s.is_empty()))
-                .map(|a| format!("/{a}"))
-                .unwrap_or_default()
-        } else {
-            String::new()
-        };
-        endpoint.set_path(&account_segment);
+        let endpoint = endpoint_of_blob_url(&url);
         let name = account_from_endpoint(&endpoint)
             .filter(|n| !n.is_empty())
             .ok_or_else(|| config_error(host, "cannot tell the account name from this URL"))?;

@@ -66,6 +66,11 @@ pub fn run(ctx: &Context, args: &CopyArgs) -> CmdResult {
     let dest = drives::parse_blob(&args.dest, None)?;
     drives::require_base(&dest, "a copy makes a new drive, not a snapshot")?;
     let client = drives::connect(ctx)?;
+    // A URL without a SAS names a blob of the account in use, or is refused.
+    if let CopySource::Blob(_) = &source {
+        client.account().check_blob_url(&args.source)?;
+    }
+    client.account().check_blob_url(&args.dest)?;
     let show = std::io::stderr().is_terminal() && !args.json;
     let json = args.json;
     drives::block_on(async move {

@@ -59,7 +59,7 @@ pub async fn check_states(
 pub fn run(ctx: &Context, args: &DiffArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "give the drive, and the snapshots with --from/--to")?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     drives::block_on(async move {
         check_states(&client, &path, &args.from, args.to.as_deref()).await?;
         let states = BlobStates::new(client.clone(), &path);

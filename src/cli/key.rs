@@ -227,7 +227,7 @@ async fn save_slots(
 fn change(ctx: &Context, args: &ChangeArgs, replace: bool) -> CmdResult {
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "key slots change on the drive itself")?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     let new_source = KeySource {
         key_file: args.new_key_file.clone(),
         passphrase_file: args.new_passphrase_file.clone(),
@@ -255,7 +255,7 @@ fn change(ctx: &Context, args: &ChangeArgs, replace: bool) -> CmdResult {
 fn remove(ctx: &Context, args: &RemoveArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "key slots change on the drive itself")?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     drives::block_on(async move {
         let (mut slots, metadata, _key, opened) = open_slots(&client, &path, &args.key).await?;
         let slot = args.slot.unwrap_or(opened);
@@ -273,7 +273,7 @@ fn remove(ctx: &Context, args: &RemoveArgs) -> CmdResult {
 
 fn dump(ctx: &Context, args: &DumpArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, args.snapshot.as_deref())?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     drives::block_on(async move {
         let (_, _, key, _) = open_slots(&client, &path, &args.key).await?;
         let hex = crate::crypt::slots::key_hex(&key);

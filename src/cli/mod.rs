@@ -201,7 +201,11 @@ impl Context {
     pub fn account_for(&self, operand: &str) -> blob::Result<blob::Account> {
         match blob::Account::from_sas_url(operand, &self.account_options)? {
             Some(account) => Ok(account),
-            None => self.account(),
+            None => {
+                let account = self.account()?;
+                account.check_blob_url(operand)?;
+                Ok(account)
+            }
         }
     }
 }

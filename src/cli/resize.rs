@@ -46,7 +46,7 @@ pub struct ResizeArgs {
 pub fn run(ctx: &Context, args: &ResizeArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "a snapshot cannot be resized")?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     let drive = format!("{}/{}", path.container, path.name);
     let report = match registry::find_read_write(&client.account().name, &drive) {
         Some(entry) => resize::resize_online(&entry, args.size)?,

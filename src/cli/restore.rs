@@ -39,7 +39,7 @@ pub struct RestoreArgs {
 pub fn run(ctx: &Context, args: &RestoreArgs) -> CmdResult {
     let path = drives::parse_blob(&args.blob, None)?;
     drives::require_base(&path, "give the drive and the snapshot with --snapshot")?;
-    let client = drives::connect(ctx)?;
+    let client = drives::connect_for(ctx, &args.blob)?;
     drives::block_on(async move {
         let cancel = super::copy::stop_signals("restore")?;
         let report = copy::restore(
