@@ -64,12 +64,25 @@ fn redact_connection_string(text: &str) -> Option<String> {
 }
 
 /// Where the value of setting `key` starts in `part` (`Key=` at the start
-/// of the part or after a flag's `=`), ignoring case.
+/// of the part or after a flag's `=`), ignoring case and the whitespace
+/// around the key that the connection-string parser ignores too
+/// (`; AccountKey =K`, a part after a newline).
 fn setting_value_start(part: &str, key: &str) -> Option<usize> {
+    // ASCII lower-casing keeps every byte offset of `part`.
     let lower = part.to_ascii_lowercase();
-    let pattern = format!("{key}=");
-    let at = lower.find(&pattern)?;
-    (at == 0 || lower.as_bytes()[at - 1] == b'=').then_some(at + pattern.len())
+    let mut from = 0;
+    while let Some(rel) = lower[from..].find(key) {
+        let at = from + rel;
+        let before = lower[..at].trim_end();
+        let after = &lower[at + key.len()..];
+        let rest = after.trim_start();
+        if (before.is_empty() || before.ends_with('=')) && rest.starts_with('=') {
+            return Some(at + key.len() + (after.len() - rest.len()) + 1);
+        }
+        // `key` is ASCII, so this is a character boundary.
+        from = at + key.len();
+    }
+    None
 }
 
 /// A URL or bare SAS token whose query holds `sig=`: the SAS parameters
@@ -182,6 +195,35 @@ mod tests {
             Some("BlobEndpoint=http://h/a;SharedAccessSignature=<hidden>")
         );
         assert_eq!(shown("AccountName=a;BlobEndpoint=http://h/a"), None);
+    }
+
+    #[test]
+    fn keys_the_parser_accepts_with_whitespace_around_them_are_hidden_too() {
+        // The connection-string parser trims each part and key, so these
+        // all carry the key.
+        for (arg, want) in [
+            (
+                "AccountName=a; AccountKey=Zm9vYmFyYmF6cXV4;BlobEndpoint=http://h/a",
+                "AccountName=a; AccountKey=<hidden>;BlobEndpoint=http://h/a",
+            ),
+            (
+                "AccountName=a;AccountKey =Zm9vYmFyYmF6cXV4",
+                "AccountName=a;AccountKey =<hidden>",
+            ),
+            (
+                "AccountName=a;\n\tAccountKey= Zm9vYmFyYmF6cXV4",
+                "AccountName=a;\n\tAccountKey=<hidden>",
+            ),
+            (
+                "--connection-string= AccountKey=Zm9vYmFyYmF6cXV4;AccountName=a",
+                "--connection-string= AccountKey=<hidden>;AccountName=a",
+            ),
+        ] {
+            assert_eq!(shown(arg).as_deref(), Some(want), "{arg:?}");
+        }
+        // A key name inside another word, or a value, is not a setting.
+        assert_eq!(shown("AccountName=myaccountkey;BlobEndpoint=http://h/a"), None);
+        assert_eq!(shown("/mnt/ünï-accountkey=1"), None);
     }
 
     #[test]
