@@ -126,8 +126,13 @@ pub fn check_parent(path: &Path) -> io::Result<()> {
 /// (so what blobdrive makes in it cannot be renamed, replaced or planted by
 /// another user)?
 pub fn is_ours_alone(path: &Path) -> bool {
+    is_owned_by_alone(path, euid())
+}
+
+/// Is `path` a real directory of `uid` that nobody else may write to?
+pub fn is_owned_by_alone(path: &Path, uid: u32) -> bool {
     std::fs::symlink_metadata(path)
-        .is_ok_and(|m| m.is_dir() && m.uid() == euid() && m.mode() & 0o022 == 0)
+        .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o022 == 0)
 }
 
 /// Create a new file at `path` with mode 0600 (an older file of that name is

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blobdrive::blob::{BlobPath, LeaseState};
 use common::ContainerGuard;
@@ -1306,4 +1306,81 @@ fn another_user_cannot_control_a_mount_and_a_shared_run_dir_keeps_its_mode() {
     assert!(!is_mounted(&dir));
     assert_eq!(mode(run), 0o1777);
     assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+/// Binds control sockets at argv[2:] (making their directories 0700) and
+/// writes argv[1] whenever anyone connects to one: a stand-in daemon that
+/// another user planted under a mount's name.
+const PY_PLANTED_SOCKETS: &str = r#"
+import os, select, socket, sys
+marker, paths = sys.argv[1], sys.argv[2:]
+socks = []
+for p in paths:
+    os.makedirs(os.path.dirname(p), mode=0o700, exist_ok=True)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(p)
+    s.listen(4)
+    socks.append(s)
+open(marker + ".ready", "w").close()
+while True:
+    ready, _, _ = select.select(socks, [], [], 60)
+    if not ready:
+        break
+    for s in ready:
+        c, _ = s.accept()
+        open(marker, "w").write("asked")
+        c.sendall(b'{"devices": {"spoofed/by-nobody.vhd": {}}}\n')
+        c.close()
+"#;
+
+#[test]
+fn root_never_asks_a_socket_another_user_left_under_a_mounts_name() {
+    use std::os::unix::fs::PermissionsExt;
+    let site = Site::new();
+    // A shared run directory, as /tmp is: anyone may create in it.
+    let base = site.root.path().join("shared-run");
+    std::fs::create_dir(&base).unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::set_permissions(site.root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = site.dir("not-yours");
+    let key = blobdrive::daemon::mountpoint::mount_key(&dir.canonicalize().unwrap());
+    let sock = format!("{key}.sock");
+    let marker = base.join("asked");
+    // `nobody` plants a socket of that name in the shared directory and in
+    // its own private directory there.
+    let mut planter = site
+        .command("setpriv")
+        .args([
+            "--reuid",
+            "nobody",
+            "--regid",
+            "nogroup",
+            "--clear-groups",
+            "--",
+        ])
+        .args(["/usr/bin/python3", "-c", PY_PLANTED_SOCKETS])
+        .arg(&marker)
+        .arg(base.join(&sock))
+        .arg(base.join("blobdrive-65534").join(&sock))
+        .current_dir("/")
+        .spawn()
+        .expect("run python as nobody");
+    let ready = base.join("asked.ready");
+    let started = Instant::now();
+    while !ready.exists() && started.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(ready.exists(), "the planted sockets are bound");
+    let out = site
+        .command(BIN)
+        .env("BLOBDRIVE_RUN_DIR", &base)
+        .args(["stats", &dir.to_string_lossy(), "--json"])
+        .output()
+        .unwrap();
+    let _ = planter.kill();
+    let _ = planter.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(!stdout.contains("spoofed"), "{stdout}");
+    assert!(!marker.exists(), "root asked a socket another user planted");
 }

@@ -222,7 +222,10 @@ mod tests {
             assert_eq!(shown(arg).as_deref(), Some(want), "{arg:?}");
         }
         // A key name inside another word, or a value, is not a setting.
-        assert_eq!(shown("AccountName=myaccountkey;BlobEndpoint=http://h/a"), None);
+        assert_eq!(
+            shown("AccountName=myaccountkey;BlobEndpoint=http://h/a"),
+            None
+        );
         assert_eq!(shown("/mnt/ünï-accountkey=1"), None);
     }
 

@@ -25,7 +25,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use super::mountpoint::{
-    every_run_dir, is_mount_point, lazy_unmount, mount_key, run_dir, RUN_DIR_ENV,
+    is_mount_point, lazy_unmount, mount_key, owners_run_dir, run_dir, RUN_DIR_ENV,
 };
 use crate::private_dir;
 
@@ -144,19 +144,27 @@ fn may_control(uid: u32, owner: u32) -> bool {
 
 /// The control socket of the mount at `canonical`: in this user's run
 /// directory, or for root, who may control every mount, in the run
-/// directory of whichever user made it, when this user has none there.
+/// directory of the user who owns that mount (the kernel's mount table says
+/// who), when root has none there. A socket anywhere else under the mount's
+/// name, which another user could have left there, is never asked.
 fn find_socket(canonical: &Path) -> PathBuf {
-    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let own = socket_path_of_canonical(canonical);
     if private_dir::euid() != 0 || own.exists() {
         return own;
     }
-    let name = own.file_name().map(PathBuf::from).unwrap_or_default();
-    every_run_dir()
-        .into_iter()
-        .map(|dir| dir.join(&name))
-        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket()))
-        .unwrap_or(own)
+    let Some(dir) = owners_run_dir(canonical) else {
+        return own;
+    };
+    let Some(name) = own.file_name() else {
+        return own;
+    };
+    let owner = std::fs::symlink_metadata(&dir).map(|m| m.uid()).ok();
+    let theirs = dir.join(name);
+    match std::fs::symlink_metadata(&theirs) {
+        Ok(m) if m.file_type().is_socket() && Some(m.uid()) == owner => theirs,
+        _ => own,
+    }
 }
 
 fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyhow::Result<String> {

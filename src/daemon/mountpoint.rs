@@ -69,26 +69,51 @@ pub fn ensure_run_dir() -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Every directory that may hold a mount's control socket on this host, for
-/// root, who may control every mount: the run directory itself and the
-/// private directory of each user in it.
-pub(crate) fn every_run_dir() -> Vec<PathBuf> {
-    let base = base_run_dir();
-    let mut dirs = vec![base.clone()];
-    if let Ok(entries) = std::fs::read_dir(&base) {
-        dirs.extend(
-            entries
-                .filter_map(Result::ok)
-                .filter(|e| {
-                    e.file_name()
-                        .to_str()
-                        .and_then(|n| n.strip_prefix(PRIVATE_PREFIX))
-                        .is_some_and(|uid| uid.parse::<u32>().is_ok())
-                })
-                .map(|e| e.path()),
-        );
+/// The run directory of the user who owns the mount at `canonical`, for
+/// root, who may control every mount: the kernel's mount table says whose
+/// it is (a FUSE mount records `user_id=`; anything else, such as the
+/// filesystem of an attach, which only root can make, is root's). `None`
+/// when nothing is mounted there or it is root's. Only that user's
+/// `blobdrive-UID` directory, owned by them and writable by nobody else, is
+/// trusted: a socket another user left elsewhere under the mount's name is
+/// never asked.
+pub(crate) fn owners_run_dir(canonical: &Path) -> Option<PathBuf> {
+    let uid = mount_owner(canonical)?;
+    if uid == 0 {
+        return None;
     }
-    dirs
+    let dir = base_run_dir().join(format!("{PRIVATE_PREFIX}{uid}"));
+    private_dir::is_owned_by_alone(&dir, uid).then_some(dir)
+}
+
+/// The uid that owns the mount at `canonical` (see [`owners_run_dir`]).
+fn mount_owner(canonical: &Path) -> Option<u32> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let wanted = escape_mountinfo(&canonical.to_string_lossy());
+    // The last mount at a path is the one seen there.
+    let line = info
+        .lines()
+        .filter(|line| line.split(' ').nth(4) == Some(wanted.as_str()))
+        .last()?;
+    Some(owner_of_mountinfo_line(line))
+}
+
+/// The owner a mountinfo line records: `user_id=N` among the super options
+/// (after ` - FSTYPE SOURCE`) of a FUSE mount, else root.
+fn owner_of_mountinfo_line(line: &str) -> u32 {
+    let Some((_, tail)) = line.split_once(" - ") else {
+        return 0;
+    };
+    let mut fields = tail.split(' ');
+    let fstype = fields.next().unwrap_or_default();
+    let super_options = fields.nth(1).unwrap_or_default();
+    if !(fstype == "fuse" || fstype.starts_with("fuse.")) {
+        return 0;
+    }
+    super_options
+        .split(',')
+        .find_map(|o| o.strip_prefix("user_id=")?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The name of everything a mount keeps in the run directory: the first 16
@@ -140,6 +165,18 @@ pub(crate) fn lazy_unmount(dir: &Path) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_owner_of_a_mount_is_the_user_id_of_a_fuse_mount_else_root() {
+        let fuse = "36 35 0:40 / /home/u/m rw,nosuid - fuse.blobdrive blobdrive rw,user_id=1000,group_id=1000";
+        assert_eq!(owner_of_mountinfo_line(fuse), 1000);
+        let plain = "37 35 7:0 / /mnt/d rw - ext4 /dev/loop0 rw";
+        assert_eq!(owner_of_mountinfo_line(plain), 0);
+        // A user_id in another filesystem's options means nothing.
+        let other = "38 35 0:41 / /mnt/x rw - tmpfs tmpfs rw,user_id=7";
+        assert_eq!(owner_of_mountinfo_line(other), 0);
+        assert_eq!(owner_of_mountinfo_line("garbage"), 0);
+    }
+
     use super::*;
 
     #[test]
