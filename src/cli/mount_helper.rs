@@ -173,6 +173,11 @@ pub fn parse(args: &[String]) -> Result<HelperRequest, String> {
 fn load_credentials(path: &str) -> Result<(), String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read credentials {path}: {e}"))?;
+    crate::crypt::secret::warn_if_exposed(
+        std::path::Path::new(path),
+        "credentials file",
+        std::fs::metadata(path).ok().as_ref(),
+    );
     for line in text.lines().map(str::trim) {
         let line = line.strip_prefix("export ").unwrap_or(line);
         let Some((key, value)) = line.split_once('=') else {

@@ -221,7 +221,7 @@ fn read_bounded(
 /// The warning cryptsetup gives too: a key file other users may read, or
 /// that belongs to someone else (who could replace it), is not private.
 /// Only regular files are judged (a device or pipe has its own rules).
-fn warn_if_exposed(path: &Path, what: &str, meta: Option<&std::fs::Metadata>) {
+pub fn warn_if_exposed(path: &Path, what: &str, meta: Option<&std::fs::Metadata>) {
     let Some(meta) = meta.filter(|m| m.file_type().is_file()) else {
         return;
     };

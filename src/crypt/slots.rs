@@ -327,10 +327,13 @@ impl KeySlots {
             let Some(n) = name.strip_prefix(SLOT_PREFIX) else {
                 continue;
             };
-            let index: u8 =
-                n.parse().ok().filter(|i| *i < MAX_SLOTS).ok_or_else(|| {
-                    anyhow!("metadata {name} is not a key slot this version knows")
-                })?;
+            // Only the canonical digits: `blobdrivekey01` would otherwise be
+            // slot 1 too, and one of the two silently dropped.
+            let index: u8 = n
+                .parse()
+                .ok()
+                .filter(|i: &u8| *i < MAX_SLOTS && n == i.to_string())
+                .ok_or_else(|| anyhow!("metadata {name} is not a key slot this version knows"))?;
             let slot = Slot::decode(value)
                 .map_err(|e| anyhow!("its key slot {index} is malformed ({e})"))?;
             slots.insert(index, slot);
@@ -528,6 +531,25 @@ mod tests {
         md.insert("blobdrivekey0".into(), "v1 kind=keyfile nonce=x".into());
         let e = KeySlots::from_metadata(&md).unwrap_err().to_string();
         assert!(e.contains("key slot 0 is malformed"), "{e}");
+    }
+
+    #[test]
+    fn a_slot_name_with_a_leading_zero_is_not_a_second_name_for_a_slot() {
+        // `blobdrivekey01` beside `blobdrivekey1` would both be slot 1, one
+        // silently dropped and deleted by the next rewrite.
+        let dk = DataKey::generate();
+        let mut md = BTreeMap::new();
+        KeySlots::new(&dk, &key_file(1)).apply_to(&mut md);
+        let slot = md["blobdrivekey0"].clone();
+        for name in ["blobdrivekey00", "blobdrivekey+1", "blobdrivekey 1"] {
+            let mut m = md.clone();
+            m.insert(name.into(), slot.clone());
+            let e = KeySlots::from_metadata(&m).unwrap_err().to_string();
+            assert!(
+                e.contains("not a key slot this version knows"),
+                "{name}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod registry;
 use std::ffi::CString;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,6 +127,9 @@ where
     // process's memory too, but memory locks are not inherited: lock it
     // again before it can be swapped out.
     let relocked = crate::crypt::secret::relock_after_fork();
+    // The daemon holds the account's key or SAS (and maybe a data key) for
+    // the life of the mount: no core dump may carry them.
+    crate::crypt::forbid_core_dumps();
     let mut ready = Readiness::pipe(write_end);
     if let Err(err) = detach_from_terminal(opts.log_file.as_deref()) {
         ready.failed(&format!("cannot start the daemon: {err:#}"));
@@ -201,9 +205,13 @@ fn detach_from_terminal(log_file: Option<&Path>) -> anyhow::Result<()> {
         .write(true)
         .open("/dev/null")?;
     let log = match log_file {
+        // Private (drive names, errors), and never through a symlink
+        // another user placed where the log goes.
         Some(path) => std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(path)
             .with_context(|| format!("cannot open log file {}", path.display()))?,
         None => null.try_clone()?,
