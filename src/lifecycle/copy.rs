@@ -597,7 +597,18 @@ async fn restore_leased(
     let started = client
         .start_copy(path, &url, Some(lease_id))
         .await
-        .map_err(failed)?;
+        .map_err(|e| {
+            // A request that failed without an answer (retries spent on
+            // timeouts, 5xx, lost connections) may have started the copy.
+            if e.is_transient() {
+                Stopped::CopyUnknown(format!(
+                    "Copy Blob got no answer ({}), so whether it started is unknown",
+                    checks::explain(&e)
+                ))
+            } else {
+                failed(e)
+            }
+        })?;
     match wait_copy(client, path, started, &mut |_, _| {}, cancel).await {
         Waited::Ended(s) if s.status == Some(CopyStatus::Success) => Ok(()),
         Waited::Ended(s) => Err(Stopped::Failed(
