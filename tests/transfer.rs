@@ -1481,13 +1481,13 @@ async fn download_since_twice_at_once_refuses_the_second() {
         std::thread::sleep(Duration::from_millis(2));
     }
     let second = run(&since);
+    assert_refused(&second, &format!("another update of {local} is running"));
     let over = run(&["download", &drive, &local, "--snapshot", &t2, "--overwrite"]);
+    assert_refused(&over, &format!("another update of {local} is running"));
     assert!(
         first.try_wait().unwrap().is_none(),
-        "the first update ended before the second was refused: not a test of the lock"
+        "the first update ended before the others were refused: not a test of the lock"
     );
-    assert_refused(&second, &format!("another update of {local} is running"));
-    assert_refused(&over, &format!("another update of {local} is running"));
     let done = first.wait_with_output().unwrap();
     assert!(
         done.status.success(),

@@ -18,7 +18,9 @@
 //! source_store`: decrypted with the key, or as stored), and trusts the file
 //! only as far as its record says (`transfer::file_state`): the record must
 //! name this drive, snapshot T1 at its ETag, the same content and format,
-//! and a file unchanged since. It marks the record "updating to T2" before
+//! and a file unchanged since. It holds an exclusive lock on the file for
+//! the whole update (a second update at once is refused), reads the record
+//! only once it holds it, and marks the record "updating to T2" before
 //! it writes, and records T2 only once the file is synced; a run that finds
 //! its own mark applies the whole difference again, which writes every
 //! written range with T2's bytes and punches every cleared range, so an

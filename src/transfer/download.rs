@@ -13,10 +13,18 @@
 //! (`super::file_state`: drive, snapshot, ETag, decrypted or not, raw or
 //! not), written once the file is synced and before it is renamed into place.
 //!
+//! Every read is pinned (`PageStore::pin_reads`, If-Match) to the ETag the
+//! blob had at the start, the one the record names: a live drive written
+//! meanwhile fails the download ([`Error::Changed`]) instead of giving a file
+//! that mixes two states, and a leased drive (mounted read-write) is warned
+//! about up front. The file, its temporary and its record are created 0600.
+//!
 //! Invariants: the target is written under a temporary name in the same
 //! directory and renamed into place only after every byte arrived and was
 //! synced, so a failed download never leaves a truncated image under the
-//! name asked for; an existing file is replaced only with `overwrite`.
+//! name asked for; an existing file is replaced only with `overwrite`, and
+//! not while a `download --since` holds its lock
+//! (`file_state::lock_exclusive`).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -147,6 +155,19 @@ pub async fn download(
             path: target.to_path_buf(),
         });
     }
+    // A `download --since` updating the file to be replaced holds its lock:
+    // refuse rather than pull the file from under it. Held until the new
+    // file is renamed into place.
+    // (Only a regular file is opened: a FIFO's open would block, and a
+    // rename replaces a symlink, not the file it names.)
+    let replaced_file = target.symlink_metadata().is_ok_and(|m| m.is_file());
+    let _replaced = if replaced_file {
+        let old = File::open(target).map_err(io_error("open", target))?;
+        file_state::lock_exclusive(&old, target)?;
+        Some(old)
+    } else {
+        None
+    };
     let props = client.get_properties(blob).await?;
     Progress::add(&progress.requests, 1);
     let not_a_drive = |reason: String| Error::NotADrive {
@@ -254,17 +275,6 @@ pub async fn download(
         .and_then(|state| file_state::write(&file, target, &state))
         .map_err(io_error("record the state of", &tmp_path))?;
     tracing::debug!(file = %target.display(), kept = ?state, "download recorded");
-    // A `download --since` updating the file being replaced holds its lock:
-    // refuse rather than pull the file from under it. The lock is held
-    // until the rename is done.
-    let _replaced = match File::open(target) {
-        Ok(old) => {
-            file_state::lock_exclusive(&old, target)?;
-            Some(old)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(io_error("open", target)(e)),
-    };
     std::fs::rename(&tmp_path, target).map_err(io_error("rename into", target))?;
     guard.armed = false;
     Ok(DownloadReport {
