@@ -1162,6 +1162,11 @@ async fn download_keeps_its_record_beside_the_file_where_xattrs_are_missing() {
     let side = mnt.join("d.vhd.blobdrive.json");
     let record = std::fs::read_to_string(&side).expect("the record beside the file");
     assert!(record.contains(&t1), "{record}");
+    assert_eq!(
+        side.metadata().unwrap().mode() & 0o777,
+        0o600,
+        "the record is as private as the image"
+    );
     let out = run(&[
         "download",
         &drive,
@@ -1195,4 +1200,301 @@ async fn download_keeps_its_record_beside_the_file_where_xattrs_are_missing() {
         record.contains(&t2) && !record.contains("updating\":{"),
         "{record}"
     );
+}
+
+/// Runs blobdrive under umask 022 (the usual default): what it creates
+/// would be 0644 unless it asks for less.
+fn run_umask_022(args: &[&str]) -> Output {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = bin();
+    cmd.args(args);
+    // SAFETY: umask is async-signal-safe; nothing else runs in the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
+    cmd.output().expect("blobdrive runs")
+}
+
+/// A downloaded image is as private as the drive it came from: under umask
+/// 022 a download, a `--raw` one and a `--decrypt` one of an encrypted drive
+/// are each created 0600 (the user may chmod them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_are_created_readable_by_their_owner_only() {
+    let c = ContainerGuard::new("dl-mode").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |n: &str| tmp.path().join(n).to_string_lossy().into_owned();
+    let key = p("key");
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&key)
+            .unwrap();
+        f.write_all(&random(32, 7)).unwrap();
+    }
+    let plain = format!("{}/plain.vhd", c.name);
+    let secret = format!("{}/secret.vhd", c.name);
+    ok(&["create", &plain, "--size", "16M"]);
+    ok(&[
+        "create",
+        &secret,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        &key,
+    ]);
+    let cases: [(&str, Vec<&str>); 3] = [
+        ("plain.vhd", vec!["download", &plain]),
+        ("plain.img", vec!["download", &plain, "--raw"]),
+        (
+            "secret.img",
+            vec![
+                "download",
+                &secret,
+                "--raw",
+                "--decrypt",
+                "--key-file",
+                &key,
+            ],
+        ),
+    ];
+    for (name, mut args) in cases {
+        let file = p(name);
+        args.insert(2, &file);
+        let out = run_umask_022(&args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mode = std::fs::metadata(&file).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name} is {mode:o}");
+    }
+}
+
+/// A full download of a drive written to meanwhile (here: Put Page in a loop,
+/// as a read-write mount does) is refused with one line that says to
+/// download a snapshot, and leaves nothing under FILE's name (no file, no
+/// record, no temporary); a drive leased (mounted read-write) is warned
+/// about up front, and one that stays still downloads with that warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_of_a_drive_written_meanwhile_is_refused_and_leaves_nothing() {
+    let c = ContainerGuard::new("dl-live").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let len = 64 * MIB;
+    let img = tmp.path().join("src.img");
+    dense_file(&img, len, 21);
+    let drive = format!("{}/live.vhd", c.name);
+    ok(&["upload", img.to_str().unwrap(), &drive]);
+    std::fs::remove_file(&img).unwrap();
+    let blob = c.path("live.vhd");
+    let lease = c
+        .client
+        .acquire_lease(&blob, &uuid::Uuid::new_v4().to_string(), None)
+        .await
+        .unwrap();
+
+    // The writer: 4 KiB at a new place every few milliseconds, with the lease.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (client, blob, lease, stop) =
+            (c.client.clone(), blob.clone(), lease.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut k = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let at = (k * 4099 * 4096) % len;
+                client
+                    .put_pages(&blob, at, random(4096, 500 + k).into(), Some(&lease))
+                    .await
+                    .expect("put pages");
+                k += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            k
+        })
+    };
+    let dir = tmp.path().join("out");
+    std::fs::create_dir(&dir).unwrap();
+    let file = dir.join("live.vhd");
+    let file_s = file.to_string_lossy().into_owned();
+    let out = tokio::task::spawn_blocking({
+        let (drive, file_s) = (drive.clone(), file_s.clone());
+        move || run(&["download", &drive, &file_s, "--parallel", "1"])
+    })
+    .await
+    .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = writer.await.unwrap();
+    assert!(writes > 0, "the writer wrote");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a torn download was kept: {err}");
+    let lines: Vec<&str> = err.trim_end().lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("leased") && l.contains("snapshot")),
+        "warned up front: {err}"
+    );
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(
+        last.starts_with("blobdrive: the drive changed while it was downloaded")
+            && last.contains(&format!("'blobdrive snapshot {drive}'")),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "nothing left behind: {left:?}");
+
+    // Leased but still: the download goes through, with the warning.
+    let out = run(&["download", &drive, &file_s]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("leased"), "{err}");
+    c.client.release_lease(&blob, &lease).await.unwrap();
+    let data = blob_bytes(&c.client, &blob, ByteRange::new(0, len + 512)).await;
+    assert!(
+        std::fs::read(&file).unwrap() == data,
+        "the kept download is the drive"
+    );
+}
+
+/// `download --since --raw` checks the VHD footer of T2 as a full `--raw`
+/// download does: a T2 without a valid footer is refused with the same line,
+/// and the file is left holding T1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_since_raw_refuses_a_t2_without_a_footer_as_a_full_raw_does() {
+    let c = ContainerGuard::new("since-raw").await;
+    let (drive, [t0, _, _]) = drive_with_three_snapshots(&c, "d.vhd").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |n: &str| tmp.path().join(n).to_string_lossy().into_owned();
+    let held = p("held.img");
+    ok(&["download", &drive, &held, "--snapshot", &t0, "--raw"]);
+    let before = std::fs::read(&held).unwrap();
+    // T3: the footer overwritten (as a damaged or foreign blob has).
+    let blob = c.path("d.vhd");
+    let size = c.client.get_properties(&blob).await.unwrap().content_length;
+    c.client
+        .put_pages(&blob, size - 512, vec![0xAB; 512].into(), None)
+        .await
+        .expect("put pages");
+    // (`blobdrive snapshot` refuses a blob without a footer: the client's.)
+    let t3 = c.client.snapshot(&blob).await.expect("snapshot");
+
+    let full = run(&[
+        "download",
+        &drive,
+        &p("full.img"),
+        "--snapshot",
+        &t3,
+        "--raw",
+    ]);
+    assert_refused(&full, "--raw needs a fixed VHD");
+    let out = run(&[
+        "download",
+        &drive,
+        &held,
+        "--since",
+        &t0,
+        "--snapshot",
+        &t3,
+        "--raw",
+    ]);
+    assert_refused(&out, "--raw needs a fixed VHD");
+    let line = |o: &Output| {
+        let e = String::from_utf8_lossy(&o.stderr).into_owned();
+        e.split(": ").skip(2).collect::<Vec<_>>().join(": ")
+    };
+    assert_eq!(line(&out), line(&full), "the same check");
+    assert!(std::fs::read(&held).unwrap() == before, "the file holds T0");
+    let record = blobdrive::transfer::file_state::read(Path::new(&held))
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.snapshot.as_deref(), Some(t0.as_str()));
+    assert!(record.updating.is_none(), "{record:?}");
+}
+
+/// Two `download --since` of one file at once: the second is refused with
+/// one line while the first runs (it holds the file's lock), and the first
+/// ends with the file byte for byte a full download of T2. A full download
+/// over the file meanwhile is refused the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_since_twice_at_once_refuses_the_second() {
+    let c = ContainerGuard::new("since-twice").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |n: &str| tmp.path().join(n).to_string_lossy().into_owned();
+    let len = 128 * MIB;
+    let img = tmp.path().join("src.img");
+    dense_file(&img, len, 31);
+    let drive = format!("{}/big.vhd", c.name);
+    ok(&["upload", img.to_str().unwrap(), &drive]);
+    std::fs::remove_file(&img).unwrap();
+    let blob = c.path("big.vhd");
+    let t1 = snapshot(&drive);
+    let local = p("local.vhd");
+    ok(&["download", &drive, &local, "--snapshot", &t1]);
+    // T2: half of every 4 MiB rewritten (64 MiB to fetch), 1 MiB cleared.
+    for k in 0..len / (4 * MIB) {
+        c.client
+            .put_pages(&blob, k * 4 * MIB, random(2 * MIB, 300 + k).into(), None)
+            .await
+            .expect("put pages");
+    }
+    c.client
+        .clear_pages(&blob, ByteRange::new(102 * MIB, 103 * MIB), None)
+        .await
+        .expect("clear pages");
+    let t2 = snapshot(&drive);
+
+    let since = [
+        "download",
+        &drive,
+        &local,
+        "--since",
+        &t1,
+        "--snapshot",
+        &t2,
+    ];
+    let mut first = bin()
+        .args(since)
+        .args(["--parallel", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the first marked the file as being updated, start the second.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(Instant::now() < deadline, "the first update never started");
+        let record = blobdrive::transfer::file_state::read(Path::new(&local)).unwrap();
+        if record.is_some_and(|r| r.updating.is_some()) {
+            break;
+        }
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "the first update ended before the second could start"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let second = run(&since);
+    assert_refused(&second, &format!("another update of {local} is running"));
+    let over = run(&["download", &drive, &local, "--snapshot", &t2, "--overwrite"]);
+    assert_refused(&over, &format!("another update of {local} is running"));
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "the first update ended before the others were refused: not a test of the lock"
+    );
+    let done = first.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let full = p("full.vhd");
+    ok(&["download", &drive, &full, "--snapshot", &t2]);
+    sh("cmp", &[&local, &full]);
 }

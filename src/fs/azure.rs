@@ -11,7 +11,8 @@
 //! Encrypted drives: an attach gives the catalog the one data key it serves;
 //! a namespace mount may give a user key (key file or passphrase), which
 //! opens the key slots of each encrypted drive at its open (once per data
-//! key: unlocked keys are kept and recognised by their check value). A drive
+//! key: unlocked keys are kept and recognised by their check value; a slot
+//! set the key did not open is not tried again; see `super::unlocks`). A drive
 //! the key does not open, or any encrypted drive without a key, is served as
 //! its ciphertext, read-only: no page is ever read or written with a wrong key.
 
@@ -25,6 +26,7 @@ use futures::stream::{self, StreamExt};
 
 use super::backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
 use super::rescue::{Rescuable, Rescue, Saved};
+use super::unlocks::{Unlocked, Unlocker};
 use crate::blob::{self, BlobClient, BlobItem, BlobPath, BlobType, ListBlobsOptions};
 use crate::crypt::{DataKey, KeySlots, UserKey};
 use crate::drive::{BlobPageStore, Drive, DriveOptions, EncryptedStore, Mode, PageStore};
@@ -42,11 +44,9 @@ pub struct AzureCatalog {
     /// attach given --key-file or --passphrase-file).
     data_key: Option<Arc<DataKey>>,
     /// The user's key of a namespace mount given --key-file or
-    /// --passphrase-file: it opens the slots of the drives it can.
-    user_key: Option<Arc<UserKey>>,
-    /// Data keys `user_key` has unlocked so far (a drive whose check value
-    /// one of them matches needs no slot opened, so no Argon2 run).
-    unlocked: Mutex<Vec<Arc<DataKey>>>,
+    /// --passphrase-file: it opens the slots of the drives it can, each
+    /// slot set once at most (see `super::unlocks`).
+    unlocker: Option<Unlocker>,
     /// Kind of each blob version seen: (container, name, snapshot) → (etag, kind).
     kinds: Mutex<HashMap<BlobKey, (Option<String>, EntryKind)>>,
 }
@@ -61,8 +61,7 @@ impl AzureCatalog {
             client,
             drive_options,
             data_key: None,
-            user_key: None,
-            unlocked: Mutex::new(Vec::new()),
+            unlocker: None,
             kinds: Mutex::new(HashMap::new()),
         }
     }
@@ -77,7 +76,7 @@ impl AzureCatalog {
     /// Open encrypted drives whose key slots `key` opens (a namespace
     /// mount's --key-file or --passphrase-file).
     pub fn with_user_key(mut self, key: Option<UserKey>) -> Self {
-        self.user_key = key.map(Arc::new);
+        self.unlocker = key.map(Unlocker::new);
         self
     }
 
@@ -106,32 +105,22 @@ impl AzureCatalog {
                 ))
             };
         }
-        let Some(user) = self.user_key.clone() else {
+        let Some(unlocker) = &self.unlocker else {
             return Ok(None);
         };
-        let known = {
-            let unlocked = self.unlocked.lock().expect("unlocked keys poisoned");
-            unlocked.iter().find(|k| slots.matches(k)).cloned()
-        };
-        if known.is_some() {
-            return Ok(known);
-        }
-        // Opening a passphrase slot runs Argon2id: off the async threads.
-        let opened = tokio::task::spawn_blocking(move || slots.unlock(&user))
+        let unlocked = unlocker
+            .unlock(slots)
             .await
-            .map_err(|e| FsError::new(libc::EIO, format!("{path}: unlock task failed: {e}")))?;
-        match opened {
-            Ok((key, slot)) => {
-                tracing::info!(drive = %path, slot, "unlocked");
-                let key = Arc::new(key);
-                self.unlocked
-                    .lock()
-                    .expect("unlocked keys poisoned")
-                    .push(key.clone());
+            .map_err(|e| FsError::new(libc::EIO, format!("{path}: {e}")))?;
+        match unlocked {
+            Unlocked::Key { key, slot } => {
+                if let Some(slot) = slot {
+                    tracing::info!(drive = %path, slot, "unlocked");
+                }
                 Ok(Some(key))
             }
-            Err(e) => {
-                tracing::info!(drive = %path, reason = %e, "the key given does not open this drive: its ciphertext is served read-only");
+            Unlocked::NotOpened(reason) => {
+                tracing::info!(drive = %path, reason = %reason, "the key given does not open this drive: its ciphertext is served read-only");
                 Ok(None)
             }
         }
@@ -328,7 +317,7 @@ impl Catalog for AzureCatalog {
                 let store: Arc<dyn PageStore> = match self.drive_key(&props.metadata, path).await? {
                     Some(key) => Arc::new(EncryptedStore::new(Arc::new(plain), key)),
                     None if writable && KeySlots::is_encrypted(&props.metadata) => {
-                        let why = if self.user_key.is_some() {
+                        let why = if self.unlocker.is_some() {
                             "the key given does not open it"
                         } else {
                             "no key was given"

@@ -30,6 +30,7 @@ pub mod inodes;
 pub mod memory;
 pub mod one_drive;
 pub mod rescue;
+pub mod unlocks;
 
 pub use backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
 pub use core::{FsConfig, FsCore};

@@ -18,7 +18,9 @@
 //! source_store`: decrypted with the key, or as stored), and trusts the file
 //! only as far as its record says (`transfer::file_state`): the record must
 //! name this drive, snapshot T1 at its ETag, the same content and format,
-//! and a file unchanged since. It marks the record "updating to T2" before
+//! and a file unchanged since. It holds an exclusive lock on the file for
+//! the whole update (a second update at once is refused), reads the record
+//! only once it holds it, and marks the record "updating to T2" before
 //! it writes, and records T2 only once the file is synced; a run that finds
 //! its own mark applies the whole difference again, which writes every
 //! written range with T2's bytes and punches every cleared range, so an
@@ -38,7 +40,7 @@ use serde::Serialize;
 use crate::blob::{BlobClient, BlobPath, Result as BlobResult};
 use crate::crypt::DataKey;
 use crate::drive::PageStore;
-use crate::transfer::download::source_store;
+use crate::transfer::download::{check_raw_footer, source_store};
 use crate::transfer::file_state::{self, Content, FileState, Format, Plan, Source, Updating};
 use crate::transfer::Progress;
 use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES, VHD_FOOTER_BYTES};
@@ -306,9 +308,27 @@ fn punch(file: &std::fs::File, r: ByteRange) -> std::io::Result<()> {
     let err = std::io::Error::last_os_error();
     if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
         // A filesystem without holes: zeros read the same.
-        return file.write_all_at(&vec![0u8; r.len() as usize], r.start);
+        return write_zeros(file, r);
     }
     Err(err)
+}
+
+/// `r` in pieces of at most 4 MiB ([`MAX_PUT_PAGE_BYTES`]), in order: the
+/// Get Blob requests of an update, and the writes that zero a range.
+fn pieces(r: ByteRange) -> impl Iterator<Item = ByteRange> {
+    (r.start..r.end)
+        .step_by(MAX_PUT_PAGE_BYTES as usize)
+        .map(move |at| ByteRange::new(at, r.end.min(at + MAX_PUT_PAGE_BYTES)))
+}
+
+/// Writes zeros over `r` a piece at a time, so a cleared range of any size
+/// needs one 4 MiB buffer, not its size in memory.
+fn write_zeros(file: &std::fs::File, r: ByteRange) -> std::io::Result<()> {
+    let zeros = vec![0u8; r.len().min(MAX_PUT_PAGE_BYTES) as usize];
+    for piece in pieces(r) {
+        file.write_all_at(&zeros[..piece.len() as usize], piece.start)?;
+    }
+    Ok(())
 }
 
 /// The local file `download --since` brings up to date, and how.
@@ -353,6 +373,10 @@ pub async fn update_file(
         .write(true)
         .open(path)
         .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+    // Held until the file is closed at the end: another update (or a full
+    // download over it) is refused meanwhile. The size and the record are
+    // read only now, so they are what this run alone goes on to change.
+    file_state::lock_exclusive(&file, path)?;
     let meta = file.metadata()?;
     let record = file_state::read(path)?;
     let from = Source {
@@ -397,6 +421,14 @@ pub async fn update_file(
                 );
             }
         }
+    }
+    if raw {
+        // The same check of T2's footer a full `--raw` download makes.
+        let blob_len = diff.to_size_bytes + VHD_FOOTER_BYTES;
+        let tail = store
+            .read(Some(to), ByteRange::new(diff.to_size_bytes, blob_len))
+            .await?;
+        check_raw_footer(&format!("{}@{to}", target.blob), &tail, blob_len)?;
     }
     // From here on the file mixes the two states until the end: say so first.
     state.updating = Some(Updating { to: to.to_string() });
@@ -452,11 +484,7 @@ pub async fn apply(
     progress
         .total_bytes
         .store(diff.written_bytes, Ordering::Relaxed);
-    let pieces = diff.written.iter().flat_map(|r| {
-        (r.start..r.end)
-            .step_by(MAX_PUT_PAGE_BYTES as usize)
-            .map(move |at| ByteRange::new(at, r.end.min(at + MAX_PUT_PAGE_BYTES)))
-    });
+    let pieces = diff.written.iter().flat_map(|r| pieces(*r));
     let to = diff.to.as_deref();
     let mut fetches = futures::stream::iter(pieces)
         .map(|piece| async move { (piece, store.read(to, piece).await) })
@@ -510,5 +538,28 @@ mod tests {
             vec![r(0, 2), r(3, 7), r(15, 20)]
         );
         assert_eq!(subtract(&a, &[]), a);
+    }
+
+    #[test]
+    fn zeros_are_written_in_4mib_pieces() {
+        let mib = 1 << 20;
+        let big = r(512, 1024 * mib + 1024);
+        let got: Vec<ByteRange> = pieces(big).collect();
+        assert_eq!(got.len(), 257);
+        assert!(got.iter().all(|p| p.len() <= MAX_PUT_PAGE_BYTES));
+        assert_eq!(got[0], r(512, 4 * mib + 512));
+        assert_eq!(got[256], r(1024 * mib + 512, 1024 * mib + 1024));
+        assert_eq!(normalize(got), vec![big]);
+
+        // The fallback zeroes exactly the range, whatever its size.
+        let file = tempfile::tempfile().unwrap();
+        file.write_all_at(&vec![7u8; (10 * mib) as usize], 0)
+            .unwrap();
+        write_zeros(&file, r(512, 9 * mib + 512)).unwrap();
+        let mut back = vec![0u8; (10 * mib) as usize];
+        file.read_exact_at(&mut back, 0).unwrap();
+        assert!(back[..512].iter().all(|&b| b == 7));
+        assert!(back[512..(9 * mib + 512) as usize].iter().all(|&b| b == 0));
+        assert!(back[(9 * mib + 512) as usize..].iter().all(|&b| b == 7));
     }
 }

@@ -13,13 +13,21 @@
 //! (`super::file_state`: drive, snapshot, ETag, decrypted or not, raw or
 //! not), written once the file is synced and before it is renamed into place.
 //!
+//! Every read is pinned (`PageStore::pin_reads`, If-Match) to the ETag the
+//! blob had at the start, the one the record names: a live drive written
+//! meanwhile fails the download ([`Error::Changed`]) instead of giving a file
+//! that mixes two states, and a leased drive (mounted read-write) is warned
+//! about up front. The file, its temporary and its record are created 0600.
+//!
 //! Invariants: the target is written under a temporary name in the same
 //! directory and renamed into place only after every byte arrived and was
 //! synced, so a failed download never leaves a truncated image under the
-//! name asked for; an existing file is replaced only with `overwrite`.
+//! name asked for; an existing file is replaced only with `overwrite`, and
+//! not while a `download --since` holds its lock
+//! (`file_state::lock_exclusive`).
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -32,7 +40,8 @@ use super::file_state::{self, Content, FileState, Format, Source};
 use super::progress::Progress;
 use super::scan::{nonzero_runs, BLOCK_BYTES};
 use super::{io_error, Error, Result, DEFAULT_PARALLEL, MAX_PARALLEL};
-use crate::blob::{BlobClient, BlobPath, BlobType};
+use crate::blob::{BlobClient, BlobPath, BlobType, LeaseState};
+use crate::drive::store::is_changed;
 use crate::drive::{BlobPageStore, EncryptedStore, PageStore};
 use crate::units::{ByteRange, PAGE_SIZE, VHD_FOOTER_BYTES};
 use crate::vhd::Footer;
@@ -146,6 +155,19 @@ pub async fn download(
             path: target.to_path_buf(),
         });
     }
+    // A `download --since` updating the file to be replaced holds its lock:
+    // refuse rather than pull the file from under it. Held until the new
+    // file is renamed into place.
+    // (Only a regular file is opened: a FIFO's open would block, and a
+    // rename replaces a symlink, not the file it names.)
+    let replaced_file = target.symlink_metadata().is_ok_and(|m| m.is_file());
+    let _replaced = if replaced_file {
+        let old = File::open(target).map_err(io_error("open", target))?;
+        file_state::lock_exclusive(&old, target)?;
+        Some(old)
+    } else {
+        None
+    };
     let props = client.get_properties(blob).await?;
     Progress::add(&progress.requests, 1);
     let not_a_drive = |reason: String| Error::NotADrive {
@@ -156,21 +178,38 @@ pub async fn download(
         return Err(not_a_drive("not a page blob".into()));
     }
     let blob_len = props.content_length;
+    let live = blob.snapshot.is_none();
+    if live && props.lease_state == Some(LeaseState::Leased) {
+        tracing::warn!(
+            "{} is leased (mounted read-write?): a download of a drive in use is refused if it changes meanwhile; download a snapshot instead ('blobdrive snapshot {}' then --snapshot T)",
+            blob,
+            blob.base()
+        );
+    }
+    let store = source_store(client, blob, opts.decrypt.clone());
+    // Every read answers only while the blob is the state seen above, whose
+    // ETag the record names: a drive written meanwhile fails the download
+    // instead of giving a file that mixes two states.
+    store.pin_reads(props.etag.as_deref());
+    let changed = |e: crate::blob::Error| {
+        if is_changed(&e) {
+            Error::Changed {
+                blob: blob.base().to_string(),
+            }
+        } else {
+            Error::Blob(e)
+        }
+    };
     let file_len = if opts.raw {
         if blob_len < VHD_FOOTER_BYTES {
             return Err(not_a_drive("too small to hold a VHD footer".into()));
         }
-        let tail = client
-            .get_blob_range(blob, ByteRange::new(blob_len - VHD_FOOTER_BYTES, blob_len))
-            .await?;
+        let tail = store
+            .read_stored(ByteRange::new(blob_len - VHD_FOOTER_BYTES, blob_len))
+            .await
+            .map_err(changed)?;
         Progress::add(&progress.requests, 1);
-        let mut footer = [0u8; 512];
-        footer.copy_from_slice(&tail);
-        Footer::parse(&footer, blob_len).map_err(|e| {
-            not_a_drive(format!(
-                "{e}; --raw needs a fixed VHD (an incomplete upload has no footer yet)"
-            ))
-        })?;
+        check_raw_footer(&blob.to_string(), &tail, blob_len)?;
         blob_len - VHD_FOOTER_BYTES
     } else {
         blob_len
@@ -181,6 +220,7 @@ pub async fn download(
     let file = OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(&tmp_path)
         .map_err(io_error("create", &tmp_path))?;
     let mut guard = TempFile {
@@ -191,11 +231,13 @@ pub async fn download(
         .map_err(io_error("size", &tmp_path))?;
     let file = Arc::new(file);
 
-    let store = source_store(client, blob, opts.decrypt.clone());
     let ranges = if file_len == 0 {
         Vec::new()
     } else {
-        store.page_ranges(ByteRange::new(0, file_len)).await?
+        store
+            .page_ranges(ByteRange::new(0, file_len))
+            .await
+            .map_err(changed)?
     };
     let data: u64 = ranges.iter().map(ByteRange::len).sum();
     Progress::add(&progress.hole_bytes, file_len - data);
@@ -206,7 +248,10 @@ pub async fn download(
         .map(|piece| fetch_and_write(store.as_ref(), piece, file.clone(), &tmp_path, progress))
         .buffer_unordered(parallel);
     while let Some(r) = results.next().await {
-        r?;
+        r.map_err(|e| match e {
+            Error::Blob(e) => changed(e),
+            e => e,
+        })?;
     }
     drop(results);
     let sync_file = file.clone();
@@ -241,6 +286,25 @@ pub async fn download(
         requests: Progress::get(&progress.requests),
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Checks `tail`, the last 512 bytes of `blob` (`blob_len` bytes, a state
+/// of a drive) as stored, is the VHD footer `--raw` leaves out: the one
+/// check of a full `--raw` download and of `download --since --raw`.
+pub fn check_raw_footer(blob: &str, tail: &[u8], blob_len: u64) -> Result<()> {
+    let not_a_drive = |reason: String| Error::NotADrive {
+        blob: blob.to_string(),
+        reason,
+    };
+    let footer: &[u8; 512] = tail
+        .try_into()
+        .map_err(|_| not_a_drive("too small to hold a VHD footer".into()))?;
+    Footer::parse(footer, blob_len).map_err(|e| {
+        not_a_drive(format!(
+            "{e}; --raw needs a fixed VHD (an incomplete upload has no footer yet)"
+        ))
+    })?;
+    Ok(())
 }
 
 /// `r` cut at the 4 MiB grid.

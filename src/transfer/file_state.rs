@@ -274,13 +274,48 @@ pub fn write(file: &File, path: &Path, state: &FileState) -> std::io::Result<Kep
         side.file_name().unwrap_or_default().to_string_lossy(),
         std::process::id()
     ));
-    let mut f = File::create(&tmp)?;
+    // As private as the download it describes (see [`create_private`]).
+    let mut f = create_private(&tmp)?;
     f.write_all(&json)?;
     f.sync_all()?;
     drop(f);
     std::fs::rename(&tmp, &side)?;
     sync_dir(path)?;
     Ok(Kept::Sidecar)
+}
+
+/// Creates `path` (truncating one that exists) readable and writable by its
+/// owner only (0600, whatever the umask): a downloaded image is as private
+/// as the drive it came from, and so are its record and temporaries. The
+/// user may chmod it afterwards.
+pub fn create_private(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// Takes an exclusive `flock` on `file` (open at `path`) for as long as
+/// `file` stays open, without waiting: a `download --since` holds it for the
+/// whole update, and a full download over an existing file takes it before
+/// it renames the new file into place, so two of them never write one file
+/// at once. Held by another: [`super::Error::Busy`].
+pub fn lock_exclusive(file: &File, path: &Path) -> super::Result<()> {
+    // SAFETY: a plain syscall on a descriptor this function borrows.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Err(super::Error::Busy {
+            path: path.to_path_buf(),
+        });
+    }
+    Err(super::io_error("lock", path)(e))
 }
 
 fn sync_dir(path: &Path) -> std::io::Result<()> {

@@ -117,6 +117,20 @@ pub enum Error {
         /// What stopped it.
         cause: Box<Error>,
     },
+    /// Another `download` is writing the same local file (it holds the
+    /// file's lock).
+    #[error("another update of {} is running; wait for it to finish", path.display())]
+    Busy {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A download of the live drive found it changed part way (its reads
+    /// are pinned to the ETag seen at the start): nothing was kept.
+    #[error("the drive changed while it was downloaded; download a snapshot: 'blobdrive snapshot {blob}' then --snapshot T")]
+    Changed {
+        /// The drive.
+        blob: String,
+    },
     /// Interrupted on request (Ctrl-C).
     #[error("interrupted")]
     Interrupted,
