@@ -237,11 +237,6 @@ impl Reply {
         self.send(0, &[body]);
     }
 
-    /// Answers success with a body in two parts (no copy to join them).
-    pub fn ok_parts(self, parts: &[&[u8]]) {
-        self.send(0, parts);
-    }
-
     /// Answers the (positive) errno `errno`.
     pub fn error(self, errno: i32) {
         self.send(errno, &[]);

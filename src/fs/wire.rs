@@ -2,14 +2,18 @@
 //! the kernel's structs, opcodes and flags (named as in
 //! `include/uapi/linux/fuse.h`), parsing of requests and encoding of replies.
 //!
-//! Everything is little-endian (x86-64 and aarch64 hosts) and laid out as the
-//! kernel's `#[repr(C)]` structs, read and written field by field: no struct
-//! is ever transmuted. Parsing never trusts a length from the wire: the
+//! Fields are in the host's byte order, which is little-endian on every
+//! target blobdrive builds for (checked below), and laid out as the kernel's
+//! `#[repr(C)]` structs, read and written field by field: no struct is ever
+//! transmuted. Parsing never trusts a length from the wire: the
 //! header's `len` must match the bytes actually read, and every field is read
 //! through a bounds-checked cursor, so a short or oversized request is an
 //! error, never a panic or an out-of-bounds read.
 
 use std::time::{Duration, SystemTime};
+
+#[cfg(target_endian = "big")]
+compile_error!("the FUSE wire code reads and writes little-endian fields");
 
 /// Protocol major version spoken (`FUSE_KERNEL_VERSION`).
 pub const FUSE_KERNEL_VERSION: u32 = 7;
@@ -23,8 +27,7 @@ pub const MIN_KERNEL_MINOR_VERSION: u32 = 31;
 /// `FUSE_NOTIFY_RESEND`; the reply must echo the whole value.
 pub const FUSE_UNIQUE_RESEND: u64 = 1 << 63;
 
-/// `enum fuse_opcode` (the ones this layer names).
-#[allow(missing_docs)]
+/// `enum fuse_opcode` values, by their kernel names.
 pub mod opcode {
     pub const FUSE_LOOKUP: u32 = 1;
     pub const FUSE_FORGET: u32 = 2;
@@ -54,7 +57,6 @@ pub mod opcode {
 pub const FUSE_NOTIFY_RESEND: i32 = 7;
 
 /// `fuse_init_in.flags` / `fuse_init_out.flags` bits (the upper 32 in `flags2`).
-#[allow(missing_docs)]
 pub mod init_flags {
     pub const FUSE_ASYNC_READ: u64 = 1 << 0;
     pub const FUSE_BIG_WRITES: u64 = 1 << 5;
