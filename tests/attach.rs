@@ -2,7 +2,8 @@
 //! and ext4, driven through the built binary exactly as a user would
 //! (`create --mkfs`, `mount`, `snapshot`, `unmount`, `mount -t blobdrive`,
 //! fstab, systemd readiness, a `--cache-dir` disk tier shared by snapshot
-//! attaches in separate daemons, `stats` and `cache clear`).
+//! attaches in separate daemons, `stats` and `cache clear`, and the private
+//! FUSE mount served by blobdrive's own protocol layer).
 //!
 //! Each test gets its own run directory (control sockets, registry, private
 //! FUSE mounts) and temp directory; a [`Site`] guard undoes every attach,
@@ -319,6 +320,80 @@ fn attached_drive_keeps_its_files_across_unmount_and_mount_and_releases_its_leas
         lease_state(&guard, "dir/disk.vhd"),
         Some(LeaseState::Available)
     );
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
+/// The private FUSE mount behind an attach is served by blobdrive's own
+/// protocol layer (`fs/session.rs`, mounted with mount(2) as type
+/// `fuse.blobdrive`), with node ids fixed by the drive's path: the root is 1,
+/// the virtual directory 2, the drive file 3. Listing the private directory
+/// (OPENDIR/READDIR, which a loop device never sends) shows the path, `stat`
+/// gives the disk size, and extended attributes are refused (ENOSYS, which
+/// the kernel reports as EOPNOTSUPP) while the filesystem above still writes.
+#[test]
+fn the_private_mount_of_an_attach_is_served_by_blobdrives_own_fuse_layer() {
+    use std::os::unix::fs::MetadataExt;
+    if !can_run("the_private_mount_of_an_attach_is_served_by_blobdrives_own_fuse_layer") {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-own-fuse"));
+    let drive = drive_name(&guard, "dir/disk.vhd");
+    site.ok(&["create", &drive, "--size", "64M", "--mkfs", "ext4"]);
+    let dir = site.dir("data");
+    let dir_s = dir.to_string_lossy().to_string();
+    site.ok(&["mount", &drive, &dir_s]);
+
+    let entry = site.registry().pop().expect("registry entry");
+    let fuse_dir = PathBuf::from(entry["fuse_dir"].as_str().expect("fuse_dir"));
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let fstype = mountinfo
+        .lines()
+        .find(|l| l.split(' ').nth(4) == fuse_dir.to_str())
+        .and_then(|l| l.split(" - ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .map(str::to_string);
+    assert_eq!(
+        fstype.as_deref(),
+        Some("fuse.blobdrive"),
+        "type of {}",
+        fuse_dir.display()
+    );
+
+    let names = |path: &Path| -> Vec<String> {
+        std::fs::read_dir(path)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(names(&fuse_dir), ["dir"]);
+    assert_eq!(names(&fuse_dir.join("dir")), ["disk.vhd"]);
+    let file = fuse_dir.join("dir/disk.vhd");
+    let ino = |path: &Path| std::fs::metadata(path).unwrap().ino();
+    assert_eq!(
+        (ino(&fuse_dir), ino(&fuse_dir.join("dir")), ino(&file)),
+        (1, 2, 3)
+    );
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 64 << 20);
+
+    let path = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+    let name = std::ffi::CString::new("user.blobdrive").unwrap();
+    // SAFETY: both strings are NUL-terminated; a null buffer of size 0 asks
+    // only for the size.
+    let rc = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    let err = std::io::Error::last_os_error();
+    assert_eq!(
+        (rc, err.raw_os_error()),
+        (-1, Some(libc::EOPNOTSUPP)),
+        "{err}"
+    );
+
+    let data = pattern(2 << 20, 3);
+    std::fs::write(dir.join("after-xattr.bin"), &data).unwrap();
+    site.ok(&["unmount", &dir_s]);
+    site.ok(&["mount", &drive, &dir_s]);
+    assert_eq!(std::fs::read(dir.join("after-xattr.bin")).unwrap(), data);
+    site.ok(&["unmount", &dir_s]);
     assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
 }
 

@@ -2,6 +2,9 @@
 //! from a private FUSE mount, a loop device with direct I/O over it, and the
 //! filesystem inside mounted at the user's DIR.
 //!
+//! The private mount is served by our own FUSE layer (`fs/session.rs`), whose
+//! node ids are fixed by the drive's path (`one_drive::node_id_at_depth`).
+//!
 //! Setup, in order: open the drive through the FUSE core and keep that handle
 //! for the daemon's life (a read-write open takes the lease here, so a held
 //! lease fails with its own clear line before any kernel object exists), attach
@@ -26,7 +29,7 @@ use super::registry::{self, AttachMode, AttachedDrive};
 use super::{umount, OnBusy, ShutdownError};
 use crate::attach::{filesystem, FsType, LoopDevice, MountedFs};
 use crate::fs::inodes::ROOT_INO;
-use crate::fs::one_drive::relative_file_name;
+use crate::fs::one_drive::{node_id_at_depth, relative_file_name};
 use crate::fs::{EntryPath, FsCore};
 
 /// How long a detached loop device may take to let go of the drive file.
@@ -132,13 +135,21 @@ impl Attachment {
         let file_name = relative_file_name(&self.spec.drive);
         let writable = self.mode == AttachMode::ReadWrite;
         let mut ino = ROOT_INO;
-        for part in file_name.split('/') {
+        for (depth, part) in file_name.split('/').enumerate() {
             ino = core
                 .lookup(ino, part)
                 .await
                 .map_err(|e| anyhow!("cannot find drive {name}: {e}"))?
                 .ino
                 .0;
+            // The kernel's node ids must be those any process derives from
+            // the spec (a takeover resolves them by this same walk).
+            if ino != node_id_at_depth(depth) {
+                return Err(anyhow!(
+                    "internal error: {part} of drive {name} got node id {ino}, not {}",
+                    node_id_at_depth(depth)
+                ));
+            }
         }
         // The handle stays open until the daemon closes every device at the end.
         core.open(ino, writable).await.map_err(|e| {

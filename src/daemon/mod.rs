@@ -19,7 +19,9 @@
 //! `mlock` does not survive a fork.
 //!
 //! Attach mode (`MountOptions::attach`, see `attach.rs`): the FUSE mount is a
-//! private one under the run directory, the drive file in it backs a loop
+//! private one under the run directory, served by our own protocol layer
+//! (`fs::session`; a namespace mount is served by fuser, see
+//! `start_session`), the drive file in it backs a loop
 //! device whose filesystem is mounted at the user's directory, and readiness
 //! is signalled only once that directory is mounted. The control socket is
 //! keyed by the user's directory. Teardown first unmounts that directory and
@@ -53,6 +55,7 @@ pub use control::{request_flush, request_metrics, request_stats, request_unmount
 pub use exporter::MetricsOptions;
 use readiness::{ParentView, Readiness};
 
+use crate::fs::session::{MountConfig, Session};
 use crate::fs::{BlobFs, Catalog, FsConfig, FsCore};
 
 /// `prctl` option that marks the process as serving I/O for the block layer.
@@ -263,6 +266,58 @@ fn fuse_config(opts: &MountOptions) -> fuser::Config {
     config
 }
 
+/// The thread serving a FUSE mount, whichever front end runs it.
+enum SessionThread {
+    /// A namespace mount, served by fuser.
+    Fuser(fuser::BackgroundSession),
+    /// An attach's private mount, served by our own layer (`fs/session.rs`).
+    Own(std::thread::JoinHandle<std::io::Result<()>>),
+}
+
+impl SessionThread {
+    /// Waits for the session to end (the filesystem was unmounted).
+    fn join(self) -> std::io::Result<()> {
+        match self {
+            SessionThread::Fuser(background) => background.join(),
+            SessionThread::Own(thread) => thread
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the FUSE session thread panicked"))),
+        }
+    }
+}
+
+/// Mounts FUSE at `fuse_mountpoint` and starts serving `core`: an attach's
+/// one-file mount with our own protocol layer (so that a later process can
+/// take the connection over), a namespace mount with fuser.
+fn start_session(
+    opts: &MountOptions,
+    fuse_mountpoint: &Path,
+    core: &Arc<FsCore>,
+    runtime: &tokio::runtime::Handle,
+) -> anyhow::Result<SessionThread> {
+    let cannot_mount = || format!("cannot mount FUSE at {}", fuse_mountpoint.display());
+    if opts.attach.is_some() {
+        let config = MountConfig {
+            fsname: opts.source.clone().unwrap_or_else(|| "blobdrive".into()),
+            read_only: opts.read_only,
+            allow_other: opts.allow_other,
+        };
+        let session = Session::mount(fuse_mountpoint, &config, core.clone(), runtime.clone())
+            .with_context(cannot_mount)?;
+        let thread = session
+            .spawn()
+            .context("cannot start the FUSE session thread")?;
+        return Ok(SessionThread::Own(thread));
+    }
+    let fs = BlobFs::new(core.clone(), runtime.clone());
+    let session =
+        fuser::Session::new(fs, fuse_mountpoint, &fuse_config(opts)).with_context(cannot_mount)?;
+    let background = session
+        .spawn()
+        .context("cannot start the FUSE session thread")?;
+    Ok(SessionThread::Fuser(background))
+}
+
 /// Mounts, reports readiness, serves until the end; the daemon's whole life.
 fn serve<F, Fut>(
     mountpoint: &Path,
@@ -373,21 +428,16 @@ where
         gid: unsafe { libc::getgid() },
     };
     let core = Arc::new(FsCore::new(catalog, config));
-    let fs = BlobFs::new(core.clone(), runtime.handle().clone());
-    let session = match fuser::Session::new(fs, &fuse_mountpoint, &fuse_config(opts)) {
-        Ok(session) => session,
+    let background = match start_session(opts, &fuse_mountpoint, &core, runtime.handle()) {
+        Ok(background) => background,
         Err(err) => {
             let _ = std::fs::remove_file(&socket_path);
             if let Some(att) = attachment.as_mut() {
                 att.finish();
             }
-            return Err(err)
-                .with_context(|| format!("cannot mount FUSE at {}", fuse_mountpoint.display()));
+            return Err(err);
         }
     };
-    let background = session
-        .spawn()
-        .context("cannot start the FUSE session thread")?;
     let (ended_tx, mut ended_rx) = oneshot::channel();
     let joiner = std::thread::Builder::new()
         .name("fuse-join".into())

@@ -1,4 +1,7 @@
 //! The fuser shim: turns kernel requests into [`FsCore`] calls on tokio tasks.
+//! It serves namespace mounts (and `create --mkfs`); an attach's private
+//! mount is served by our own protocol layer, `session.rs`, with the same
+//! limits defined here.
 //!
 //! Every handler copies what it needs from the request, moves the reply into a
 //! task on the runtime and returns at once, so a slow blob never stalls the FUSE
@@ -33,12 +36,35 @@ pub const MAX_BACKGROUND: u16 = 128;
 /// (79 MiB were measured while writing 2 GiB with a 256 MiB cache).
 pub const MAX_WRITE_DATA_IN_FLIGHT: u32 = 16 * 1024 * 1024;
 
+/// Bytes of write data that handed-off write requests hold, bounded by
+/// [`MAX_WRITE_DATA_IN_FLIGHT`]; shared by both FUSE front ends (this shim
+/// and `session.rs`).
+pub(crate) struct WriteBudget(Arc<Semaphore>);
+
+impl WriteBudget {
+    /// A budget of [`MAX_WRITE_DATA_IN_FLIGHT`] bytes.
+    pub(crate) fn new() -> Self {
+        WriteBudget(Arc::new(Semaphore::new(MAX_WRITE_DATA_IN_FLIGHT as usize)))
+    }
+
+    /// Room for `len` bytes of write data, waiting on the calling (session)
+    /// thread when the budget is spent (backpressure to the kernel).
+    pub(crate) fn permit(&self, runtime: &Handle, len: usize) -> OwnedSemaphorePermit {
+        let n = (len as u32).clamp(1, MAX_WRITE_DATA_IN_FLIGHT);
+        match self.0.clone().try_acquire_many_owned(n) {
+            Ok(permit) => permit,
+            Err(_) => runtime
+                .block_on(self.0.clone().acquire_many_owned(n))
+                .expect("the write budget is never closed"),
+        }
+    }
+}
+
 /// The [`Filesystem`] given to fuser.
 pub struct BlobFs {
     core: Arc<FsCore>,
     runtime: Handle,
-    /// Permits are bytes of write data held by running write tasks.
-    write_budget: Arc<Semaphore>,
+    write_budget: WriteBudget,
 }
 
 impl BlobFs {
@@ -47,21 +73,13 @@ impl BlobFs {
         BlobFs {
             core,
             runtime,
-            write_budget: Arc::new(Semaphore::new(MAX_WRITE_DATA_IN_FLIGHT as usize)),
+            write_budget: WriteBudget::new(),
         }
     }
 
-    /// Room for `len` bytes of write data, waiting on the session thread
-    /// when the budget is spent (backpressure to the kernel).
+    /// Room for `len` bytes of write data (see [`WriteBudget::permit`]).
     fn write_permit(&self, len: usize) -> OwnedSemaphorePermit {
-        let n = (len as u32).clamp(1, MAX_WRITE_DATA_IN_FLIGHT);
-        match self.write_budget.clone().try_acquire_many_owned(n) {
-            Ok(permit) => permit,
-            Err(_) => self
-                .runtime
-                .block_on(self.write_budget.clone().acquire_many_owned(n))
-                .expect("the write budget is never closed"),
-        }
+        self.write_budget.permit(&self.runtime, len)
     }
 
     /// Runs `work` on the runtime with an in-flight guard.
@@ -84,7 +102,7 @@ fn errno(err: &FsError) -> Errno {
 }
 
 /// Logs failures worth a line: everything but the routine "not found".
-fn log_err(op: &str, err: &FsError) {
+pub(crate) fn log_err(op: &str, err: &FsError) {
     if err.errno == libc::ENOENT {
         tracing::trace!(op, %err, "request failed");
     } else {

@@ -13,6 +13,10 @@
 //!   (the time exactly as the service gives it). If a blob's own name collides
 //!   with such a name, the first listed wins.
 //!
+//! Two front ends turn kernel requests into [`FsCore`] calls: `fuse.rs` (the
+//! fuser crate) for namespace mounts, and our own protocol layer (`wire.rs`,
+//! `session.rs`) for the private one-file mount of an attach.
+//!
 //! Invariants: a handler never waits on I/O on a FUSE thread (see `fuse.rs`); the
 //! first writable open of a drive takes its lease and the last release flushes
 //! and releases it (see `handles.rs`); `fsync` and `flush` return only when the
@@ -30,7 +34,9 @@ pub mod inodes;
 pub mod memory;
 pub mod one_drive;
 pub mod rescue;
+pub mod session;
 pub mod unlocks;
+pub mod wire;
 
 pub use backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
 pub use core::{FsConfig, FsCore};

@@ -39,6 +39,16 @@ impl OneDriveCatalog {
     }
 }
 
+/// The node id of the `depth`-th component (0-based) of the drive's path
+/// below the FUSE root: 2, 3, ... in order, the drive file last. Fixed by the
+/// attach spec alone: this catalog lists exactly one entry per directory, so
+/// the inode table numbers the path in this order in any process, whatever
+/// the kernel looked up first. A process taking an attach's connection over
+/// resolves the kernel's ids by walking the same path.
+pub fn node_id_at_depth(depth: usize) -> u64 {
+    super::inodes::ROOT_INO + 1 + depth as u64
+}
+
 /// Where the drive `path` appears below a FUSE root at its container.
 pub fn relative_file_name(path: &EntryPath) -> String {
     match &path.snapshot {
@@ -134,6 +144,25 @@ mod tests {
         assert!(c.list_dir("c", "x/").await.unwrap().is_empty());
         assert!(c.list_dir("other", "").await.unwrap().is_empty());
         assert_eq!(c.file_name(), "a/b/disk.vhd");
+    }
+
+    #[tokio::test]
+    async fn node_ids_follow_the_drive_path_whatever_is_looked_up_first() {
+        use crate::fs::{FsConfig, FsCore};
+        let core = FsCore::new(
+            Arc::new(catalog("a/b/disk.vhd", None)),
+            FsConfig {
+                container: Some("c".into()),
+                ..FsConfig::default()
+            },
+        );
+        assert!(core.lookup(1, "elsewhere").await.is_err());
+        let mut ino = 1;
+        for (depth, part) in ["a", "b", "disk.vhd"].into_iter().enumerate() {
+            ino = core.lookup(ino, part).await.unwrap().ino.0;
+            assert_eq!(ino, node_id_at_depth(depth));
+        }
+        assert_eq!(ino, 4);
     }
 
     #[tokio::test]
