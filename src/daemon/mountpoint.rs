@@ -93,8 +93,7 @@ fn mount_owner(canonical: &Path) -> Option<u32> {
     // The last mount at a path is the one seen there.
     let line = info
         .lines()
-        .filter(|line| line.split(' ').nth(4) == Some(wanted.as_str()))
-        .last()?;
+        .rfind(|line| line.split(' ').nth(4) == Some(wanted.as_str()))?;
     Some(owner_of_mountinfo_line(line))
 }
 
