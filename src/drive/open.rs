@@ -44,8 +44,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         }
         Mode::ReadOnly | Mode::Snapshot => Lease::none(&target),
     };
-    let (size_bytes, extents) = match read_drive(store.as_ref(), opts.mode, &target, &meters).await
-    {
+    let read = match read_drive(store.as_ref(), opts.mode, &target, &meters).await {
         Ok(x) => x,
         Err(e) => {
             // Do not leave the drive locked behind a failed open.
@@ -53,8 +52,16 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
             return Err(e);
         }
     };
+    let ReadDrive {
+        size_bytes,
+        extents,
+        etag,
+        metadata,
+    } = read;
+    // The tier is trusted only at the ETag this open read (and pinned):
+    // one recorded at a newer state is not this open's.
     let disk = match &opts.disk_cache {
-        Some(o) => super::tier::open(store.as_ref(), o, opts.mode, &target).await,
+        Some(o) => super::tier::open(store.as_ref(), o, opts.mode, &target, etag.as_deref()).await,
         None => None,
     };
     tracing::info!(
@@ -122,7 +129,17 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         stopping: AtomicBool::new(false),
         disk_skipped: Mutex::new(Default::default()),
         changed: AtomicBool::new(false),
+        metadata_at_open: metadata,
     })
+}
+
+/// What an open read of the drive: the size of its data area, its sparse
+/// map, and the ETag and metadata of the state they were read from.
+struct ReadDrive {
+    size_bytes: u64,
+    extents: Extents,
+    etag: Option<String>,
+    metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// Times a read-only open starts again when the blob changed while it read
@@ -139,7 +156,7 @@ async fn read_drive(
     mode: Mode,
     target: &str,
     meters: &Meters,
-) -> Result<(u64, Extents)> {
+) -> Result<ReadDrive> {
     let mut tries = 0;
     loop {
         tries += 1;
@@ -155,16 +172,21 @@ async fn read_drive(
         let read = async {
             let located = super::resize::locate_footer(store, state.size_bytes).await?;
             add(&meters.bytes_down, VHD_FOOTER_BYTES);
-            if located.interrupted_grow {
+            if let Some(line) = located.unfinished_grow_line(target) {
                 tracing::warn!(
                     target = %target,
                     size_bytes = located.offset_bytes,
                     blob_bytes = state.size_bytes,
-                    "a resize of this drive was interrupted; it opens at its old size ('blobdrive resize' finishes it)"
+                    "{line}"
                 );
             }
             let extents = load_extents(store, located.offset_bytes, meters).await?;
-            Ok::<_, Error>((located.offset_bytes, extents))
+            Ok::<_, Error>(ReadDrive {
+                size_bytes: located.offset_bytes,
+                extents,
+                etag: state.etag.clone(),
+                metadata: state.metadata.clone(),
+            })
         };
         match read.await {
             Err(Error::Backend(e))
@@ -392,5 +414,123 @@ mod tests {
             &[3u8; 4096][..]
         );
         again.close().await.unwrap();
+    }
+    /// A blob that another host writes (and closes, recording its disk tier
+    /// at the new ETag) while a read-only open reads its map.
+    struct WrittenWhileOpening {
+        inner: Arc<MemoryStore>,
+        cache_dir: std::path::PathBuf,
+        done: std::sync::atomic::AtomicBool,
+        /// Our own pin: the writer's open lifts the shared store's.
+        pinned: Mutex<Option<String>>,
+    }
+
+    #[async_trait]
+    impl PageStore for WrittenWhileOpening {
+        async fn size_bytes(&self) -> crate::blob::Result<u64> {
+            self.inner.size_bytes().await
+        }
+        fn cache_identity(&self) -> Option<String> {
+            self.inner.cache_identity()
+        }
+        async fn etag(&self) -> crate::blob::Result<Option<String>> {
+            self.inner.etag().await
+        }
+        async fn state(&self) -> crate::blob::Result<BlobState> {
+            self.inner.state().await
+        }
+        fn pin_reads(&self, etag: Option<&str>) {
+            *self.pinned.lock().unwrap() = etag.map(str::to_string);
+        }
+        async fn page_ranges(&self, within: ByteRange) -> crate::blob::Result<Vec<ByteRange>> {
+            let ranges = self.inner.page_ranges(within).await?;
+            if !self.done.swap(true, Ordering::AcqRel) {
+                let writer = Drive::open(
+                    self.inner.clone(),
+                    DriveOptions {
+                        disk_cache: Some(crate::drive::disk_cache::DiskCacheOptions {
+                            dir: self.cache_dir.clone(),
+                            max_bytes: 64 * MIB,
+                        }),
+                        ..opts(Mode::ReadWrite)
+                    },
+                )
+                .await
+                .unwrap();
+                writer.write_at(0, &[2u8; 4096]).await.unwrap();
+                writer.close().await.unwrap();
+            }
+            Ok(ranges)
+        }
+        async fn read(&self, range: ByteRange) -> crate::blob::Result<Bytes> {
+            let pinned = self.pinned.lock().unwrap().clone();
+            self.inner.pin_reads(pinned.as_deref());
+            let read = self.inner.read(range).await;
+            self.inner.pin_reads(None);
+            read
+        }
+        async fn write_pages(
+            &self,
+            offset_bytes: u64,
+            data: Bytes,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.inner.write_pages(offset_bytes, data, lease_id).await
+        }
+        async fn clear_pages(
+            &self,
+            range: ByteRange,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.inner.clear_pages(range, lease_id).await
+        }
+        async fn resize(&self, blob_bytes: u64, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.inner.resize(blob_bytes, lease_id).await
+        }
+        async fn acquire_lease(&self, proposed_id: &str) -> crate::blob::Result<()> {
+            self.inner.acquire_lease(proposed_id).await
+        }
+        async fn release_lease(&self, lease_id: &str) -> crate::blob::Result<()> {
+            self.inner.release_lease(lease_id).await
+        }
+        async fn break_lease(&self) -> crate::blob::Result<()> {
+            self.inner.break_lease().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_only_open_trusts_the_disk_tier_only_at_the_etag_it_pinned() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = drive_store(4 * MIB);
+        inner.poke(0, &[1u8; 4096]);
+        let store = Arc::new(WrittenWhileOpening {
+            inner: inner.clone(),
+            cache_dir: dir.path().to_path_buf(),
+            done: Default::default(),
+            pinned: Default::default(),
+        });
+        let ro = Drive::open(
+            store,
+            DriveOptions {
+                disk_cache: Some(crate::drive::disk_cache::DiskCacheOptions {
+                    dir: dir.path().to_path_buf(),
+                    max_bytes: 64 * MIB,
+                }),
+                ..opts(Mode::ReadOnly)
+            },
+        )
+        .await
+        .unwrap();
+        // The open pinned the state holding 1s; the tier was recorded at the
+        // writer's newer state holding 2s: never served under this open.
+        match ro.read_at(0, 4096).await {
+            Ok(b) => assert!(
+                b.iter().all(|&x| x == 1),
+                "a page of another state: {:?}",
+                &b[..8]
+            ),
+            Err(e) => assert!(matches!(e, Error::Changed { .. }), "{e}"),
+        }
+        ro.close().await.unwrap();
     }
 }

@@ -47,22 +47,20 @@ pub(super) struct Skipped {
     indices: Vec<u64>,
 }
 
-/// Open the disk tier of the blob in `store` (after the lease, for a
-/// writer, so the ETag seen is the one our writes start from).
+/// Open the disk tier of the blob in `store`, trusted only if it was
+/// recorded at `etag`: the ETag of the state the open read its footer and
+/// map from (after the lease, for a writer; pinned, for a reader). Never
+/// an ETag read later: a tier recorded at a newer state than the open's
+/// would serve that state's pages under this open's map.
 pub(super) async fn open(
     store: &dyn PageStore,
     opts: &DiskCacheOptions,
     mode: Mode,
     target: &str,
+    etag: Option<&str>,
 ) -> Option<Arc<DiskCache>> {
-    let identity = store.cache_identity()?;
-    let etag = match store.etag().await {
-        Ok(e) => e,
-        Err(e) => {
-            tracing::warn!(target = %target, error = %e, "disk cache off: no ETag");
-            return None;
-        }
-    };
+    let identity = tier_identity(store)?;
+    let etag = etag.map(str::to_string);
     let access = match mode {
         Mode::ReadWrite => Access::Writer,
         Mode::ReadOnly | Mode::Snapshot => Access::Reader,
@@ -87,6 +85,19 @@ pub(super) async fn open(
             None
         }
     }
+}
+
+/// The name the disk tier keeps `store`'s chunks under: the blob's identity
+/// and the view of it. A keyed (decrypting) view keeps every page sealed,
+/// holes too, so its chunks are not the ciphertext view's of the same
+/// blob: they never share a directory.
+pub(crate) fn tier_identity(store: &dyn PageStore) -> Option<String> {
+    let blob = store.cache_identity()?;
+    Some(if store.seals_pages() {
+        format!("{blob}\nkeyed")
+    } else {
+        blob
+    })
 }
 
 /// A copy of the clean, valid pages of a chunk: which are held, which of

@@ -340,6 +340,16 @@ impl Catalog for AzureCatalog {
                     None => Arc::new(plain),
                 };
                 let drive = Drive::open(store, opts).await.map_err(drive_error)?;
+                // The key was chosen from properties read before the open
+                // took its lease: a drive re-keyed or re-created in between
+                // would be read (and written) under the wrong key.
+                if !KeySlots::same_data_key(&props.metadata, drive.metadata_at_open()) {
+                    let _ = drive.close().await;
+                    return Err(FsError::new(
+                        libc::EIO,
+                        format!("{path}: its encryption changed while it opened; open it again"),
+                    ));
+                }
                 let device = Arc::new(DriveDevice {
                     drive,
                     client: self.client.clone(),
