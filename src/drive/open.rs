@@ -162,7 +162,7 @@ async fn read_drive(
         tries += 1;
         let state = store.state().await?;
         add(&meters.get, 1);
-        check_copy_status(target, mode, state.copy_status)?;
+        check_copy_status(target, mode, state.copy_status.as_ref())?;
         // Only a read-only open needs it (a lease or a snapshot keeps the
         // others still); any pin left on the store is lifted for them.
         store.pin_reads(match mode {
@@ -202,12 +202,13 @@ async fn read_drive(
 }
 
 /// Refuses a read-write open of a drive whose copy or restore is pending,
-/// failed or was aborted (it may hold only part of its data); a read-only
-/// or snapshot open goes ahead with a warning.
+/// failed or was aborted, or whose copy status this version does not know
+/// (it may hold only part of its data); a read-only or snapshot open goes
+/// ahead with a warning.
 fn check_copy_status(
     target: &str,
     mode: Mode,
-    status: Option<crate::blob::CopyStatus>,
+    status: Option<&crate::blob::CopyStatus>,
 ) -> Result<()> {
     let Some(problem) = super::error::copy_status_problem(target, status) else {
         return Ok(());
@@ -215,7 +216,7 @@ fn check_copy_status(
     match (mode, status) {
         (Mode::ReadWrite, Some(status)) => Err(Error::CopyIncomplete {
             target: target.to_string(),
-            status,
+            status: status.clone(),
         }),
         _ => {
             tracing::warn!(target = %target, "{problem}");
@@ -267,14 +268,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_drive_whose_copy_is_not_complete_does_not_open_read_write() {
-        for status in [CopyStatus::Pending, CopyStatus::Failed, CopyStatus::Aborted] {
+        for status in [
+            CopyStatus::Pending,
+            CopyStatus::Failed,
+            CopyStatus::Aborted,
+            CopyStatus::parse("stalled").unwrap(),
+        ] {
             let store = drive_store(MIB);
-            store.set_copy_status(Some(status));
+            store.set_copy_status(Some(status.clone()));
             let e = Drive::open(store.clone(), opts(Mode::ReadWrite))
                 .await
                 .err()
                 .expect("refused read-write");
-            assert!(matches!(e, Error::CopyIncomplete { status: s, .. } if s == status));
+            assert!(matches!(&e, Error::CopyIncomplete { status: s, .. } if *s == status));
             let line = e.to_string();
             assert!(
                 line.contains(&format!("copy status {}", status.as_str())),
