@@ -97,6 +97,20 @@ pub enum Error {
         /// `container/blob`.
         target: String,
     },
+    /// An open failed after taking the lease, and releasing that lease
+    /// failed too: the drive may stay locked until the lease is broken.
+    #[error(
+        "{cause}; releasing the lease this open took failed too ({release}), so drive {target} \
+         may stay locked: 'blobdrive break-lease {target}' frees it if no mount of it is left"
+    )]
+    OpenFailedLocked {
+        /// `container/blob`.
+        target: String,
+        /// Why the open failed.
+        cause: Box<Error>,
+        /// Why the release failed, as the service said.
+        release: String,
+    },
     /// The blob service failed (after the client's retries).
     #[error(transparent)]
     Backend(#[from] blob::Error),
@@ -113,6 +127,7 @@ impl Error {
             Error::Closed => libc::EIO,
             Error::Stalled { .. } => libc::EIO,
             Error::ReleaseFailed { .. } => libc::EIO,
+            Error::OpenFailedLocked { cause, .. } => cause.errno(),
             Error::NotADrive { .. } => libc::EINVAL,
             Error::CopyIncomplete { .. } => libc::EIO,
             Error::Changed { .. } => libc::EIO,

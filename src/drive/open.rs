@@ -47,9 +47,29 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
     let read = match read_drive(store.as_ref(), opts.mode, &target, &meters).await {
         Ok(x) => x,
         Err(e) => {
-            // Do not leave the drive locked behind a failed open.
-            let _ = lease.release(store.as_ref(), &meters).await;
-            return Err(e);
+            // Do not leave the drive locked behind a failed open; if that
+            // fails too, say so and how to free it.
+            return match lease.release(store.as_ref(), &meters).await {
+                Ok(()) => Err(e),
+                Err(r) => {
+                    let release = match r {
+                        Error::ReleaseFailed { cause, .. } => cause.to_string(),
+                        other => other.to_string(),
+                    };
+                    let hint: String = lease.id().unwrap_or("").chars().take(8).collect();
+                    tracing::error!(
+                        target = %target,
+                        lease_id_hint = %hint,
+                        error = %release,
+                        "the open failed and so did releasing its lease: the drive may stay locked"
+                    );
+                    Err(Error::OpenFailedLocked {
+                        target: target.clone(),
+                        cause: Box::new(e),
+                        release,
+                    })
+                }
+            };
         }
     };
     let ReadDrive {
@@ -538,5 +558,82 @@ mod tests {
             Err(e) => assert!(matches!(e, Error::Changed { .. }), "{e}"),
         }
         ro.close().await.unwrap();
+    }
+    /// A blob whose lease cannot be released (the service refuses).
+    struct ReleaseRefused(Arc<MemoryStore>);
+
+    #[async_trait]
+    impl PageStore for ReleaseRefused {
+        async fn size_bytes(&self) -> crate::blob::Result<u64> {
+            self.0.size_bytes().await
+        }
+        async fn state(&self) -> crate::blob::Result<BlobState> {
+            self.0.state().await
+        }
+        async fn page_ranges(&self, within: ByteRange) -> crate::blob::Result<Vec<ByteRange>> {
+            self.0.page_ranges(within).await
+        }
+        async fn read(&self, range: ByteRange) -> crate::blob::Result<Bytes> {
+            self.0.read(range).await
+        }
+        async fn write_pages(
+            &self,
+            offset_bytes: u64,
+            data: Bytes,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.0.write_pages(offset_bytes, data, lease_id).await
+        }
+        async fn clear_pages(
+            &self,
+            range: ByteRange,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.0.clear_pages(range, lease_id).await
+        }
+        async fn resize(&self, blob_bytes: u64, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.0.resize(blob_bytes, lease_id).await
+        }
+        async fn acquire_lease(&self, proposed_id: &str) -> crate::blob::Result<()> {
+            self.0.acquire_lease(proposed_id).await
+        }
+        async fn release_lease(&self, _lease_id: &str) -> crate::blob::Result<()> {
+            Err(crate::blob::Error::service(
+                "release lease",
+                "c/d.vhd",
+                500,
+                Some("InternalError".into()),
+                "the server failed",
+            ))
+        }
+        async fn break_lease(&self) -> crate::blob::Result<()> {
+            self.0.break_lease().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_open_whose_lease_stays_says_how_to_free_it() {
+        // Not a drive (no footer), and the lease the open took stays.
+        let inner = Arc::new(MemoryStore::new(MIB + VHD_FOOTER_BYTES));
+        let store = Arc::new(ReleaseRefused(inner.clone()));
+        let e = Drive::open(
+            store,
+            DriveOptions {
+                target: "c/d.vhd".into(),
+                ..opts(Mode::ReadWrite)
+            },
+        )
+        .await
+        .err()
+        .expect("not a drive");
+        let line = e.to_string();
+        assert!(
+            line.contains("no VHD footer") || line.contains("footer"),
+            "{line}"
+        );
+        assert!(line.contains("may stay locked"), "{line}");
+        assert!(line.contains("'blobdrive break-lease c/d.vhd'"), "{line}");
+        assert_eq!(e.errno(), libc::EINVAL, "the open's own failure");
+        assert!(inner.lease_holder().is_some(), "the lease stayed");
     }
 }
