@@ -10,8 +10,11 @@
 //! page is not a footer (just after the blob grew) is recognised by
 //! [`locate_footer`] from the intent the grow records before its first
 //! change (metadata [`GROW_METADATA`], cleared once the new footer is in
-//! place): the old footer is then at the recorded old size. A last page that
-//! is merely zero, with no intent recorded, is not a drive.
+//! place): the old footer is then at the recorded old size. Without a
+//! record that fits the blob (another tool replaced the metadata, or grew
+//! the blob), the old footer is the blob's last written page: nothing is
+//! written past it until the new footer lands. A zero last page with
+//! neither is not a drive.
 
 use std::sync::atomic::Ordering;
 
