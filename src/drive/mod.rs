@@ -236,6 +236,12 @@ impl Drive {
         self.inner.size_bytes()
     }
 
+    /// True once a read of this read-only open found the blob changed:
+    /// every read fails from then on.
+    pub fn has_changed(&self) -> bool {
+        self.inner.changed.load(Ordering::Acquire)
+    }
+
     /// The blob's metadata as the open read it, with the size and the
     /// sparse map (under the lease, for a read-write open): a decision the
     /// caller made from metadata read before the open (whether the drive is

@@ -400,6 +400,10 @@ impl Device for DriveDevice {
         self.drive.size_bytes()
     }
 
+    fn changed(&self) -> bool {
+        self.drive.has_changed()
+    }
+
     async fn grow(&self, new_size_bytes: u64) -> FsResult<()> {
         self.drive.grow(new_size_bytes).await.map_err(drive_error)
     }
