@@ -475,9 +475,14 @@ mod tests {
         // the blob holds zeros.
         let mem = Arc::new(MemoryStore::new(DATA + VHD_FOOTER_BYTES));
         let keyed = EncryptedStore::new(mem.clone(), Arc::new(DataKey::generate()));
-        let keyed_id = crate::drive::tier::tier_identity(&keyed).unwrap();
-        let plain_id = crate::drive::tier::tier_identity(mem.as_ref()).unwrap();
+        use crate::drive::tier::tier_identity;
+        let keyed_id = tier_identity(&keyed, true).unwrap();
+        let ciphertext_id = tier_identity(mem.as_ref(), true).unwrap();
+        let plain_id = tier_identity(mem.as_ref(), false).unwrap();
+        assert_ne!(keyed_id, ciphertext_id);
+        // Neither is the name an older version kept both views under.
         assert_ne!(keyed_id, plain_id);
+        assert_ne!(ciphertext_id, plain_id);
         assert!(keyed_id.starts_with(&plain_id), "same blob, another view");
     }
 }

@@ -80,8 +80,12 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
     } = read;
     // The tier is trusted only at the ETag this open read (and pinned):
     // one recorded at a newer state is not this open's.
+    let encrypted = crate::crypt::KeySlots::is_encrypted(&metadata);
     let disk = match &opts.disk_cache {
-        Some(o) => super::tier::open(store.as_ref(), o, opts.mode, &target, etag.as_deref()).await,
+        Some(o) => {
+            let etag = etag.as_deref();
+            super::tier::open(store.as_ref(), o, opts.mode, &target, etag, encrypted).await
+        }
         None => None,
     };
     tracing::info!(
