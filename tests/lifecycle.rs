@@ -413,8 +413,25 @@ fn an_interrupted_offline_resize_leaves_a_drive_info_accepts() {
     let out = site.blobdrive_env(&["resize", &drive, "--size", "48M"], &env);
     assert_eq!(out.status.code(), Some(9), "{out:?}");
     assert_eq!(info(&site)["virtual_size_bytes"], 48 * MIB);
-    // A shrink killed between its steps: still the larger drive.
+    // Run again at the same size, it clears the old footer page and the
+    // record the kill left.
     site.ok(&["break-lease", &drive]);
+    assert!(grow_record().is_some(), "the kill left the record");
+    let r: serde_json::Value =
+        serde_json::from_str(&site.ok(&["resize", &drive, "--size", "48M", "--json"])).unwrap();
+    assert_eq!(r["finished_interrupted"], true);
+    assert_eq!(grow_record(), None, "the re-run finished the grow");
+    let old_footer = runtime()
+        .block_on(guard.client.get_blob_range(
+            &guard.path("d.vhd"),
+            ByteRange::new(32 * MIB, 32 * MIB + 512),
+        ))
+        .expect("read the old footer page");
+    assert!(
+        old_footer.iter().all(|b| *b == 0),
+        "old footer page cleared"
+    );
+    // A shrink killed between its steps: still the larger drive.
     let out = site.blobdrive_env(&["resize", &drive, "--size", "40M", "--allow-shrink"], &env);
     assert_eq!(out.status.code(), Some(9), "{out:?}");
     assert_eq!(info(&site)["virtual_size_bytes"], 48 * MIB);
@@ -425,33 +442,83 @@ fn an_interrupted_offline_resize_leaves_a_drive_info_accepts() {
     assert_eq!(info(&site)["virtual_size_bytes"], 16 * MIB);
 }
 
-/// A blob whose last page is zero because something other than blobdrive's
-/// resize grew it (Set Blob Properties, another tool) is not taken for an
-/// interrupted grow of ours: without the intent a grow records first, the
-/// old footer inside it is not trusted, and every command says it is not a
-/// drive.
+/// A grow cut after the blob grew whose record another tool wiped (Set
+/// Blob Metadata replaces all of it), or a blob another tool grew: the old
+/// footer, the last page written, is still the drive at its old size; info
+/// says so and what finishes it, and a resize does. A record that does not
+/// fit the blob is one line, never a panic.
 #[test]
-fn a_blob_grown_without_a_recorded_grow_is_not_a_drive() {
+fn a_grown_blob_whose_record_is_gone_is_still_the_old_drive() {
     let guard = runtime().block_on(ContainerGuard::new("nogrow"));
     let site = Site::new();
     let drive = format!("{}/d.vhd", guard.name);
+    let path = guard.path("d.vhd");
     site.ok(&["create", &drive, "--size", "16M", "--mkfs", "ext4"]);
+    let env = [("BLOBDRIVE_TEST_RESIZE_STOP_AFTER", "after-resize")];
+    let out = site.blobdrive_env(&["resize", &drive, "--size", "32M"], &env);
+    assert_eq!(out.status.code(), Some(9), "{out:?}");
+    site.ok(&["break-lease", &drive]);
     runtime()
         .block_on(
             guard
                 .client
-                .resize(&guard.path("d.vhd"), 32 * MIB + 512, None),
+                .set_metadata(&path, &[("owner".into(), "x".into())], None),
         )
-        .expect("grow the blob behind blobdrive's back");
-    let line = site.fails(&["info", &drive], 1);
-    assert!(line.contains("is not a drive"), "{line}");
-    let line = site.fails(&["resize", &drive, "--size", "32M"], 1);
-    assert!(line.contains("is not a drive"), "{line}");
+        .expect("another tool replaces the metadata");
+    let out = site.blobdrive_env(&["info", &drive, "--json"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    let i: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(i["is_drive"], true);
+    assert_eq!(i["virtual_size_bytes"], 16 * MIB);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("'blobdrive resize {drive} --size {}'", 16 * MIB)),
+        "{said}"
+    );
     if system::can_run("grown_without_record_mount", true) {
         let dir = site.dir("m");
-        let line = site.fails(&["mount", &drive, &dir.to_string_lossy(), "--read-only"], 1);
-        assert!(line.contains("is not a drive"), "{line}");
+        let dir_s = dir.to_string_lossy().to_string();
+        site.ok(&["mount", &drive, &dir_s, "--read-only"]);
+        assert!(dir.join("lost+found").exists(), "the old ext4 is there");
+        site.ok(&["unmount", &dir_s]);
     }
+    // The resize it names finishes it: the blob is the drive again.
+    site.ok(&["resize", &drive, "--size", "16M"]);
+    let props = runtime()
+        .block_on(guard.client.get_properties(&path))
+        .unwrap();
+    assert_eq!(props.content_length, 16 * MIB + 512);
+    // Grown by another tool altogether: the same.
+    runtime()
+        .block_on(guard.client.resize(&path, 32 * MIB + 512, None))
+        .expect("grow the blob behind blobdrive's back");
+    let i: serde_json::Value =
+        serde_json::from_str(&site.ok(&["info", &drive, "--json"])).expect("json");
+    assert_eq!(i["virtual_size_bytes"], 16 * MIB);
+    // A crafted record whose old end overflows: one line, no panic.
+    runtime()
+        .block_on(guard.client.set_metadata(
+            &path,
+            &[(
+                blobdrive::drive::resize::GROW_METADATA.into(),
+                "v1 from=18446744073709551104 to=1".into(),
+            )],
+            None,
+        ))
+        .unwrap();
+    let i: serde_json::Value =
+        serde_json::from_str(&site.ok(&["info", &drive, "--json"])).expect("json");
+    assert_eq!(i["virtual_size_bytes"], 16 * MIB);
+    // Data past the old footer: no footer at the last write, not a drive.
+    runtime()
+        .block_on(
+            guard
+                .client
+                .put_pages(&path, 24 * MIB, bytes::Bytes::from(vec![7u8; 512]), None),
+        )
+        .unwrap();
+    let line = site.fails(&["info", &drive], 1);
+    assert!(line.contains("is not a drive"), "{line}");
 }
 
 #[test]

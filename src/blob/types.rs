@@ -191,8 +191,7 @@ pub struct PageRangeList {
 }
 
 /// Where a server-side copy (Copy Blob) stands (`x-ms-copy-status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CopyStatus {
     /// The service is still copying.
     Pending,
@@ -202,28 +201,39 @@ pub enum CopyStatus {
     Aborted,
     /// The service gave up (the description says why).
     Failed,
+    /// A value this version does not know, as the service sent it: not
+    /// known to be complete, so treated as a copy that is not.
+    Unknown(String),
 }
 
 impl CopyStatus {
-    /// From the service's spelling (`pending`, `success`, `aborted`, `failed`).
+    /// From the service's spelling (`pending`, `success`, `aborted`,
+    /// `failed`; anything else is kept as [`CopyStatus::Unknown`]).
     pub fn parse(s: &str) -> Option<CopyStatus> {
-        match s {
-            "pending" => Some(CopyStatus::Pending),
-            "success" => Some(CopyStatus::Success),
-            "aborted" => Some(CopyStatus::Aborted),
-            "failed" => Some(CopyStatus::Failed),
-            _ => None,
-        }
+        Some(match s {
+            "pending" => CopyStatus::Pending,
+            "success" => CopyStatus::Success,
+            "aborted" => CopyStatus::Aborted,
+            "failed" => CopyStatus::Failed,
+            other => CopyStatus::Unknown(other.to_string()),
+        })
     }
 
     /// The service's spelling.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &str {
         match self {
             CopyStatus::Pending => "pending",
             CopyStatus::Success => "success",
             CopyStatus::Aborted => "aborted",
             CopyStatus::Failed => "failed",
+            CopyStatus::Unknown(s) => s,
         }
+    }
+}
+
+impl Serialize for CopyStatus {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 

@@ -234,7 +234,7 @@ pub fn run(ctx: &Context, args: &InfoArgs) -> CmdResult {
             layout_problem,
             encryption: None,
             key_slots: Vec::new(),
-            copy_status: props.copy_status,
+            copy_status: props.copy_status.clone(),
         };
         let mut info = info;
         match crate::crypt::KeySlots::from_metadata(&props.metadata) {
@@ -389,7 +389,7 @@ fn render(
     if let Some(e) = &info.etag {
         rows.push(("etag", e.clone()));
     }
-    if let Some(status) = info.copy_status {
+    if let Some(status) = &info.copy_status {
         let line = crate::drive::error::copy_status_problem(&info.name, Some(status)).map_or_else(
             || status.as_str().to_string(),
             |p| format!("{}: {p}", status.as_str()),

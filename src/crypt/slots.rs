@@ -298,6 +298,18 @@ impl KeySlots {
         metadata.contains_key(HEADER_KEY)
     }
 
+    /// Whether two readings of a drive's metadata name the same encryption:
+    /// both plain, or both encrypted under the same data key (the same key
+    /// check value; the slots may differ: adding or removing a passphrase
+    /// leaves the data key as it is). A malformed reading matches nothing.
+    pub fn same_data_key(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> bool {
+        match (Self::from_metadata(a), Self::from_metadata(b)) {
+            (Ok(None), Ok(None)) => true,
+            (Ok(Some(x)), Ok(Some(y))) => x.check == y.check,
+            _ => false,
+        }
+    }
+
     /// The slots recorded in `metadata`; `Ok(None)` for a drive that is not
     /// encrypted. A malformed header or slot is an error naming it.
     pub fn from_metadata(metadata: &BTreeMap<String, String>) -> anyhow::Result<Option<KeySlots>> {
@@ -493,6 +505,28 @@ mod tests {
         s.apply_to(&mut md);
         assert_eq!(md.get("other").map(String::as_str), Some("kept"));
         KeySlots::from_metadata(&md).unwrap().unwrap()
+    }
+
+    #[test]
+    fn two_readings_match_only_under_the_same_data_key() {
+        let dk = DataKey::generate();
+        let mut s = KeySlots::new(&dk, &key_file(1));
+        let plain = BTreeMap::from([("other".to_string(), "x".to_string())]);
+        let mut before = plain.clone();
+        s.apply_to(&mut before);
+        assert!(KeySlots::same_data_key(&plain, &plain));
+        assert!(KeySlots::same_data_key(&before, &before));
+        // A passphrase added in between: the same data key.
+        s.add(&dk, &key_file(2)).unwrap();
+        let mut more = plain.clone();
+        s.apply_to(&mut more);
+        assert!(KeySlots::same_data_key(&before, &more));
+        // Encrypted since, no longer encrypted, or re-created with a new key.
+        assert!(!KeySlots::same_data_key(&plain, &before));
+        assert!(!KeySlots::same_data_key(&before, &plain));
+        let mut other = plain.clone();
+        KeySlots::new(&DataKey::generate(), &key_file(1)).apply_to(&mut other);
+        assert!(!KeySlots::same_data_key(&before, &other));
     }
 
     #[test]

@@ -468,4 +468,21 @@ mod tests {
         assert!(*got.lock().unwrap() == data);
         assert!(parts.load(Ordering::SeqCst) > 1, "passed on in batches");
     }
+    #[test]
+    fn the_keyed_and_the_ciphertext_view_keep_separate_disk_tiers() {
+        // The keyed view keeps holes as sealed zero pages: shown through the
+        // ciphertext view of the same blob, they would read as noise where
+        // the blob holds zeros.
+        let mem = Arc::new(MemoryStore::new(DATA + VHD_FOOTER_BYTES));
+        let keyed = EncryptedStore::new(mem.clone(), Arc::new(DataKey::generate()));
+        use crate::drive::tier::tier_identity;
+        let keyed_id = tier_identity(&keyed, true).unwrap();
+        let ciphertext_id = tier_identity(mem.as_ref(), true).unwrap();
+        let plain_id = tier_identity(mem.as_ref(), false).unwrap();
+        assert_ne!(keyed_id, ciphertext_id);
+        // Neither is the name an older version kept both views under.
+        assert_ne!(keyed_id, plain_id);
+        assert_ne!(ciphertext_id, plain_id);
+        assert!(keyed_id.starts_with(&plain_id), "same blob, another view");
+    }
 }

@@ -78,11 +78,11 @@ pub enum Error {
     /// A copy or restore into the blob is pending, failed or was aborted
     /// (`x-ms-copy-status`): it may hold only part of its data, so it is
     /// not opened read-write.
-    #[error("drive {target}: {}", copy_status_line(target, *status))]
+    #[error("drive {target}: {}", copy_status_line(target, status))]
     CopyIncomplete {
         /// `container/blob`.
         target: String,
-        /// Pending, failed or aborted.
+        /// Pending, failed, aborted or a value this version does not know.
         status: crate::blob::CopyStatus,
     },
     /// The blob changed (a restore, a resize, an upload --overwrite, a
@@ -96,6 +96,20 @@ pub enum Error {
     Changed {
         /// `container/blob`.
         target: String,
+    },
+    /// An open failed after taking the lease, and releasing that lease
+    /// failed too: the drive may stay locked until the lease is broken.
+    #[error(
+        "{cause}; releasing the lease this open took failed too ({release}), so drive {target} \
+         may stay locked: 'blobdrive break-lease {target}' frees it if no mount of it is left"
+    )]
+    OpenFailedLocked {
+        /// `container/blob`.
+        target: String,
+        /// Why the open failed.
+        cause: Box<Error>,
+        /// Why the release failed, as the service said.
+        release: String,
     },
     /// The blob service failed (after the client's retries).
     #[error(transparent)]
@@ -113,6 +127,7 @@ impl Error {
             Error::Closed => libc::EIO,
             Error::Stalled { .. } => libc::EIO,
             Error::ReleaseFailed { .. } => libc::EIO,
+            Error::OpenFailedLocked { cause, .. } => cause.errno(),
             Error::NotADrive { .. } => libc::EINVAL,
             Error::CopyIncomplete { .. } => libc::EIO,
             Error::Changed { .. } => libc::EIO,
@@ -128,7 +143,7 @@ impl Error {
 /// `None` for a finished copy (or none at all).
 pub fn copy_status_problem(
     target: &str,
-    status: Option<crate::blob::CopyStatus>,
+    status: Option<&crate::blob::CopyStatus>,
 ) -> Option<String> {
     use crate::blob::CopyStatus;
     match status {
@@ -137,7 +152,7 @@ pub fn copy_status_problem(
     }
 }
 
-fn copy_status_line(target: &str, status: crate::blob::CopyStatus) -> String {
+fn copy_status_line(target: &str, status: &crate::blob::CopyStatus) -> String {
     use crate::blob::CopyStatus;
     match status {
         CopyStatus::Pending => format!(
@@ -148,8 +163,13 @@ fn copy_status_line(target: &str, status: crate::blob::CopyStatus) -> String {
             "the copy or restore into it {} (copy status {}), so it holds only part of its data; \
              it does not attach read-write: restore it from a snapshot ('blobdrive restore {target} --snapshot TIME'; \
              'blobdrive info {target}' lists them), or delete it and copy it again",
-            if status == CopyStatus::Failed { "failed" } else { "was aborted" },
+            if *status == CopyStatus::Failed { "failed" } else { "was aborted" },
             status.as_str()
+        ),
+        CopyStatus::Unknown(value) => format!(
+            "a copy or restore into it ended in a state this version does not know (copy status {value}), \
+             so it may hold only part of its data; it does not attach read-write \
+             ('blobdrive info {target}' shows the copy status)"
         ),
         CopyStatus::Success => "the copy into it is complete".to_string(),
     }

@@ -354,7 +354,7 @@ impl PageStore for MemoryStore {
         Ok(BlobState {
             size_bytes: st.size_bytes,
             etag: Some(self.etag_of(&st)),
-            copy_status: st.copy_status,
+            copy_status: st.copy_status.clone(),
             metadata: st.metadata.clone(),
         })
     }

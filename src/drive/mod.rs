@@ -167,6 +167,9 @@ pub(crate) struct Inner {
     /// A read found the blob changed under this read-only open: every read
     /// fails from then on (`fetch.rs`, `Inner::read_error`).
     changed: AtomicBool,
+    /// The blob's metadata as the open read it (under the lease, for a
+    /// writer): what the caller's choices made before the open must match.
+    metadata_at_open: std::collections::BTreeMap<String, String>,
 }
 
 impl Inner {
@@ -231,6 +234,20 @@ impl Drive {
     /// Size of the data area in bytes (blob size minus the 512-byte footer).
     pub fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
+    }
+
+    /// True once a read of this read-only open found the blob changed:
+    /// every read fails from then on.
+    pub fn has_changed(&self) -> bool {
+        self.inner.changed.load(Ordering::Acquire)
+    }
+
+    /// The blob's metadata as the open read it, with the size and the
+    /// sparse map (under the lease, for a read-write open): a decision the
+    /// caller made from metadata read before the open (whether the drive is
+    /// encrypted, under which key) is checked against it.
+    pub fn metadata_at_open(&self) -> &std::collections::BTreeMap<String, String> {
+        &self.inner.metadata_at_open
     }
 
     /// Grow the data area to `new_size_bytes` while open, under the lease:

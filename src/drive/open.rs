@@ -44,17 +44,48 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         }
         Mode::ReadOnly | Mode::Snapshot => Lease::none(&target),
     };
-    let (size_bytes, extents) = match read_drive(store.as_ref(), opts.mode, &target, &meters).await
-    {
+    let read = match read_drive(store.as_ref(), opts.mode, &target, &meters).await {
         Ok(x) => x,
         Err(e) => {
-            // Do not leave the drive locked behind a failed open.
-            let _ = lease.release(store.as_ref(), &meters).await;
-            return Err(e);
+            // Do not leave the drive locked behind a failed open; if that
+            // fails too, say so and how to free it.
+            return match lease.release(store.as_ref(), &meters).await {
+                Ok(()) => Err(e),
+                Err(r) => {
+                    let release = match r {
+                        Error::ReleaseFailed { cause, .. } => cause.to_string(),
+                        other => other.to_string(),
+                    };
+                    let hint: String = lease.id().unwrap_or("").chars().take(8).collect();
+                    tracing::error!(
+                        target = %target,
+                        lease_id_hint = %hint,
+                        error = %release,
+                        "the open failed and so did releasing its lease: the drive may stay locked"
+                    );
+                    Err(Error::OpenFailedLocked {
+                        target: target.clone(),
+                        cause: Box::new(e),
+                        release,
+                    })
+                }
+            };
         }
     };
+    let ReadDrive {
+        size_bytes,
+        extents,
+        etag,
+        metadata,
+    } = read;
+    // The tier is trusted only at the ETag this open read (and pinned):
+    // one recorded at a newer state is not this open's.
+    let encrypted = crate::crypt::KeySlots::is_encrypted(&metadata);
     let disk = match &opts.disk_cache {
-        Some(o) => super::tier::open(store.as_ref(), o, opts.mode, &target).await,
+        Some(o) => {
+            let etag = etag.as_deref();
+            super::tier::open(store.as_ref(), o, opts.mode, &target, etag, encrypted).await
+        }
         None => None,
     };
     tracing::info!(
@@ -122,7 +153,17 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         stopping: AtomicBool::new(false),
         disk_skipped: Mutex::new(Default::default()),
         changed: AtomicBool::new(false),
+        metadata_at_open: metadata,
     })
+}
+
+/// What an open read of the drive: the size of its data area, its sparse
+/// map, and the ETag and metadata of the state they were read from.
+struct ReadDrive {
+    size_bytes: u64,
+    extents: Extents,
+    etag: Option<String>,
+    metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// Times a read-only open starts again when the blob changed while it read
@@ -139,13 +180,13 @@ async fn read_drive(
     mode: Mode,
     target: &str,
     meters: &Meters,
-) -> Result<(u64, Extents)> {
+) -> Result<ReadDrive> {
     let mut tries = 0;
     loop {
         tries += 1;
         let state = store.state().await?;
         add(&meters.get, 1);
-        check_copy_status(target, mode, state.copy_status)?;
+        check_copy_status(target, mode, state.copy_status.as_ref())?;
         // Only a read-only open needs it (a lease or a snapshot keeps the
         // others still); any pin left on the store is lifted for them.
         store.pin_reads(match mode {
@@ -155,16 +196,21 @@ async fn read_drive(
         let read = async {
             let located = super::resize::locate_footer(store, state.size_bytes).await?;
             add(&meters.bytes_down, VHD_FOOTER_BYTES);
-            if located.interrupted_grow {
+            if let Some(line) = located.unfinished_grow_line(target) {
                 tracing::warn!(
                     target = %target,
                     size_bytes = located.offset_bytes,
                     blob_bytes = state.size_bytes,
-                    "a resize of this drive was interrupted; it opens at its old size ('blobdrive resize' finishes it)"
+                    "{line}"
                 );
             }
             let extents = load_extents(store, located.offset_bytes, meters).await?;
-            Ok::<_, Error>((located.offset_bytes, extents))
+            Ok::<_, Error>(ReadDrive {
+                size_bytes: located.offset_bytes,
+                extents,
+                etag: state.etag.clone(),
+                metadata: state.metadata.clone(),
+            })
         };
         match read.await {
             Err(Error::Backend(e))
@@ -180,12 +226,13 @@ async fn read_drive(
 }
 
 /// Refuses a read-write open of a drive whose copy or restore is pending,
-/// failed or was aborted (it may hold only part of its data); a read-only
-/// or snapshot open goes ahead with a warning.
+/// failed or was aborted, or whose copy status this version does not know
+/// (it may hold only part of its data); a read-only or snapshot open goes
+/// ahead with a warning.
 fn check_copy_status(
     target: &str,
     mode: Mode,
-    status: Option<crate::blob::CopyStatus>,
+    status: Option<&crate::blob::CopyStatus>,
 ) -> Result<()> {
     let Some(problem) = super::error::copy_status_problem(target, status) else {
         return Ok(());
@@ -193,7 +240,7 @@ fn check_copy_status(
     match (mode, status) {
         (Mode::ReadWrite, Some(status)) => Err(Error::CopyIncomplete {
             target: target.to_string(),
-            status,
+            status: status.clone(),
         }),
         _ => {
             tracing::warn!(target = %target, "{problem}");
@@ -245,14 +292,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_drive_whose_copy_is_not_complete_does_not_open_read_write() {
-        for status in [CopyStatus::Pending, CopyStatus::Failed, CopyStatus::Aborted] {
+        for status in [
+            CopyStatus::Pending,
+            CopyStatus::Failed,
+            CopyStatus::Aborted,
+            CopyStatus::parse("stalled").unwrap(),
+        ] {
             let store = drive_store(MIB);
-            store.set_copy_status(Some(status));
+            store.set_copy_status(Some(status.clone()));
             let e = Drive::open(store.clone(), opts(Mode::ReadWrite))
                 .await
                 .err()
                 .expect("refused read-write");
-            assert!(matches!(e, Error::CopyIncomplete { status: s, .. } if s == status));
+            assert!(matches!(&e, Error::CopyIncomplete { status: s, .. } if *s == status));
             let line = e.to_string();
             assert!(
                 line.contains(&format!("copy status {}", status.as_str())),
@@ -392,5 +444,200 @@ mod tests {
             &[3u8; 4096][..]
         );
         again.close().await.unwrap();
+    }
+    /// A blob that another host writes (and closes, recording its disk tier
+    /// at the new ETag) while a read-only open reads its map.
+    struct WrittenWhileOpening {
+        inner: Arc<MemoryStore>,
+        cache_dir: std::path::PathBuf,
+        done: std::sync::atomic::AtomicBool,
+        /// Our own pin: the writer's open lifts the shared store's.
+        pinned: Mutex<Option<String>>,
+    }
+
+    #[async_trait]
+    impl PageStore for WrittenWhileOpening {
+        async fn size_bytes(&self) -> crate::blob::Result<u64> {
+            self.inner.size_bytes().await
+        }
+        fn cache_identity(&self) -> Option<String> {
+            self.inner.cache_identity()
+        }
+        async fn etag(&self) -> crate::blob::Result<Option<String>> {
+            self.inner.etag().await
+        }
+        async fn state(&self) -> crate::blob::Result<BlobState> {
+            self.inner.state().await
+        }
+        fn pin_reads(&self, etag: Option<&str>) {
+            *self.pinned.lock().unwrap() = etag.map(str::to_string);
+        }
+        async fn page_ranges(&self, within: ByteRange) -> crate::blob::Result<Vec<ByteRange>> {
+            let ranges = self.inner.page_ranges(within).await?;
+            if !self.done.swap(true, Ordering::AcqRel) {
+                let writer = Drive::open(
+                    self.inner.clone(),
+                    DriveOptions {
+                        disk_cache: Some(crate::drive::disk_cache::DiskCacheOptions {
+                            dir: self.cache_dir.clone(),
+                            max_bytes: 64 * MIB,
+                        }),
+                        ..opts(Mode::ReadWrite)
+                    },
+                )
+                .await
+                .unwrap();
+                writer.write_at(0, &[2u8; 4096]).await.unwrap();
+                writer.close().await.unwrap();
+            }
+            Ok(ranges)
+        }
+        async fn read(&self, range: ByteRange) -> crate::blob::Result<Bytes> {
+            let pinned = self.pinned.lock().unwrap().clone();
+            self.inner.pin_reads(pinned.as_deref());
+            let read = self.inner.read(range).await;
+            self.inner.pin_reads(None);
+            read
+        }
+        async fn write_pages(
+            &self,
+            offset_bytes: u64,
+            data: Bytes,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.inner.write_pages(offset_bytes, data, lease_id).await
+        }
+        async fn clear_pages(
+            &self,
+            range: ByteRange,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.inner.clear_pages(range, lease_id).await
+        }
+        async fn resize(&self, blob_bytes: u64, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.inner.resize(blob_bytes, lease_id).await
+        }
+        async fn acquire_lease(&self, proposed_id: &str) -> crate::blob::Result<()> {
+            self.inner.acquire_lease(proposed_id).await
+        }
+        async fn release_lease(&self, lease_id: &str) -> crate::blob::Result<()> {
+            self.inner.release_lease(lease_id).await
+        }
+        async fn break_lease(&self) -> crate::blob::Result<()> {
+            self.inner.break_lease().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_only_open_trusts_the_disk_tier_only_at_the_etag_it_pinned() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = drive_store(4 * MIB);
+        inner.poke(0, &[1u8; 4096]);
+        let store = Arc::new(WrittenWhileOpening {
+            inner: inner.clone(),
+            cache_dir: dir.path().to_path_buf(),
+            done: Default::default(),
+            pinned: Default::default(),
+        });
+        let ro = Drive::open(
+            store,
+            DriveOptions {
+                disk_cache: Some(crate::drive::disk_cache::DiskCacheOptions {
+                    dir: dir.path().to_path_buf(),
+                    max_bytes: 64 * MIB,
+                }),
+                ..opts(Mode::ReadOnly)
+            },
+        )
+        .await
+        .unwrap();
+        // The open pinned the state holding 1s; the tier was recorded at the
+        // writer's newer state holding 2s: never served under this open.
+        match ro.read_at(0, 4096).await {
+            Ok(b) => assert!(
+                b.iter().all(|&x| x == 1),
+                "a page of another state: {:?}",
+                &b[..8]
+            ),
+            Err(e) => assert!(matches!(e, Error::Changed { .. }), "{e}"),
+        }
+        ro.close().await.unwrap();
+    }
+    /// A blob whose lease cannot be released (the service refuses).
+    struct ReleaseRefused(Arc<MemoryStore>);
+
+    #[async_trait]
+    impl PageStore for ReleaseRefused {
+        async fn size_bytes(&self) -> crate::blob::Result<u64> {
+            self.0.size_bytes().await
+        }
+        async fn state(&self) -> crate::blob::Result<BlobState> {
+            self.0.state().await
+        }
+        async fn page_ranges(&self, within: ByteRange) -> crate::blob::Result<Vec<ByteRange>> {
+            self.0.page_ranges(within).await
+        }
+        async fn read(&self, range: ByteRange) -> crate::blob::Result<Bytes> {
+            self.0.read(range).await
+        }
+        async fn write_pages(
+            &self,
+            offset_bytes: u64,
+            data: Bytes,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.0.write_pages(offset_bytes, data, lease_id).await
+        }
+        async fn clear_pages(
+            &self,
+            range: ByteRange,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.0.clear_pages(range, lease_id).await
+        }
+        async fn resize(&self, blob_bytes: u64, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.0.resize(blob_bytes, lease_id).await
+        }
+        async fn acquire_lease(&self, proposed_id: &str) -> crate::blob::Result<()> {
+            self.0.acquire_lease(proposed_id).await
+        }
+        async fn release_lease(&self, _lease_id: &str) -> crate::blob::Result<()> {
+            Err(crate::blob::Error::service(
+                "release lease",
+                "c/d.vhd",
+                500,
+                Some("InternalError".into()),
+                "the server failed",
+            ))
+        }
+        async fn break_lease(&self) -> crate::blob::Result<()> {
+            self.0.break_lease().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_open_whose_lease_stays_says_how_to_free_it() {
+        // Not a drive (no footer), and the lease the open took stays.
+        let inner = Arc::new(MemoryStore::new(MIB + VHD_FOOTER_BYTES));
+        let store = Arc::new(ReleaseRefused(inner.clone()));
+        let e = Drive::open(
+            store,
+            DriveOptions {
+                target: "c/d.vhd".into(),
+                ..opts(Mode::ReadWrite)
+            },
+        )
+        .await
+        .err()
+        .expect("not a drive");
+        let line = e.to_string();
+        assert!(
+            line.contains("no VHD footer") || line.contains("footer"),
+            "{line}"
+        );
+        assert!(line.contains("may stay locked"), "{line}");
+        assert!(line.contains("'blobdrive break-lease c/d.vhd'"), "{line}");
+        assert_eq!(e.errno(), libc::EINVAL, "the open's own failure");
+        assert!(inner.lease_holder().is_some(), "the lease stayed");
     }
 }

@@ -10,8 +10,11 @@
 //! page is not a footer (just after the blob grew) is recognised by
 //! [`locate_footer`] from the intent the grow records before its first
 //! change (metadata [`GROW_METADATA`], cleared once the new footer is in
-//! place): the old footer is then at the recorded old size. A last page that
-//! is merely zero, with no intent recorded, is not a drive.
+//! place): the old footer is then at the recorded old size. Without a
+//! record that fits the blob (another tool replaced the metadata, or grew
+//! the blob), the old footer is the blob's last written page: nothing is
+//! written past it until the new footer lands. A zero last page with
+//! neither is not a drive.
 
 use std::sync::atomic::Ordering;
 
@@ -79,6 +82,30 @@ pub struct LocatedFooter {
     /// True when it is not at the end of the blob: a grow was interrupted
     /// after the blob grew; the drive is the old size until a resize ends it.
     pub interrupted_grow: bool,
+    /// True (with `interrupted_grow`) when no grow intent of ours explains
+    /// the larger blob (another tool replaced the metadata, or grew the
+    /// blob): the footer was found as the blob's last written page.
+    pub intent_lost: bool,
+}
+
+impl LocatedFooter {
+    /// The one line saying what a drive found inside a larger blob is and
+    /// what finishes it; `None` for a footer at the end.
+    pub fn unfinished_grow_line(&self, drive: &str) -> Option<String> {
+        if !self.interrupted_grow {
+            return None;
+        }
+        let why = if self.intent_lost {
+            "its grow record is gone (another tool replaced the metadata, or grew the blob)"
+        } else {
+            "a resize was interrupted"
+        };
+        Some(format!(
+            "the blob of {drive} is larger than the drive ({why}): it is the drive of {} bytes; \
+             'blobdrive resize {drive} --size {}' or a larger resize finishes it",
+            self.offset_bytes, self.offset_bytes
+        ))
+    }
 }
 
 fn footer_at(raw: &[u8], blob_bytes: u64) -> std::result::Result<Footer, crate::vhd::Error> {
@@ -88,10 +115,11 @@ fn footer_at(raw: &[u8], blob_bytes: u64) -> std::result::Result<Footer, crate::
 }
 
 /// Reads the footer of the drive in `store` (a blob of `blob_bytes`): at the
-/// end, or, when the last page is all zeros and a grow recorded its intent
-/// ([`GROW_METADATA`]), at the old size it recorded (a grow interrupted
-/// before its new footer). A zero last page without that record is not a
-/// drive: blobdrive's own grow is the only state it accepts there.
+/// end or, when the last page is all zeros (a grow interrupted before its
+/// new footer), at the old size: the one a grow intent ([`GROW_METADATA`])
+/// recorded, if it matches this blob, else the blob's last written page
+/// (Get Page Ranges) when that page is a footer of its own offset. A zero
+/// last page with neither is not a drive.
 pub async fn locate_footer(store: &dyn PageStore, blob_bytes: u64) -> Result<LocatedFooter> {
     if blob_bytes % PAGE_SIZE != 0
         || blob_bytes <= VHD_FOOTER_BYTES
@@ -104,13 +132,13 @@ pub async fn locate_footer(store: &dyn PageStore, blob_bytes: u64) -> Result<Loc
     let tail = store
         .read_stored(ByteRange::new(blob_bytes - VHD_FOOTER_BYTES, blob_bytes))
         .await?;
-    let at_end = footer_at(&tail, blob_bytes);
-    let err = match at_end {
+    let err = match footer_at(&tail, blob_bytes) {
         Ok(footer) => {
             return Ok(LocatedFooter {
                 footer,
                 offset_bytes: blob_bytes - VHD_FOOTER_BYTES,
                 interrupted_grow: false,
+                intent_lost: false,
             })
         }
         Err(e) => e,
@@ -121,26 +149,54 @@ pub async fn locate_footer(store: &dyn PageStore, blob_bytes: u64) -> Result<Loc
     if tail.iter().any(|b| *b != 0) {
         return Err(not_a_drive());
     }
-    let Some(intent) = GrowIntent::of(&store.state().await?.metadata) else {
+    // The recorded intent, when it is of this blob: grown to its `to`.
+    let intent = GrowIntent::of(&store.state().await?.metadata)
+        .filter(|i| i.to_bytes.checked_add(VHD_FOOTER_BYTES) == Some(blob_bytes));
+    if let Some(intent) = intent {
+        if let Some(footer) = old_footer(store, intent.from_bytes, blob_bytes).await? {
+            return Ok(LocatedFooter {
+                footer,
+                offset_bytes: intent.from_bytes,
+                interrupted_grow: true,
+                intent_lost: false,
+            });
+        }
+    }
+    // No usable record: the old footer is the last page anyone wrote (a
+    // grow leaves nothing written past it until its new footer lands).
+    let written = store
+        .page_ranges(ByteRange::new(0, blob_bytes - VHD_FOOTER_BYTES))
+        .await?;
+    let Some(last_end) = written.last().map(|r| r.end) else {
         return Err(not_a_drive());
     };
-    let end = intent.from_bytes + VHD_FOOTER_BYTES;
-    if intent.from_bytes % PAGE_SIZE != 0 || intent.from_bytes == 0 || end >= blob_bytes {
+    let Some(from) = last_end.checked_sub(VHD_FOOTER_BYTES) else {
         return Err(not_a_drive());
+    };
+    match old_footer(store, from, blob_bytes).await? {
+        Some(footer) => Ok(LocatedFooter {
+            footer,
+            offset_bytes: from,
+            interrupted_grow: true,
+            intent_lost: intent.is_none(),
+        }),
+        None => Err(not_a_drive()),
+    }
+}
+
+/// The footer of a drive of `from` bytes inside a larger blob of
+/// `blob_bytes`, if the page at `from` holds one (its current size `from`).
+async fn old_footer(store: &dyn PageStore, from: u64, blob_bytes: u64) -> Result<Option<Footer>> {
+    let Some(end) = from.checked_add(VHD_FOOTER_BYTES) else {
+        return Ok(None);
+    };
+    if from % PAGE_SIZE != 0 || from == 0 || end >= blob_bytes {
+        return Ok(None);
     }
     // As stored: on an encrypted drive this page lies in the (encrypted)
     // data area of the grown blob, but a footer is plaintext.
-    let raw = store
-        .read_stored(ByteRange::new(intent.from_bytes, end))
-        .await?;
-    match footer_at(&raw, end) {
-        Ok(footer) => Ok(LocatedFooter {
-            footer,
-            offset_bytes: intent.from_bytes,
-            interrupted_grow: true,
-        }),
-        Err(_) => Err(not_a_drive()),
-    }
+    let raw = store.read_stored(ByteRange::new(from, end)).await?;
+    Ok(footer_at(&raw, end).ok())
 }
 
 /// `footer` for a disk of `size_bytes`: the same identity (unique id,
@@ -212,6 +268,39 @@ pub async fn move_footer(
         store.resize(new_blob_bytes, lease_id).await?;
     }
     Ok(())
+}
+
+/// Finishes a grow interrupted after its new footer landed (the footer is
+/// at the end, `located`, but the intent is still recorded): clears the old
+/// footer page if it still holds the old footer, then removes the intent.
+/// Returns whether there was such a grow. The caller holds the lease
+/// `lease_id` (or knows the blob is not leased).
+pub async fn finish_recorded_grow(
+    store: &dyn PageStore,
+    located: &LocatedFooter,
+    lease_id: Option<&str>,
+) -> crate::blob::Result<bool> {
+    let Some(intent) = GrowIntent::of(&store.state().await?.metadata) else {
+        return Ok(false);
+    };
+    if located.interrupted_grow || intent.to_bytes != located.offset_bytes {
+        return Ok(false);
+    }
+    if let Some(old_end) = intent.from_bytes.checked_add(VHD_FOOTER_BYTES) {
+        let old = ByteRange::new(intent.from_bytes, old_end);
+        // Only the old footer itself: a page written since (the drive
+        // opened at its new size) is data.
+        if intent.from_bytes % PAGE_SIZE == 0 && old_end <= located.offset_bytes {
+            let raw = store.read_stored(old).await?;
+            if footer_at(&raw, old_end).is_ok() {
+                store.clear_pages(old, lease_id).await?;
+            }
+        }
+    }
+    store
+        .set_metadata_entry(GROW_METADATA, None, lease_id)
+        .await?;
+    Ok(true)
 }
 
 impl Inner {
@@ -362,16 +451,52 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_zero_last_page_without_a_recorded_grow_is_not_a_drive() {
-        // A blob grown by someone else (Set Blob Properties, not blobdrive's
-        // grow): the old footer still lies inside, the last page is empty,
-        // but no intent says a grow of ours is under way.
+    async fn a_grow_whose_record_was_wiped_is_the_old_drive() {
+        // The blob grew (our grow cut after its first step, its record then
+        // replaced by another tool's Set Blob Metadata, or another tool grew
+        // it): the old footer is the last page written.
         let store = drive_store(MIB);
         store.poke(0, &[3u8; 512]);
+        first_step_of_a_grow(&store, MIB, 4 * MIB).await;
+        store
+            .set_metadata_entry(GROW_METADATA, None, None)
+            .await
+            .unwrap();
+        let found = locate_footer(store.as_ref(), 4 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap();
+        assert_eq!(found.offset_bytes, MIB);
+        assert!(found.interrupted_grow && found.intent_lost);
+        let line = found.unfinished_grow_line("c/d").unwrap();
+        assert!(
+            line.contains("'blobdrive resize c/d --size 1048576'"),
+            "{line}"
+        );
+        let drive = Drive::open(store.clone(), DriveOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(drive.size_bytes(), MIB);
+        assert_eq!(&drive.read_at(0, 512).await.unwrap()[..], &[3u8; 512][..]);
+        // A grow from there finishes it.
+        drive.grow(2 * MIB).await.unwrap();
+        drive.close().await.unwrap();
+        let found = locate_footer(store.as_ref(), 2 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap();
+        assert!(!found.interrupted_grow);
+        assert_eq!(found.offset_bytes, 2 * MIB);
+    }
+
+    #[tokio::test]
+    async fn a_zero_last_page_without_a_footer_at_the_last_write_is_not_a_drive() {
+        let store = drive_store(MIB);
         store
             .resize(4 * MIB + VHD_FOOTER_BYTES, None)
             .await
             .unwrap();
+        // Data written past the old footer: the last written page is no
+        // footer, so nothing says where the drive ends.
+        store.poke(2 * MIB, &[3u8; 512]);
         let e = locate_footer(store.as_ref(), 4 * MIB + VHD_FOOTER_BYTES)
             .await
             .unwrap_err();
@@ -386,6 +511,76 @@ mod tests {
             None,
             "the failed open let go of its lease"
         );
+        // Nothing written at all: not a drive either.
+        let empty = MemoryStore::new(4 * MIB + VHD_FOOTER_BYTES);
+        let e = locate_footer(&empty, 4 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::NotADrive { .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_intent_that_does_not_fit_the_blob_is_not_trusted() {
+        // A crafted record whose old end overflows: one error, no panic.
+        let store = MemoryStore::new(4 * MIB + VHD_FOOTER_BYTES);
+        store
+            .set_metadata_entry(
+                GROW_METADATA,
+                Some("v1 from=18446744073709551104 to=1"),
+                None,
+            )
+            .await
+            .unwrap();
+        let e = locate_footer(&store, 4 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::NotADrive { .. }), "{e}");
+        // A record of another size than the blob's is not used; the last
+        // written page still finds the drive.
+        let store = drive_store(MIB);
+        first_step_of_a_grow(&store, MIB, 4 * MIB).await;
+        let wrong = GrowIntent {
+            from_bytes: 2 * MIB,
+            to_bytes: 8 * MIB,
+        };
+        store
+            .set_metadata_entry(GROW_METADATA, Some(&wrong.to_metadata()), None)
+            .await
+            .unwrap();
+        let found = locate_footer(store.as_ref(), 4 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap();
+        assert_eq!(found.offset_bytes, MIB);
+    }
+
+    #[tokio::test]
+    async fn a_grow_cut_after_its_new_footer_is_finished_at_the_same_size() {
+        let store = drive_store(MIB);
+        first_step_of_a_grow(&store, MIB, 2 * MIB).await;
+        let new_footer = resized_footer(&Footer::new_fixed(MIB), 2 * MIB);
+        store
+            .write_pages(
+                2 * MIB,
+                bytes::Bytes::copy_from_slice(&new_footer.to_bytes()),
+                None,
+            )
+            .await
+            .unwrap();
+        let found = locate_footer(store.as_ref(), 2 * MIB + VHD_FOOTER_BYTES)
+            .await
+            .unwrap();
+        assert!(!found.interrupted_grow);
+        assert!(finish_recorded_grow(store.as_ref(), &found, None)
+            .await
+            .unwrap());
+        assert_eq!(store.metadata().get(GROW_METADATA), None);
+        assert_eq!(
+            store.contents(ByteRange::new(MIB, MIB + 512)),
+            vec![0u8; 512]
+        );
+        assert!(!finish_recorded_grow(store.as_ref(), &found, None)
+            .await
+            .unwrap());
     }
 
     #[tokio::test]

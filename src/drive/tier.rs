@@ -47,22 +47,22 @@ pub(super) struct Skipped {
     indices: Vec<u64>,
 }
 
-/// Open the disk tier of the blob in `store` (after the lease, for a
-/// writer, so the ETag seen is the one our writes start from).
+/// Open the disk tier of the blob in `store`, trusted only if it was
+/// recorded at `etag`: the ETag of the state the open read its footer and
+/// map from (after the lease, for a writer; pinned, for a reader). Never
+/// an ETag read later: a tier recorded at a newer state than the open's
+/// would serve that state's pages under this open's map. `encrypted`: the
+/// blob's metadata says it is encrypted (see [`tier_identity`]).
 pub(super) async fn open(
     store: &dyn PageStore,
     opts: &DiskCacheOptions,
     mode: Mode,
     target: &str,
+    etag: Option<&str>,
+    encrypted: bool,
 ) -> Option<Arc<DiskCache>> {
-    let identity = store.cache_identity()?;
-    let etag = match store.etag().await {
-        Ok(e) => e,
-        Err(e) => {
-            tracing::warn!(target = %target, error = %e, "disk cache off: no ETag");
-            return None;
-        }
-    };
+    let identity = tier_identity(store, encrypted)?;
+    let etag = etag.map(str::to_string);
     let access = match mode {
         Mode::ReadWrite => Access::Writer,
         Mode::ReadOnly | Mode::Snapshot => Access::Reader,
@@ -87,6 +87,24 @@ pub(super) async fn open(
             None
         }
     }
+}
+
+/// The name the disk tier keeps `store`'s chunks under: the blob's identity
+/// and, for a blob whose metadata says it is `encrypted`, the view of it. A
+/// keyed (decrypting) view keeps every page sealed, holes too, so its
+/// chunks are not the ciphertext view's of the same blob: they never share
+/// a directory. Both views are named apart from a plain drive's name, so a
+/// tier an older version kept under that one shared name is never trusted
+/// by either.
+pub(crate) fn tier_identity(store: &dyn PageStore, encrypted: bool) -> Option<String> {
+    let blob = store.cache_identity()?;
+    Some(
+        match (encrypted || store.seals_pages(), store.seals_pages()) {
+            (false, _) => blob,
+            (true, true) => format!("{blob}\nkeyed view"),
+            (true, false) => format!("{blob}\nciphertext view"),
+        },
+    )
 }
 
 /// A copy of the clean, valid pages of a chunk: which are held, which of

@@ -329,6 +329,16 @@ impl Catalog for AzureCatalog {
                     None => Arc::new(plain),
                 };
                 let drive = Drive::open(store, opts).await.map_err(drive_error)?;
+                // The key was chosen from properties read before the open
+                // took its lease: a drive re-keyed or re-created in between
+                // would be read (and written) under the wrong key.
+                if !KeySlots::same_data_key(&props.metadata, drive.metadata_at_open()) {
+                    let _ = drive.close().await;
+                    return Err(FsError::new(
+                        libc::EIO,
+                        format!("{path}: its encryption changed while it opened; open it again"),
+                    ));
+                }
                 let device = Arc::new(DriveDevice {
                     drive,
                     client: self.client.clone(),
@@ -377,6 +387,10 @@ impl Rescuable for DriveDevice {
 impl Device for DriveDevice {
     fn size_bytes(&self) -> u64 {
         self.drive.size_bytes()
+    }
+
+    fn changed(&self) -> bool {
+        self.drive.has_changed()
     }
 
     async fn grow(&self, new_size_bytes: u64) -> FsResult<()> {

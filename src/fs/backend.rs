@@ -108,6 +108,12 @@ pub trait Device: Send + Sync {
     async fn save_unflushed(&self, _reason: &str) -> FsResult<Option<std::path::PathBuf>> {
         Ok(None)
     }
+    /// True once this read-only device found its blob changed since it
+    /// opened: it fails every read from then on, so a new open needs a
+    /// device of its own.
+    fn changed(&self) -> bool {
+        false
+    }
     /// Live counters for `blobdrive stats` (the drive engine's `Counters`).
     fn stats(&self) -> serde_json::Value;
 }

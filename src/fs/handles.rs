@@ -4,7 +4,10 @@
 //! opens the device; the first *writable* open of a file already open read-only
 //! opens it again read-write (taking the lease) and every handle moves to that
 //! device, so readers see the writer's cached data. The last release flushes and
-//! closes the device (releasing the lease). Opens and releases of one file are
+//! closes the device (releasing the lease). A read-only device that found its
+//! blob changed fails every read from then on: a new open of the file gets a
+//! fresh device, and the handles open before stay on the old one (their reads
+//! keep failing: an open never sees two states). Opens and releases of one file are
 //! serialized by an async gate; reads and writes only take a short lock to find
 //! the current device.
 
@@ -67,6 +70,9 @@ pub struct Handle {
 pub struct Handles {
     next_fh: AtomicU64,
     handles: Mutex<HashMap<u64, Handle>>,
+    /// Handles kept on a read-only device that found its blob changed,
+    /// after a new open replaced it as their file's current device.
+    pinned: Mutex<HashMap<u64, OpenDevice>>,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     /// Final counters of the devices closed since the mount, by blob path (the
     /// last session of each), so `stats` still shows them after `dd` exits.
@@ -81,6 +87,12 @@ impl Handles {
         self.handles
             .lock()
             .expect("handle table lock poisoned: a panic happened while holding it")
+    }
+
+    fn pinned(&self) -> MutexGuard<'_, HashMap<u64, OpenDevice>> {
+        self.pinned
+            .lock()
+            .expect("pinned handle lock poisoned: a panic happened while holding it")
     }
 
     fn files(&self) -> MutexGuard<'_, HashMap<u64, Arc<OpenFile>>> {
@@ -112,13 +124,17 @@ impl Handles {
         let current = file.current();
         let needs_open = match &current {
             None => true,
-            Some(open) => writable && !open.writable,
+            Some(open) => (writable && !open.writable) || open_changed(open),
         };
         if needs_open {
             let device = catalog.open(path, writable).await?;
             tracing::debug!(%path, writable, "device opened");
             let replaced = file.set_current(Some(OpenDevice { device, writable }));
             if let Some(old) = replaced {
+                if open_changed(&old) {
+                    tracing::info!(%path, "the blob changed under its read-only device: new opens get a fresh one, the open handles keep failing");
+                    self.pin_handles(ino, &old);
+                }
                 gate.retired.push(old.device);
             }
         }
@@ -128,10 +144,26 @@ impl Handles {
         Ok(fh)
     }
 
-    /// The handle `fh` and the current device of its file.
+    /// Keeps the open handles of file `ino` on `old` (a read-only device
+    /// that found its blob changed) once a new open replaced it.
+    fn pin_handles(&self, ino: u64, old: &OpenDevice) {
+        let handles = self.handles();
+        let mut pinned = self.pinned();
+        for (fh, h) in handles.iter() {
+            if h.ino == ino {
+                pinned.entry(*fh).or_insert_with(|| old.clone());
+            }
+        }
+    }
+
+    /// The handle `fh` and the device it uses: its file's current one, or
+    /// the changed one it stays on.
     pub fn get(&self, fh: u64) -> FsResult<(Handle, OpenDevice)> {
         let bad = || FsError::new(libc::EBADF, format!("no open handle {fh}"));
         let handle = *self.handles().get(&fh).ok_or_else(bad)?;
+        if let Some(open) = self.pinned().get(&fh).cloned() {
+            return Ok((handle, open));
+        }
         let file = self.files().get(&handle.ino).cloned().ok_or_else(bad)?;
         let device = file.current().ok_or_else(bad)?;
         Ok((handle, device))
@@ -143,6 +175,7 @@ impl Handles {
             .handles()
             .remove(&fh)
             .ok_or_else(|| FsError::new(libc::EBADF, format!("no open handle {fh}")))?;
+        self.pinned().remove(&fh);
         let Some(file) = self.files().get(&handle.ino).cloned() else {
             return Ok(());
         };
@@ -289,6 +322,11 @@ impl Handles {
     }
 }
 
+/// A read-only device that found its blob changed: no new open uses it.
+fn open_changed(open: &OpenDevice) -> bool {
+    !open.writable && open.device.changed()
+}
+
 fn device_stats(open: &OpenDevice, is_open: bool) -> serde_json::Value {
     let mut stats = open.device.stats();
     if let Some(object) = stats.as_object_mut() {
@@ -384,5 +422,39 @@ mod tests {
             .unwrap();
         assert_eq!(err.errno, libc::EBUSY);
         assert!(second.stats().is_empty());
+    }
+    #[tokio::test]
+    async fn an_open_after_the_blob_changed_gets_a_fresh_read_only_device() {
+        let catalog = MemoryCatalog::new();
+        let disk = catalog.add_drive("c", "disk.vhd", 4096);
+        let handles = Handles::default();
+        let before = handles
+            .open(&*catalog, 3, &disk_path(), false)
+            .await
+            .unwrap();
+        disk.change_behind_readers();
+        let (_, old) = handles.get(before).unwrap();
+        assert!(old.device.changed());
+        let after = handles
+            .open(&*catalog, 3, &disk_path(), false)
+            .await
+            .unwrap();
+        let (_, fresh) = handles.get(after).unwrap();
+        assert!(!fresh.device.changed(), "a new open gets a fresh device");
+        let (_, kept) = handles.get(before).unwrap();
+        assert!(
+            Arc::ptr_eq(&kept.device, &old.device),
+            "the handle open before stays on its device"
+        );
+        handles.release(before).await.unwrap();
+        assert_eq!(disk.counters().closes, 0, "the file is still open");
+        let (_, still) = handles.get(after).unwrap();
+        assert!(Arc::ptr_eq(&still.device, &fresh.device));
+        handles.release(after).await.unwrap();
+        assert_eq!(
+            disk.counters().closes,
+            2,
+            "both devices closed at the last release"
+        );
     }
 }

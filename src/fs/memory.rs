@@ -72,6 +72,9 @@ pub struct MemoryDisk {
     state: Mutex<DiskState>,
     counters: AtomicCounters,
     read_only: bool,
+    /// Bumped by [`MemoryDisk::change_behind_readers`]: read-only devices
+    /// opened before report [`Device::changed`].
+    generation: AtomicU64,
 }
 
 impl MemoryDisk {
@@ -85,6 +88,7 @@ impl MemoryDisk {
                 durable_file: None,
             }),
             counters: AtomicCounters::default(),
+            generation: AtomicU64::new(0),
             read_only,
         })
     }
@@ -93,6 +97,12 @@ impl MemoryDisk {
         self.state
             .lock()
             .expect("memory disk lock poisoned: a test panicked while holding it")
+    }
+
+    /// Someone changed the blob behind the read-only devices open on it:
+    /// each of them reports [`Device::changed`] from now on.
+    pub fn change_behind_readers(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Size in bytes.
@@ -172,6 +182,8 @@ pub struct MemoryDevice {
     disk: Arc<MemoryDisk>,
     writable: bool,
     closed: AtomicBool,
+    /// The disk's generation when this device opened.
+    generation: u64,
 }
 
 impl MemoryDevice {
@@ -205,6 +217,10 @@ impl MemoryDevice {
 impl Device for MemoryDevice {
     fn size_bytes(&self) -> u64 {
         self.disk.size_bytes()
+    }
+
+    fn changed(&self) -> bool {
+        !self.writable && self.disk.generation.load(Ordering::Acquire) != self.generation
     }
 
     async fn read_at(&self, offset_bytes: u64, len: usize) -> FsResult<Bytes> {
@@ -445,10 +461,12 @@ impl Catalog for MemoryCatalog {
             drop(state);
             bump(&disk.counters.writable_opens, 1);
         }
+        let generation = disk.generation.load(Ordering::Acquire);
         Ok(Arc::new(MemoryDevice {
             disk,
             writable,
             closed: AtomicBool::new(false),
+            generation,
         }))
     }
 }

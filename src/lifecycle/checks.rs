@@ -151,14 +151,17 @@ pub async fn check_disk(
     }
     Ok(match Footer::parse(&footer, blob_size_bytes) {
         Ok(f) => DiskCheck::Drive(f),
-        // A grow interrupted after the blob grew: its recorded intent says
-        // where the old footer is, and the drive is still the old size. A
-        // zero last page without that record is not a drive.
+        // A grow interrupted after the blob grew: its recorded intent (or,
+        // that lost, the last written page) says where the old footer is,
+        // and the drive is still the old size. A zero last page with
+        // neither is not a drive.
         Err(e) if footer.iter().all(|b| *b == 0) && blob_size_bytes > 0 => {
             let store = BlobPageStore::new(client.clone(), path.clone());
             match crate::drive::resize::locate_footer(&store, blob_size_bytes).await {
                 Ok(found) => {
-                    tracing::warn!(drive = %path, "a resize of this drive was interrupted; 'blobdrive resize' finishes it");
+                    if let Some(line) = found.unfinished_grow_line(&path.to_string()) {
+                        tracing::warn!(drive = %path, "{line}");
+                    }
                     DiskCheck::Drive(found.footer)
                 }
                 Err(crate::drive::Error::Backend(b)) => return Err(b),

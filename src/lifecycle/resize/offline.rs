@@ -27,7 +27,7 @@ use anyhow::{anyhow, bail};
 use super::{leased_elsewhere, ResizeReport, ShrinkNotAllowed};
 use crate::blob::{BlobClient, BlobPath, BlobType};
 use crate::crypt::{DataKey, KeySlots};
-use crate::drive::resize::{locate_footer, move_footer};
+use crate::drive::resize::{finish_recorded_grow, locate_footer, move_footer};
 use crate::drive::{BlobPageStore, PageStore};
 use crate::lifecycle::checks::{blob_err, is_leased, operation_lease, release_operation_lease};
 use crate::lifecycle::layout;
@@ -109,11 +109,18 @@ async fn resize_leased(
         check_shrink(&store, path, found.as_ref(), old, new_size_bytes).await?;
     }
     let unchanged = new_size_bytes == old && !located.interrupted_grow;
-    if !unchanged {
+    let finished_interrupted = if unchanged {
+        // A grow cut after its new footer: the same size again clears the
+        // old footer page and the record it left.
+        finish_recorded_grow(&store, &located, Some(lease_id))
+            .await
+            .map_err(blob_err)?
+    } else {
         move_footer(&store, &located.footer, old, new_size_bytes, Some(lease_id))
             .await
             .map_err(blob_err)?;
-    }
+        located.interrupted_grow
+    };
     tracing::info!(drive = %path, old, new_size_bytes, "resized offline");
     let layout = found.and_then(Result::ok);
     let whole = layout
@@ -150,7 +157,7 @@ async fn resize_leased(
         online: false,
         filesystem,
         filesystem_grown: false,
-        finished_interrupted: located.interrupted_grow,
+        finished_interrupted,
         partition: None,
         partition_grown: false,
         todo,
