@@ -119,6 +119,21 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl FsCore {
+    /// Runs `work` on `runtime` under an in-flight guard (what an unmount
+    /// waits for): how both FUSE front ends answer a request from a task.
+    pub fn spawn_in_flight<F, Fut>(self: &Arc<Self>, runtime: &tokio::runtime::Handle, work: F)
+    where
+        F: FnOnce(Arc<FsCore>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let core = self.clone();
+        let guard = core.in_flight.enter();
+        runtime.spawn(async move {
+            work(core).await;
+            drop(guard);
+        });
+    }
+
     /// A filesystem over `catalog`.
     pub fn new(catalog: Arc<dyn Catalog>, config: FsConfig) -> Self {
         let mounted_at = SystemTime::now();

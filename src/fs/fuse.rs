@@ -88,12 +88,7 @@ impl BlobFs {
         F: FnOnce(Arc<FsCore>) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let core = self.core.clone();
-        let guard = core.in_flight.enter();
-        self.runtime.spawn(async move {
-            work(core).await;
-            drop(guard);
-        });
+        self.core.spawn_in_flight(&self.runtime, work);
     }
 }
 

@@ -389,12 +389,7 @@ impl Session {
         F: FnOnce(Arc<FsCore>) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let core = self.core.clone();
-        let guard = core.in_flight.enter();
-        self.runtime.spawn(async move {
-            work(core).await;
-            drop(guard);
-        });
+        self.core.spawn_in_flight(&self.runtime, work);
     }
 
     /// Serves one request read into `buf`. Errors end the session (INIT
