@@ -289,8 +289,7 @@ mod tests {
     const DATA: u64 = 4 << 20;
 
     async fn open() -> (Arc<MemoryStore>, Arc<DataKey>, Drive) {
-        let mem = Arc::new(MemoryStore::new(DATA + VHD_FOOTER_BYTES));
-        mem.poke(DATA, &Footer::new_fixed(DATA).to_bytes());
+        let mem = Arc::new(MemoryStore::with_drive(DATA));
         let key = Arc::new(DataKey::generate());
         let store = Arc::new(EncryptedStore::new(mem.clone(), key.clone()));
         let drive = Drive::open(store, DriveOptions::default()).await.unwrap();
@@ -443,8 +442,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_streamed_in_odd_parts_and_restarted_decrypts_to_what_was_written() {
         let key = Arc::new(DataKey::generate());
-        let mem = MemoryStore::new(DATA + VHD_FOOTER_BYTES);
-        mem.poke(DATA, &Footer::new_fixed(DATA).to_bytes());
+        let mem = MemoryStore::with_drive(DATA);
         let data: Vec<u8> = (0..300 * 1024u32).map(|i| (i % 251) as u8).collect();
         let mut sealed = data.clone();
         key.encrypt_pages(8, &mut sealed);

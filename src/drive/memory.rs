@@ -164,6 +164,17 @@ impl MemoryStore {
         read_pages(&self.locked(), range)
     }
 
+    /// A page blob holding a drive of `size_bytes` (a whole number of
+    /// pages): all zeros, with a fixed VHD footer after them.
+    pub fn with_drive(size_bytes: u64) -> Self {
+        let store = MemoryStore::new(size_bytes + crate::units::VHD_FOOTER_BYTES);
+        store.poke(
+            size_bytes,
+            &crate::vhd::Footer::new_fixed(size_bytes).to_bytes(),
+        );
+        store
+    }
+
     /// Write bytes directly, bypassing leases and counters (test setup).
     pub fn poke(&self, offset_bytes: u64, data: &[u8]) {
         assert!(offset_bytes % PAGE_SIZE == 0 && data.len() % PAGE == 0);

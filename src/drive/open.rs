@@ -272,14 +272,11 @@ mod tests {
     use crate::blob::CopyStatus;
     use crate::drive::store::BlobState;
     use crate::drive::{Drive, MemoryStore};
-    use crate::vhd::Footer;
 
     const MIB: u64 = 1 << 20;
 
     fn drive_store(size_bytes: u64) -> Arc<MemoryStore> {
-        let s = MemoryStore::new(size_bytes + VHD_FOOTER_BYTES);
-        s.poke(size_bytes, &Footer::new_fixed(size_bytes).to_bytes());
-        Arc::new(s)
+        Arc::new(MemoryStore::with_drive(size_bytes))
     }
 
     fn opts(mode: Mode) -> DriveOptions {

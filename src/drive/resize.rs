@@ -368,9 +368,7 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn drive_store(size_bytes: u64) -> Arc<MemoryStore> {
-        let s = MemoryStore::new(size_bytes + VHD_FOOTER_BYTES);
-        s.poke(size_bytes, &Footer::new_fixed(size_bytes).to_bytes());
-        Arc::new(s)
+        Arc::new(MemoryStore::with_drive(size_bytes))
     }
 
     #[tokio::test]
