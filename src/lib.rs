@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod partition;
 pub mod private_dir;
 pub mod recovery;
+pub mod shared_memory;
 pub mod transfer;
 pub mod units;
 pub mod vhd;

@@ -615,11 +615,14 @@ fn daemon_child_entry() {
         ..MountOptions::default()
     };
     let failing = mode == "background-failing";
-    let result = run_mount(Path::new(&dir), &opts, move || async move {
-        if failing {
-            anyhow::bail!("wrong account key for devstoreaccount1");
+    let result = run_mount(Path::new(&dir), &opts, move |_takeover| {
+        let catalog = catalog.clone();
+        async move {
+            if failing {
+                anyhow::bail!("wrong account key for devstoreaccount1");
+            }
+            Ok(catalog as Arc<dyn Catalog>)
         }
-        Ok(catalog as Arc<dyn Catalog>)
     });
     match result {
         Ok(()) => println!("CHILD-OK"),

@@ -50,6 +50,8 @@ struct FenceState {
     /// The service refused a write's number although no raise of ours
     /// explains it: read the number again before the next write.
     relearn: bool,
+    /// Raise the number once it is first learnt (see [`WriteFence::new`]).
+    raise_first: bool,
 }
 
 /// What a fenced write needs next.
@@ -64,8 +66,20 @@ pub(crate) enum FenceStep {
 }
 
 impl WriteFence {
-    /// A fence that knows nothing yet about its blob.
+    /// A fence that knows nothing yet about its blob, and raises the
+    /// blob's number once before its first write: writes an earlier writer
+    /// sent under the same lease (a daemon that crashed, and whose lease a
+    /// new process took over with the same id) may still be in flight, and
+    /// must not land over this one's.
     pub fn new() -> Self {
+        let fence = WriteFence::default();
+        fence.state().raise_first = true;
+        fence
+    }
+
+    /// A fence that trusts the number it learns (no raise before the first
+    /// write): for a writer no earlier one can precede.
+    pub fn trusting() -> Self {
         WriteFence::default()
     }
 
@@ -96,6 +110,10 @@ impl WriteFence {
         let mut s = self.state();
         s.current = Some(s.current.map_or(seen, |c| c.max(seen)));
         s.relearn = false;
+        if s.raise_first {
+            s.raise_first = false;
+            s.floor = s.floor.max(seen + 1);
+        }
     }
 
     /// The service refused a write that carried `sent`
@@ -161,8 +179,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_unknown_outcome_asks_for_a_raise_above_what_it_carried() {
+    fn a_new_fence_raises_the_number_it_learns_before_its_first_write() {
         let f = WriteFence::new();
+        assert_eq!(f.step(), FenceStep::Learn);
+        f.observed(7);
+        assert_eq!(
+            f.step(),
+            FenceStep::Raise(8),
+            "an earlier writer's late request (number 7) must be fenced"
+        );
+        f.observed(8);
+        assert_eq!(f.step(), FenceStep::Send(8));
+    }
+
+    #[test]
+    fn an_unknown_outcome_asks_for_a_raise_above_what_it_carried() {
+        let f = WriteFence::trusting();
         assert_eq!(f.step(), FenceStep::Learn);
         f.observed(7);
         assert_eq!(f.step(), FenceStep::Send(7));
@@ -187,7 +219,7 @@ mod tests {
 
     #[test]
     fn a_dropped_attempt_counts_as_unknown_and_a_disarmed_one_does_not() {
-        let f = WriteFence::new();
+        let f = WriteFence::trusting();
         f.observed(1);
         InFlight::arm(&f, 1).disarm();
         assert_eq!(f.step(), FenceStep::Send(1));

@@ -229,6 +229,7 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
         blob: path.name.clone(),
         snapshot: path.snapshot.clone(),
     };
+    let mut drive_options = args.drive_options();
     let opts = MountOptions {
         read_only,
         foreground: args.foreground,
@@ -241,22 +242,40 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
             account: account.name.clone(),
             fs_options,
             partition,
+            write_log_bytes: write_log_bytes(&drive_options),
         }),
         metrics: args.metrics_options()?,
     };
-    let drive_options = args.drive_options();
     let break_lease = args.break_lease;
-    run_mount(dir, &opts, move || async move {
-        let client = BlobClient::new(account)?;
-        if break_lease {
-            break_stale_lease(&client, &path.base()).await?;
+    // Every serving process of this attach (a later one takes over after a
+    // crash) proposes this lease id: the service gives a lease again to the
+    // id that holds it, and to no other.
+    drive_options.lease_id = Some(uuid::Uuid::new_v4().to_string());
+    run_mount(dir, &opts, move |takeover| {
+        let (account, path, drive) = (account.clone(), path.clone(), drive.clone());
+        let (drive_options, data_key) = (drive_options.clone(), data_key.clone());
+        async move {
+            let client = BlobClient::new(account)?;
+            // Only the first: a takeover's lease is its own.
+            if break_lease && !takeover {
+                break_stale_lease(&client, &path.base()).await?;
+            }
+            let size_bytes = drive_size(&client, &path).await?;
+            let inner: Arc<dyn Catalog> =
+                Arc::new(AzureCatalog::new(client, drive_options).with_data_key(data_key));
+            let catalog: Arc<dyn Catalog> =
+                Arc::new(OneDriveCatalog::new(inner, drive, size_bytes));
+            Ok(catalog)
         }
-        let size_bytes = drive_size(&client, &path).await?;
-        let inner: Arc<dyn Catalog> =
-            Arc::new(AzureCatalog::new(client, drive_options).with_data_key(data_key));
-        let catalog: Arc<dyn Catalog> = Arc::new(OneDriveCatalog::new(inner, drive, size_bytes));
-        Ok(catalog)
     })
+}
+
+/// The write log of a read-write attach holds what the drive's dirty limit
+/// lets the cache keep, plus the writes the kernel may have in flight
+/// meanwhile (the log asks for a flush when half full).
+fn write_log_bytes(drive: &DriveOptions) -> u64 {
+    let in_flight = crate::fs::fuse::MAX_WRITE_DATA_IN_FLIGHT as u64;
+    drive.memory_budget().dirty_bytes + 2 * in_flight
 }
 
 /// Splits `-o` values into the inner filesystem's options, whether `ro` was
@@ -482,30 +501,38 @@ fn mount_namespace(
     };
     let drive_options = args.drive_options();
     let container = container.map(str::to_string);
-    run_mount(dir, &opts, move || async move {
-        let client = blob::BlobClient::new(account)?;
-        match &container {
-            Some(c) => {
-                // Fail now, not at the first `ls`, when the container is missing.
-                let probe = blob::ListBlobsOptions {
-                    max_results: Some(1),
-                    ..Default::default()
-                };
-                client
-                    .list_blobs(c, &probe)
-                    .await
-                    .with_context(|| format!("cannot mount container {c}"))?;
+    // A namespace mount's catalog is made once (no takeover): the key moves
+    // into it.
+    let user_key = std::sync::Mutex::new(user_key);
+    run_mount(dir, &opts, move |_takeover| {
+        let (account, container) = (account.clone(), container.clone());
+        let drive_options = drive_options.clone();
+        let user_key = user_key.lock().expect("user key mutex poisoned").take();
+        async move {
+            let client = blob::BlobClient::new(account)?;
+            match &container {
+                Some(c) => {
+                    // Fail now, not at the first `ls`, when the container is missing.
+                    let probe = blob::ListBlobsOptions {
+                        max_results: Some(1),
+                        ..Default::default()
+                    };
+                    client
+                        .list_blobs(c, &probe)
+                        .await
+                        .with_context(|| format!("cannot mount container {c}"))?;
+                }
+                None => {
+                    client
+                        .list_containers()
+                        .await
+                        .context("cannot list the account's containers")?;
+                }
             }
-            None => {
-                client
-                    .list_containers()
-                    .await
-                    .context("cannot list the account's containers")?;
-            }
+            let catalog: Arc<dyn Catalog> =
+                Arc::new(AzureCatalog::new(client, drive_options).with_user_key(user_key));
+            Ok(catalog)
         }
-        let catalog: Arc<dyn Catalog> =
-            Arc::new(AzureCatalog::new(client, drive_options).with_user_key(user_key));
-        Ok(catalog)
     })
 }
 

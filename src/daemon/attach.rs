@@ -54,6 +54,10 @@ pub struct AttachOptions {
     pub fs_options: Vec<String>,
     /// The partition to attach; None attaches the whole disk.
     pub partition: Option<PartitionArea>,
+    /// Bytes of the write log of a read-write attach (see
+    /// `fs/write_log.rs`): what the dirty limit lets the cache hold, plus
+    /// room for the writes in flight.
+    pub write_log_bytes: u64,
 }
 
 /// A partition of the drive, as the loop device sees it.
@@ -101,6 +105,10 @@ pub(crate) struct Attachment {
     /// DIR was detached lazily: the loop device lets go only after its last user.
     lazily_unmounted: bool,
     registered: bool,
+    /// The holder process, recorded in the registry.
+    holder_pid: Option<u32>,
+    /// When the drive was attached (kept across takeovers).
+    since_unix_secs: u64,
 }
 
 impl Attachment {
@@ -115,25 +123,36 @@ impl Attachment {
             mounted: None,
             lazily_unmounted: false,
             registered: false,
+            holder_pid: None,
+            since_unix_secs: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
         }
     }
 
-    /// The user's directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// Records `pid` as the attach's holder (in the registry entry).
+    pub fn set_holder(&mut self, pid: u32) {
+        self.holder_pid = Some(pid);
     }
 
-    /// True while the filesystem is mounted at DIR.
-    pub fn is_mounted(&self) -> bool {
-        self.mounted.is_some()
+    /// The attach a process that died had set up, as its registry entry
+    /// says: the loop device and the filesystem at DIR exist and stay; this
+    /// process takes over their teardown.
+    pub fn adopt(&mut self, entry: &AttachedDrive) {
+        self.loop_device = Some(LoopDevice {
+            device: entry.loop_device.clone(),
+        });
+        self.mounted = Some(FsType::from_name(&entry.fs_type));
+        self.registered = true;
+        self.since_unix_secs = entry.since_unix_secs;
     }
 
-    /// Opens the drive, attaches the loop device, mounts the filesystem at DIR
-    /// and records the attach. On error, call [`Attachment::detach`].
-    pub async fn setup(&mut self, core: &FsCore) -> anyhow::Result<()> {
+    /// Walks to the drive file (fixing the node ids the kernel uses, the same
+    /// in every process) and returns its node id.
+    pub async fn resolve(&self, core: &FsCore) -> anyhow::Result<u64> {
         let name = self.spec.display_name();
         let file_name = relative_file_name(&self.spec.drive);
-        let writable = self.mode == AttachMode::ReadWrite;
         let mut ino = ROOT_INO;
         for (depth, part) in file_name.split('/').enumerate() {
             ino = core
@@ -151,8 +170,29 @@ impl Attachment {
                 ));
             }
         }
+        Ok(ino)
+    }
+
+    /// The user's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// True while the filesystem is mounted at DIR.
+    pub fn is_mounted(&self) -> bool {
+        self.mounted.is_some()
+    }
+
+    /// Opens the drive, attaches the loop device, mounts the filesystem at DIR
+    /// and records the attach. Returns the handle it keeps open (node id,
+    /// handle, writable). On error, call [`Attachment::detach`].
+    pub async fn setup(&mut self, core: &FsCore) -> anyhow::Result<(u64, u64, bool)> {
+        let name = self.spec.display_name();
+        let file_name = relative_file_name(&self.spec.drive);
+        let writable = self.mode == AttachMode::ReadWrite;
+        let ino = self.resolve(core).await?;
         // The handle stays open until the daemon closes every device at the end.
-        core.open(ino, writable).await.map_err(|e| {
+        let (fh, _) = core.open(ino, writable).await.map_err(|e| {
             if e.errno == libc::EBUSY {
                 anyhow!("{}", e.message)
             } else {
@@ -201,6 +241,15 @@ impl Attachment {
         self.mounted = Some(fs.clone());
         tracing::info!(dir = %self.dir.display(), %fs, "filesystem mounted");
 
+        self.register()?;
+        Ok((ino, fh, writable))
+    }
+
+    /// Writes the registry entry, naming this process as the one serving.
+    pub fn register(&mut self) -> anyhow::Result<()> {
+        let (Some(device), Some(fs)) = (&self.loop_device, &self.mounted) else {
+            return Err(anyhow!("internal error: registering an attach not set up"));
+        };
         let entry = AttachedDrive {
             account: self.spec.account.clone(),
             drive: format!("{}/{}", self.spec.drive.container, self.spec.drive.blob),
@@ -211,11 +260,9 @@ impl Attachment {
             partition: self.spec.partition.map(|p| p.number),
             mode: self.mode,
             pid: std::process::id(),
+            holder_pid: self.holder_pid,
             fuse_dir: self.fuse_dir.clone(),
-            since_unix_secs: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            since_unix_secs: self.since_unix_secs,
             alive: true,
         };
         registry::write(&entry)?;
@@ -403,6 +450,7 @@ mod tests {
             account: "a".into(),
             fs_options: Vec::new(),
             partition: None,
+            write_log_bytes: 0,
         };
         assert_eq!(spec.mode(false), AttachMode::ReadWrite);
         assert_eq!(spec.mode(true), AttachMode::ReadOnly);

@@ -31,6 +31,10 @@ use crate::private_dir;
 
 /// How long `stats` waits for an answer.
 const STATS_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a command waits for the next serving process of an attach
+/// whose process died (its holder starts one at once; the takeover takes
+/// the lease and replays the write log).
+const TAKEOVER_WAIT: Duration = Duration::from_secs(60);
 
 /// The control socket of the mount at `mountpoint` (which must exist).
 pub fn socket_path(mountpoint: &Path) -> anyhow::Result<PathBuf> {
@@ -167,10 +171,31 @@ fn find_socket(canonical: &Path) -> PathBuf {
     }
 }
 
+/// Connects to the control socket at `path`; while the attach at `dir` is
+/// between two serving processes (its holder lives, the socket does not
+/// answer yet), waits up to [`TAKEOVER_WAIT`] for the next one.
+fn connect(dir: &Path, path: &Path) -> std::io::Result<UnixStream> {
+    let started = std::time::Instant::now();
+    loop {
+        match UnixStream::connect(path) {
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                ) && started.elapsed() < TAKEOVER_WAIT
+                    && super::registry::find_by_dir(dir).is_some_and(|e| e.alive) =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyhow::Result<String> {
     let dir = canonical_mountpoint(mountpoint)?;
     let path = find_socket(&dir);
-    let mut stream = match UnixStream::connect(&path) {
+    let mut stream = match connect(&dir, &path) {
         Ok(stream) => stream,
         Err(err)
             if err.kind() == std::io::ErrorKind::NotFound
@@ -425,6 +450,7 @@ pub(crate) async fn serve(
                 Some(Command::Stats) => serde_json::json!({
                     "mountpoint": mountpoint,
                     "pid": std::process::id(),
+                    "daemon": super::holder::daemon_info(),
                     "devices": core.stats(),
                 })
                 .to_string(),

@@ -78,14 +78,17 @@ pub fn format_drive(
     let server = std::thread::Builder::new()
         .name("mkfs-mount".into())
         .spawn(move || {
-            run_mount(&thread_dir, &opts, move || async move {
-                let client = BlobClient::new(account)?;
-                let inner: Arc<dyn Catalog> = Arc::new(
-                    AzureCatalog::new(client, DriveOptions::default()).with_data_key(data_key),
-                );
-                let catalog: Arc<dyn Catalog> =
-                    Arc::new(OneDriveCatalog::new(inner, drive, size_bytes));
-                Ok(catalog)
+            run_mount(&thread_dir, &opts, move |_takeover| {
+                let (account, drive, data_key) = (account.clone(), drive.clone(), data_key.clone());
+                async move {
+                    let client = BlobClient::new(account)?;
+                    let inner: Arc<dyn Catalog> = Arc::new(
+                        AzureCatalog::new(client, DriveOptions::default()).with_data_key(data_key),
+                    );
+                    let catalog: Arc<dyn Catalog> =
+                        Arc::new(OneDriveCatalog::new(inner, drive, size_bytes));
+                    Ok(catalog)
+                }
             })
         })
         .context("cannot start the formatting mount")?;

@@ -32,6 +32,8 @@ pub mod control;
 mod exporter;
 pub mod format;
 pub mod freeze;
+pub mod handover;
+pub mod holder;
 pub mod mountpoint;
 pub mod readiness;
 pub mod registry;
@@ -84,7 +86,12 @@ pub struct MountOptions {
 }
 
 /// Mounts the namespace of the catalog that `make_catalog` builds at `mountpoint`
-/// and serves it until unmounted.
+/// and serves it until unmounted. `make_catalog(takeover)` runs in each
+/// serving process: `takeover` is true in one that takes over from a process
+/// that died (an attach's holder starts those; see `holder.rs`).
+///
+/// An attach runs under a holder: the daemon process holds the FUSE
+/// connection and forks the serving process, again after a crash.
 ///
 /// In the background (the default) the process forks first; the parent returns
 /// `Ok(())` once the mount is ready, or the daemon's error line; the daemon
@@ -97,12 +104,27 @@ pub fn run_mount<F, Fut>(
     make_catalog: F,
 ) -> anyhow::Result<()>
 where
-    F: FnOnce() -> Fut,
+    F: Fn(bool) -> Fut,
     Fut: Future<Output = anyhow::Result<Arc<dyn Catalog>>>,
 {
     let mountpoint = check_mountpoint(mountpoint)?;
     if opts.foreground {
-        return serve(&mountpoint, opts, make_catalog, Readiness::foreground());
+        if opts.attach.is_some() {
+            return match hold_attach(&mountpoint, opts, &make_catalog, Readiness::foreground()) {
+                0 => Ok(()),
+                code => bail!(
+                    "the attach of {} ended with status {code} (the lines above say why)",
+                    mountpoint.display()
+                ),
+            };
+        }
+        return serve(
+            &mountpoint,
+            opts,
+            || make_catalog(false),
+            Readiness::foreground(),
+            None,
+        );
     }
     let (read_end, write_end) = readiness::pipe().context("cannot create the readiness pipe")?;
     // SAFETY: no runtime or helper thread exists yet (documented precondition), so
@@ -141,14 +163,62 @@ where
     if !relocked {
         tracing::warn!("could not lock the key material in memory: it may be written to swap");
     }
-    let code = match serve(&mountpoint, opts, make_catalog, ready) {
-        Ok(()) => 0,
-        Err(err) => {
-            tracing::error!("{err:#}");
-            1
+    let code = if opts.attach.is_some() {
+        hold_attach(&mountpoint, opts, &make_catalog, ready)
+    } else {
+        match serve(&mountpoint, opts, || make_catalog(false), ready, None) {
+            Ok(()) => 0,
+            Err(err) => {
+                tracing::error!("{err:#}");
+                1
+            }
         }
     };
     std::process::exit(code);
+}
+
+/// Runs an attach under its holder (`holder.rs`): each serving process runs
+/// [`serve`] with its [`holder::Generation`]. Returns the exit status.
+fn hold_attach<F, Fut>(
+    mountpoint: &Path,
+    opts: &MountOptions,
+    make_catalog: &F,
+    ready: Readiness,
+) -> i32
+where
+    F: Fn(bool) -> Fut,
+    Fut: Future<Output = anyhow::Result<Arc<dyn Catalog>>>,
+{
+    let spec = opts.attach.as_ref().expect("an attach");
+    let writable = !opts.read_only && spec.drive.snapshot.is_none();
+    let log_bytes = writable.then_some(spec.write_log_bytes);
+    holder::hold(
+        |generation, ready| {
+            let takeover = generation.role != holder::Role::Fresh;
+            match serve(
+                mountpoint,
+                opts,
+                || make_catalog(takeover),
+                ready,
+                Some(generation),
+            ) {
+                Ok(()) => 0,
+                Err(err) => {
+                    tracing::error!("{err:#}");
+                    // A takeover that could not finish counts as a crash
+                    // (the holder tries again, up to its crash limit); the
+                    // first start's failure ends the attach.
+                    if takeover {
+                        holder::TAKEOVER_FAILED
+                    } else {
+                        1
+                    }
+                }
+            }
+        },
+        ready,
+        log_bytes,
+    )
 }
 
 /// The canonical mount point, or why it cannot be used; a dead mount left by a
@@ -286,9 +356,8 @@ impl SessionThread {
     }
 }
 
-/// Mounts FUSE at `fuse_mountpoint` and starts serving `core`: an attach's
-/// one-file mount with our own protocol layer (so that a later process can
-/// take the connection over), a namespace mount with fuser.
+/// Mounts FUSE at `fuse_mountpoint` and starts serving `core` with fuser:
+/// a namespace mount (an attach is served by [`own_session`]).
 fn start_session(
     opts: &MountOptions,
     fuse_mountpoint: &Path,
@@ -296,19 +365,6 @@ fn start_session(
     runtime: &tokio::runtime::Handle,
 ) -> anyhow::Result<SessionThread> {
     let cannot_mount = || format!("cannot mount FUSE at {}", fuse_mountpoint.display());
-    if opts.attach.is_some() {
-        let config = MountConfig {
-            fsname: opts.source.clone().unwrap_or_else(|| "blobdrive".into()),
-            read_only: opts.read_only,
-            allow_other: opts.allow_other,
-        };
-        let session = Session::mount(fuse_mountpoint, &config, core.clone(), runtime.clone())
-            .with_context(cannot_mount)?;
-        let thread = session
-            .spawn()
-            .context("cannot start the FUSE session thread")?;
-        return Ok(SessionThread::Own(thread));
-    }
     let fs = BlobFs::new(core.clone(), runtime.clone());
     let session =
         fuser::Session::new(fs, fuse_mountpoint, &fuse_config(opts)).with_context(cannot_mount)?;
@@ -324,12 +380,13 @@ fn serve<F, Fut>(
     opts: &MountOptions,
     make_catalog: F,
     mut ready: Readiness,
+    generation: Option<holder::Generation>,
 ) -> anyhow::Result<()>
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = anyhow::Result<Arc<dyn Catalog>>>,
 {
-    let result = serve_inner(mountpoint, opts, make_catalog, &mut ready);
+    let result = serve_inner(mountpoint, opts, make_catalog, &mut ready, generation);
     if let Err(err) = &result {
         if ready.pending() {
             ready.failed(&format!("{err:#}"));
@@ -373,6 +430,7 @@ fn serve_inner<F, Fut>(
     opts: &MountOptions,
     make_catalog: F,
     ready: &mut Readiness,
+    generation: Option<holder::Generation>,
 ) -> anyhow::Result<()>
 where
     F: FnOnce() -> Fut,
@@ -380,6 +438,9 @@ where
 {
     set_io_flusher();
     tune_allocator();
+    let oom_score_adj = generation
+        .as_ref()
+        .and_then(|_| holder::set_oom_score_adj(holder::SERVER_OOM_SCORE_ADJ));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("blobdrive-io")
@@ -393,6 +454,15 @@ where
         let _entered = runtime.enter();
         StopSignals::watch()?
     };
+    let role = generation.as_ref().map(|g| g.role);
+    let takeover = matches!(role, Some(holder::Role::Takeover | holder::Role::Salvage));
+    if let Some(gen) = &generation {
+        // Beating from the start: a takeover's lease and replay take time,
+        // and the holder's watchdog must not mistake them for a hang.
+        gen.state.set_server(std::process::id(), holder::unix_now());
+        holder::publish(gen.state.clone(), oom_score_adj);
+        runtime.spawn(holder::beat(gen.state.clone()));
+    }
     let catalog = runtime.block_on(make_catalog())?;
     let socket_path = control::socket_path_of_canonical(mountpoint);
     let (listener, metrics_listener) = {
@@ -408,6 +478,8 @@ where
     };
     let fuse_mountpoint = match &opts.attach {
         None => mountpoint.to_path_buf(),
+        // The FUSE mount of the attach taken over stays as it is.
+        Some(_) if takeover => registry::fuse_dir_of(mountpoint),
         Some(_) => match private_fuse_dir(mountpoint) {
             Ok(dir) => dir,
             Err(err) => {
@@ -416,10 +488,13 @@ where
             }
         },
     };
-    let mut attachment = opts
-        .attach
-        .clone()
-        .map(|spec| Attachment::new(mountpoint, &fuse_mountpoint, spec, opts.read_only));
+    let mut attachment = opts.attach.clone().map(|spec| {
+        let mut att = Attachment::new(mountpoint, &fuse_mountpoint, spec, opts.read_only);
+        if let Some(gen) = &generation {
+            att.set_holder(gen.state.holder_pid());
+        }
+        att
+    });
     let config = FsConfig {
         read_only: opts.read_only,
         container: opts.container.clone(),
@@ -428,13 +503,52 @@ where
         gid: unsafe { libc::getgid() },
     };
     let core = Arc::new(FsCore::new(catalog, config));
-    let background = match start_session(opts, &fuse_mountpoint, &core, runtime.handle()) {
-        Ok(background) => background,
-        Err(err) => {
-            let _ = std::fs::remove_file(&socket_path);
+    let cleanup = |attachment: &mut Option<Attachment>| {
+        let _ = std::fs::remove_file(&socket_path);
+        if !takeover {
             if let Some(att) = attachment.as_mut() {
                 att.finish();
             }
+        }
+    };
+    let (dev, state, log, crashes) = match generation {
+        Some(g) => (Some(g.dev), Some(g.state), g.log, g.crashes),
+        None => (None, None, None, 0),
+    };
+    if takeover {
+        let (att, state) = (
+            attachment.as_mut().expect("only attaches are taken over"),
+            state.as_ref().expect("a takeover has its state"),
+        );
+        if let Err(err) = runtime.block_on(take_over(&core, att, state, log.as_deref())) {
+            cleanup(&mut attachment);
+            return Err(err.context(format!(
+                "cannot take over the attach of {}",
+                mountpoint.display()
+            )));
+        }
+        let resend = state.init().is_some_and(|i| i.has_resend());
+        if role == Some(holder::Role::Salvage) || !resend {
+            let _ = std::fs::remove_file(&socket_path);
+            return runtime.block_on(salvage(&core, crashes, resend));
+        }
+    }
+    let session = match (dev, &state) {
+        (Some(dev), Some(state)) => own_session(
+            opts,
+            &fuse_mountpoint,
+            dev,
+            &core,
+            runtime.handle(),
+            state,
+            &log,
+        ),
+        _ => start_session(opts, &fuse_mountpoint, &core, runtime.handle()),
+    };
+    let background = match session {
+        Ok(background) => background,
+        Err(err) => {
+            cleanup(&mut attachment);
             return Err(err);
         }
     };
@@ -446,10 +560,28 @@ where
             let _ = ended_tx.send(result);
         })
         .context("cannot start the session watcher thread")?;
-    tracing::info!(mountpoint = %fuse_mountpoint.display(), "FUSE mounted");
+    if takeover {
+        tracing::info!(mountpoint = %fuse_mountpoint.display(), "FUSE connection taken over");
+        if let Some(att) = attachment.as_mut() {
+            // The registry names the process that serves now.
+            if let Err(err) = att.register() {
+                tracing::warn!("{err:#}");
+            }
+        }
+    } else {
+        tracing::info!(mountpoint = %fuse_mountpoint.display(), "FUSE mounted");
+    }
 
-    if let Some(att) = attachment.as_mut() {
+    if let (Some(att), false) = (attachment.as_mut(), takeover) {
         let setup = runtime.block_on(att.setup(&core));
+        let setup = setup.and_then(|(ino, fh, writable)| match &state {
+            // Kept for a takeover: the kernel never sees this handle, the
+            // next process must hold it too (it keeps the drive open).
+            Some(state) if !state.keep_handle(handover::KeptHandle { fh, ino, writable }) => Err(
+                anyhow!("internal error: no slot for the attach's own handle"),
+            ),
+            _ => Ok(()),
+        });
         if let Err(err) = setup {
             tracing::error!("{err:#}; undoing the attach");
             let undo = runtime.block_on(async {
@@ -476,6 +608,12 @@ where
         core.clone(),
         mountpoint,
     );
+    if let Some(log) = &log {
+        runtime.spawn(keep_log(core.clone(), log.clone()));
+    }
+    if let Some(state) = &state {
+        state.set_ready();
+    }
     ready.ready();
     let result = runtime.block_on(run_until_shutdown(
         core,
@@ -489,12 +627,34 @@ where
         ended_rx,
         &mut attachment,
     ));
+    finish_serving(
+        runtime,
+        exporters,
+        attachment,
+        &socket_path,
+        joiner,
+        mountpoint,
+        result,
+    )
+}
+
+/// The end of a serving process's life after its loop: systemd told,
+/// exporters stopped, the attach forgotten, the control socket removed.
+fn finish_serving(
+    runtime: tokio::runtime::Runtime,
+    exporters: exporter::Exporters,
+    mut attachment: Option<Attachment>,
+    socket_path: &Path,
+    joiner: std::thread::JoinHandle<()>,
+    mountpoint: &Path,
+    result: anyhow::Result<()>,
+) -> anyhow::Result<()> {
     readiness::notify_systemd("STOPPING=1");
     exporters.stop();
     if let Some(att) = attachment.as_mut() {
         att.finish();
     }
-    let _ = std::fs::remove_file(&socket_path);
+    let _ = std::fs::remove_file(socket_path);
     let _ = joiner.join();
     runtime.shutdown_timeout(Duration::from_secs(5));
     match &result {
@@ -502,6 +662,142 @@ where
         Err(err) => tracing::error!(mountpoint = %mountpoint.display(), "unmount: {err:#}"),
     }
     result
+}
+
+/// Takes over an attach whose serving process died: the attach as the
+/// registry records it, the drive file's node ids, the handles the kernel
+/// holds (the first writable one takes the lease again, with the same id),
+/// then the writes the dead process had acknowledged, from the write log.
+/// The blob's sequence number is raised before this process's first write
+/// (see `blob/fence.rs`), so a Put Page the dead process had in flight
+/// cannot land over them.
+async fn take_over(
+    core: &FsCore,
+    att: &mut Attachment,
+    state: &handover::Handover,
+    log: Option<&crate::fs::write_log::WriteLog>,
+) -> anyhow::Result<()> {
+    if state.init().is_none() {
+        bail!("the connection was never initialised");
+    }
+    let count = state.count_takeover();
+    tracing::warn!(
+        takeover = count,
+        "taking over the attach from a serving process that died"
+    );
+    let entry = registry::find_by_dir(att.dir())
+        .ok_or_else(|| anyhow!("the attach has no registry entry"))?;
+    att.adopt(&entry);
+    let ino = att.resolve(core).await?;
+    for kept in state.handles() {
+        if kept.ino != ino {
+            bail!(
+                "the kernel holds handle {} on node {}, which is not the drive",
+                kept.fh,
+                kept.ino
+            );
+        }
+        core.open_as(kept.ino, kept.writable, Some(kept.fh))
+            .await
+            .map_err(|e| anyhow!("cannot open the drive again: {e}"))?;
+    }
+    if let Some(log) = log {
+        let started = std::time::Instant::now();
+        let applied = crate::fs::session::replay(core, log).await?;
+        tracing::info!(
+            records = applied,
+            bytes = log.used_bytes(),
+            ms = started.elapsed().as_millis() as u64,
+            "write log replayed"
+        );
+    }
+    Ok(())
+}
+
+/// After a crash loop, or on a kernel that cannot resend requests: saves
+/// what the log held (now in the cache) in a recovery file and ends the
+/// attach without serving. The holder then exits, which ends the FUSE
+/// connection (the filesystem above sees I/O errors, as when a disk goes).
+async fn salvage(core: &FsCore, crashes: u64, resend: bool) -> anyhow::Result<()> {
+    let reason = if resend {
+        format!("the daemon crashed {crashes} times in a short time")
+    } else {
+        "the daemon died and this kernel cannot resend the requests it had read \
+         (FUSE_NOTIFY_RESEND needs Linux 6.9)"
+            .to_string()
+    };
+    let saved = core.save_unflushed_all(&reason).await;
+    let files: Vec<String> = saved.iter().map(|p| p.display().to_string()).collect();
+    bail!(
+        "{reason}; the attach ends. Acknowledged writes not yet in the blob: {}",
+        if files.is_empty() {
+            "none".to_string()
+        } else {
+            format!(
+                "saved in {} ('blobdrive recover' applies them)",
+                files.join(", ")
+            )
+        }
+    )
+}
+
+/// Gives the write log's space back as the blob takes its records: when
+/// the log is half full (or a reader waits for room), flushes the whole
+/// drive and trims what that flush made durable.
+async fn keep_log(core: Arc<FsCore>, log: Arc<crate::fs::write_log::WriteLog>) {
+    loop {
+        log.pressed().await;
+        let mark = log.flush_mark();
+        let errors = core.flush_all().await;
+        if errors.is_empty() {
+            log.trim_before(mark);
+        } else {
+            tracing::warn!(errors = %join_errors(&errors), "flush for the write log failed; its records stay");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// Serves an attach's connection `dev` with our own FUSE layer: mounted
+/// here first when INIT has not happened yet (the first process), taken
+/// over otherwise (the kernel is asked to resend what the dead process had
+/// read, before the reader starts).
+fn own_session(
+    opts: &MountOptions,
+    fuse_mountpoint: &Path,
+    dev: std::os::fd::OwnedFd,
+    core: &Arc<FsCore>,
+    runtime: &tokio::runtime::Handle,
+    state: &Arc<handover::Handover>,
+    log: &Option<Arc<crate::fs::write_log::WriteLog>>,
+) -> anyhow::Result<SessionThread> {
+    let init = state.init();
+    let dev = match init {
+        Some(_) => dev,
+        None => {
+            let config = MountConfig {
+                fsname: opts.source.clone().unwrap_or_else(|| "blobdrive".into()),
+                read_only: opts.read_only,
+                allow_other: opts.allow_other,
+            };
+            crate::fs::session::mount_with(dev, fuse_mountpoint, &config)
+                .with_context(|| format!("cannot mount FUSE at {}", fuse_mountpoint.display()))?
+        }
+    };
+    let mut session = Session::new(dev, core.clone(), runtime.clone(), init)
+        .with_record(state.clone() as Arc<dyn crate::fs::session::ConnectionRecord>);
+    if let Some(log) = log {
+        session = session.with_log(log.clone());
+    }
+    if init.is_some() {
+        session
+            .notify_resend()
+            .context("cannot ask the kernel to resend the requests in flight")?;
+    }
+    let thread = session
+        .spawn()
+        .context("cannot start the FUSE session thread")?;
+    Ok(SessionThread::Own(thread))
 }
 
 /// The private FUSE mountpoint of an attach at `dir`, created empty; a dead

@@ -62,8 +62,12 @@ pub struct AttachedDrive {
     pub partition: Option<u32>,
     /// Read-write, read-only or snapshot.
     pub mode: AttachMode,
-    /// The daemon's process id.
+    /// The serving process's id (it changes at a takeover).
     pub pid: u32,
+    /// The holder's process id: the process that keeps the FUSE connection
+    /// and starts a new serving process when one dies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_pid: Option<u32>,
     /// The private FUSE mountpoint serving the drive file.
     pub fuse_dir: PathBuf,
     /// When it was attached, seconds since the Unix epoch.
@@ -157,7 +161,9 @@ fn read_entry(path: &Path) -> Option<AttachedDrive> {
             return None;
         }
     };
-    entry.alive = process_alive(entry.pid);
+    // Between a serving process's death and its successor's start only
+    // the holder runs: the attach is alive.
+    entry.alive = process_alive(entry.pid) || entry.holder_pid.is_some_and(process_alive);
     Some(entry)
 }
 
@@ -204,6 +210,7 @@ mod tests {
             partition: Some(1),
             mode: AttachMode::ReadWrite,
             pid: std::process::id(),
+            holder_pid: None,
             fuse_dir: fuse_dir_of(Path::new("/mnt/data")),
             since_unix_secs: 1,
             alive: true,

@@ -89,6 +89,53 @@ pub struct DriveOptions {
     pub disk_cache: Option<DiskCacheOptions>,
 }
 
+/// How a drive's memory bound is split (see [`DriveOptions::memory_budget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// Bytes of cached chunks.
+    pub cache_bytes: u64,
+    /// Put Page / Clear Pages requests in flight during a flush.
+    pub flush_parallelism: usize,
+    /// Bytes of dirty data writers may leave before they wait (whole Put
+    /// Pages; the chunks' bookkeeping comes on top).
+    pub dirty_bytes: u64,
+}
+
+impl DriveOptions {
+    /// The split of `cache_bytes` between requests in flight and cached
+    /// chunks, and the dirty limit: the one rule for both the drive and
+    /// whoever sizes something by it (an attach's write log).
+    pub fn memory_budget(&self) -> MemoryBudget {
+        use crate::units::MAX_PUT_PAGE_BYTES;
+        // Requests in flight hold copies of their pages (Put Page bodies,
+        // Get bodies): they come out of the same budget as the cached
+        // chunks, so `cache_bytes` bounds all the data memory of the drive.
+        let in_flight = (self.flush_parallelism.max(1) as u64 * MAX_PUT_PAGE_BYTES)
+            .min(self.cache_bytes / 8)
+            .max(MAX_PUT_PAGE_BYTES);
+        let flush_parallelism = (in_flight / MAX_PUT_PAGE_BYTES) as usize;
+        let cache_bytes = self
+            .cache_bytes
+            .saturating_sub(in_flight)
+            .max(open::MIN_CACHE_CHUNKS * chunk::CHUNK_BYTES);
+        // By default a quarter of the cache, but at least one Put Page.
+        let mut dirty_bytes = self
+            .max_dirty_bytes
+            .unwrap_or((cache_bytes / 4).max(MAX_PUT_PAGE_BYTES))
+            .clamp(chunk::CHUNK_BYTES, cache_bytes / 2);
+        // Whole Put Pages: a pass that writers wait for then sends full 4 MiB
+        // requests of a sequential stream, not a 4 MiB and a 2 MiB one.
+        if dirty_bytes >= MAX_PUT_PAGE_BYTES {
+            dirty_bytes -= dirty_bytes % MAX_PUT_PAGE_BYTES;
+        }
+        MemoryBudget {
+            cache_bytes,
+            flush_parallelism,
+            dirty_bytes,
+        }
+    }
+}
+
 impl Default for DriveOptions {
     fn default() -> Self {
         DriveOptions {

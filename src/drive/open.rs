@@ -21,10 +21,10 @@ use super::extents::{Extents, PageRange};
 use super::lease::Lease;
 use super::store::PageStore;
 use super::{DriveOptions, Inner, Mode, ReadAhead};
-use crate::units::{ByteRange, MAX_PUT_PAGE_BYTES, PAGE_SIZE, VHD_FOOTER_BYTES};
+use crate::units::{ByteRange, PAGE_SIZE, VHD_FOOTER_BYTES};
 
 /// Smallest cache, in chunks: enough for a few operations to pin at once.
-const MIN_CACHE_CHUNKS: u64 = 8;
+pub(crate) const MIN_CACHE_CHUNKS: u64 = 8;
 
 pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) -> Result<Inner> {
     let meters = Meters::default();
@@ -97,31 +97,13 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         "drive open"
     );
 
-    // Requests in flight hold copies of their pages (Put Page bodies, Get
-    // bodies): they come out of the same budget as the cached chunks, so
-    // `cache_bytes` bounds all the data memory of the drive.
-    let in_flight = (opts.flush_parallelism.max(1) as u64 * MAX_PUT_PAGE_BYTES)
-        .min(opts.cache_bytes / 8)
-        .max(MAX_PUT_PAGE_BYTES);
-    let flush_parallelism = (in_flight / MAX_PUT_PAGE_BYTES) as usize;
-    let cache_bytes = opts
-        .cache_bytes
-        .saturating_sub(in_flight)
-        .max(MIN_CACHE_CHUNKS * CHUNK_BYTES);
-    // By default a quarter of the cache, but at least one Put Page.
-    let mut max_dirty_bytes = opts
-        .max_dirty_bytes
-        .unwrap_or((cache_bytes / 4).max(MAX_PUT_PAGE_BYTES))
-        .clamp(CHUNK_BYTES, cache_bytes / 2);
-    // Whole Put Pages: a pass that writers wait for then sends full 4 MiB
-    // requests of a sequential stream, not a 4 MiB and a 2 MiB one.
-    if max_dirty_bytes >= MAX_PUT_PAGE_BYTES {
-        max_dirty_bytes -= max_dirty_bytes % MAX_PUT_PAGE_BYTES;
-    }
+    let budget = opts.memory_budget();
+    let (cache_bytes, flush_parallelism) = (budget.cache_bytes, budget.flush_parallelism);
     // The budget counts the bookkeeping of the chunks holding dirty pages
     // too; whole chunks of dirty data get theirs on top, so the data part
     // of the budget stays whole Put Pages.
-    let max_dirty_bytes = max_dirty_bytes + max_dirty_bytes / CHUNK_BYTES * CHUNK_OVERHEAD_BYTES;
+    let max_dirty_bytes =
+        budget.dirty_bytes + budget.dirty_bytes / CHUNK_BYTES * CHUNK_OVERHEAD_BYTES;
     Ok(Inner {
         store,
         mode: opts.mode,

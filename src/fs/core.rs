@@ -344,6 +344,17 @@ impl FsCore {
     /// Opens file `ino`; `writable` when opened for writing. Returns the handle and
     /// whether the file is read-only content (a snapshot or block blob).
     pub async fn open(&self, ino: u64, writable: bool) -> FsResult<(u64, bool)> {
+        self.open_as(ino, writable, None).await
+    }
+
+    /// [`FsCore::open`] with the handle number `fh` (a takeover re-creates
+    /// the handles the kernel holds); None takes the next one.
+    pub async fn open_as(
+        &self,
+        ino: u64,
+        writable: bool,
+        fh: Option<u64>,
+    ) -> FsResult<(u64, bool)> {
         let node = self.node(ino)?;
         let NodeKind::File { path, kind } = &node.kind else {
             return Err(FsError::new(libc::EISDIR, "is a directory"));
@@ -359,7 +370,7 @@ impl FsCore {
         }
         let fh = self
             .handles
-            .open(&*self.catalog, ino, path, writable)
+            .open(&*self.catalog, ino, path, writable, fh)
             .await?;
         Ok((fh, immutable))
     }

@@ -101,14 +101,25 @@ impl Handles {
             .expect("open file table lock poisoned: a panic happened while holding it")
     }
 
-    /// Opens a handle on file `ino` (blob `path`), opening or upgrading its device.
+    /// Opens a handle on file `ino` (blob `path`), opening or upgrading its
+    /// device. `fh` gives the handle's number (a takeover re-creates the
+    /// handles the kernel holds); None takes the next one.
     pub async fn open(
         &self,
         catalog: &dyn Catalog,
         ino: u64,
         path: &EntryPath,
         writable: bool,
+        fh: Option<u64>,
     ) -> FsResult<u64> {
+        if let Some(fh) = fh {
+            if self.handles().contains_key(&fh) {
+                return Err(FsError::new(
+                    libc::EEXIST,
+                    format!("handle {fh} is open already"),
+                ));
+            }
+        }
         let file = self
             .files()
             .entry(ino)
@@ -139,7 +150,14 @@ impl Handles {
             }
         }
         gate.handles += 1;
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed) + 1;
+        let fh = match fh {
+            Some(fh) => {
+                // Numbers given later never reuse it.
+                self.next_fh.fetch_max(fh, Ordering::Relaxed);
+                fh
+            }
+            None => self.next_fh.fetch_add(1, Ordering::Relaxed) + 1,
+        };
         self.handles().insert(fh, Handle { ino, writable });
         Ok(fh)
     }
@@ -378,12 +396,12 @@ mod tests {
         let disk = catalog.add_drive("c", "disk.vhd", 4096);
         let handles = Handles::default();
         let reader = handles
-            .open(&*catalog, 7, &disk_path(), false)
+            .open(&*catalog, 7, &disk_path(), false, None)
             .await
             .unwrap();
         assert!(!disk.is_leased(), "read-only opens take no lease");
         let writer = handles
-            .open(&*catalog, 7, &disk_path(), true)
+            .open(&*catalog, 7, &disk_path(), true, None)
             .await
             .unwrap();
         assert!(disk.is_leased());
@@ -414,9 +432,12 @@ mod tests {
         catalog.add_drive("c", "disk.vhd", 4096);
         let first = Handles::default();
         let second = Handles::default();
-        first.open(&*catalog, 2, &disk_path(), true).await.unwrap();
+        first
+            .open(&*catalog, 2, &disk_path(), true, None)
+            .await
+            .unwrap();
         let err = second
-            .open(&*catalog, 2, &disk_path(), true)
+            .open(&*catalog, 2, &disk_path(), true, None)
             .await
             .err()
             .unwrap();
@@ -429,14 +450,14 @@ mod tests {
         let disk = catalog.add_drive("c", "disk.vhd", 4096);
         let handles = Handles::default();
         let before = handles
-            .open(&*catalog, 3, &disk_path(), false)
+            .open(&*catalog, 3, &disk_path(), false, None)
             .await
             .unwrap();
         disk.change_behind_readers();
         let (_, old) = handles.get(before).unwrap();
         assert!(old.device.changed());
         let after = handles
-            .open(&*catalog, 3, &disk_path(), false)
+            .open(&*catalog, 3, &disk_path(), false, None)
             .await
             .unwrap();
         let (_, fresh) = handles.get(after).unwrap();

@@ -37,6 +37,7 @@ pub mod rescue;
 pub mod session;
 pub mod unlocks;
 pub mod wire;
+pub mod write_log;
 
 pub use backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
 pub use core::{FsConfig, FsCore};

@@ -37,6 +37,7 @@ use super::fuse::{
     log_err, WriteBudget, MAX_BACKGROUND, MAX_WRITE_BYTES, MAX_WRITE_DATA_IN_FLIGHT,
 };
 use super::wire::{self, init_flags, Attr, InitIn, InitOut, Kind, Op};
+use super::write_log::{Record, Slot, WriteLog};
 
 /// Size of each read buffer: the largest request (a header, `fuse_write_in`
 /// and [`MAX_WRITE_BYTES`] of data) with room to spare. The kernel refuses
@@ -104,6 +105,12 @@ pub fn mount(dir: &Path, config: &MountConfig) -> io::Result<OwnedFd> {
         .write(true)
         .open("/dev/fuse")?
         .into();
+    mount_with(dev, dir, config)
+}
+
+/// Mounts the opened `/dev/fuse` file `dev` at `dir` (a holder opened it,
+/// and keeps its own descriptor of the same file); returns it.
+pub fn mount_with(dev: OwnedFd, dir: &Path, config: &MountConfig) -> io::Result<OwnedFd> {
     let root_mode = std::fs::metadata(dir)?.mode() & libc::S_IFMT;
     // SAFETY: getuid/getgid cannot fail and touch no memory.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -178,11 +185,38 @@ impl Drop for PooledBuf {
     }
 }
 
+/// Where one request was read to: a pooled buffer, or the write log.
+enum RequestBuf {
+    Pooled(PooledBuf),
+    /// Space in the log and the request's length.
+    Log(Slot, usize),
+}
+
+impl RequestBuf {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            RequestBuf::Pooled(buf) => buf.bytes(),
+            RequestBuf::Log(slot, len) => slot.bytes(*len),
+        }
+    }
+
+    /// Keeps a request that changes the drive in the log (when there is
+    /// one), before it is applied.
+    fn keep(self, log: Option<&Arc<WriteLog>>) -> (Option<Record>, Option<PooledBuf>) {
+        match (self, log) {
+            (RequestBuf::Log(slot, len), Some(log)) => (Some(log.keep(slot, len)), None),
+            (RequestBuf::Pooled(buf), _) => (None, Some(buf)),
+            (RequestBuf::Log(..), None) => unreachable!("read into a log the session lacks"),
+        }
+    }
+}
+
 /// The data of a write handed to a task: copied when small, else the read
-/// buffer itself.
+/// buffer itself, or the record in the write log.
 enum WriteData {
     Copied(Vec<u8>),
     InBuffer(PooledBuf, Range<usize>),
+    Logged(Record, Range<usize>),
 }
 
 impl WriteData {
@@ -190,8 +224,44 @@ impl WriteData {
         match self {
             WriteData::Copied(data) => data,
             WriteData::InBuffer(buf, range) => &buf.buf[range.clone()],
+            WriteData::Logged(record, range) => &record.bytes()[range.clone()],
         }
     }
+
+    /// The write is applied (or failed): its record, if any, says so
+    /// before the reply goes out.
+    fn settle(self, applied: bool) {
+        if let WriteData::Logged(record, _) = self {
+            if applied {
+                record.commit();
+            } else {
+                record.void();
+            }
+        }
+    }
+}
+
+/// Settles a kept record (see [`WriteData::settle`]).
+fn settle(record: Option<Record>, applied: bool) {
+    if let Some(record) = record {
+        if applied {
+            record.commit();
+        } else {
+            record.void();
+        }
+    }
+}
+
+/// What a connection's owner keeps about it for a process that may take the
+/// connection over: what INIT settled and the file handles the kernel holds.
+pub trait ConnectionRecord: Send + Sync {
+    /// INIT was answered with `init`.
+    fn initialised(&self, init: &InitResult);
+    /// The kernel now holds handle `fh` on node `ino`; false when it could
+    /// not be recorded (the open is then refused).
+    fn opened(&self, fh: u64, ino: u64, writable: bool) -> bool;
+    /// The kernel released `fh`.
+    fn released(&self, fh: u64);
 }
 
 /// Writes one message (header and body parts) to the connection.
@@ -307,6 +377,8 @@ pub struct Session {
     write_budget: WriteBudget,
     pool: Arc<BufferPool>,
     init: Option<InitResult>,
+    log: Option<Arc<WriteLog>>,
+    record: Option<Arc<dyn ConnectionRecord>>,
 }
 
 impl Session {
@@ -321,7 +393,22 @@ impl Session {
             write_budget: WriteBudget::new(),
             pool: Arc::default(),
             init,
+            log: None,
+            record: None,
         }
+    }
+
+    /// Reads every request into `log`, and keeps there those that change
+    /// the drive until the blob has them (see `write_log.rs`).
+    pub fn with_log(mut self, log: Arc<WriteLog>) -> Self {
+        self.log = Some(log);
+        self
+    }
+
+    /// Tells `record` what INIT settled and which handles the kernel holds.
+    pub fn with_record(mut self, record: Arc<dyn ConnectionRecord>) -> Self {
+        self.record = Some(record);
+        self
     }
 
     /// Mounts `dir` ([`mount`]) and returns the session that will serve it.
@@ -356,16 +443,19 @@ impl Session {
 
     fn run(mut self) -> io::Result<()> {
         loop {
-            let mut buf = self.pool.take();
-            // SAFETY: the pointer and length describe `buf.buf`, which is
-            // exclusively borrowed for the call; `dev` is an open file.
-            let n = unsafe {
-                libc::read(
-                    self.dev.as_raw_fd(),
-                    buf.buf.as_mut_ptr().cast(),
-                    buf.buf.len(),
-                )
+            let (mut pooled, mut slot) = match &self.log {
+                Some(log) => (None, Some(log.reserve())),
+                None => (Some(self.pool.take()), None),
             };
+            let (ptr, cap) = match (&mut pooled, &mut slot) {
+                (Some(buf), _) => (buf.buf.as_mut_ptr(), buf.buf.len()),
+                (_, Some(slot)) => (slot.as_mut_ptr(), slot.len()),
+                _ => unreachable!("one buffer or the other"),
+            };
+            // SAFETY: the pointer and length describe a pooled buffer or
+            // reserved log space, exclusively ours for the call; `dev` is
+            // an open file.
+            let n = unsafe { libc::read(self.dev.as_raw_fd(), ptr.cast(), cap) };
             if n < 0 {
                 let err = io::Error::last_os_error();
                 match err.raw_os_error() {
@@ -378,7 +468,14 @@ impl Session {
                     _ => return Err(err),
                 }
             }
-            buf.len = n as usize;
+            let buf = match (pooled, slot) {
+                (Some(mut buf), _) => {
+                    buf.len = n as usize;
+                    RequestBuf::Pooled(buf)
+                }
+                (_, Some(slot)) => RequestBuf::Log(slot, n as usize),
+                _ => unreachable!("one buffer or the other"),
+            };
             self.handle(buf)?;
         }
     }
@@ -394,7 +491,7 @@ impl Session {
 
     /// Serves one request read into `buf`. Errors end the session (INIT
     /// refused); everything else is answered.
-    fn handle(&mut self, buf: PooledBuf) -> io::Result<()> {
+    fn handle(&mut self, buf: RequestBuf) -> io::Result<()> {
         let req = match wire::parse(buf.bytes()) {
             Ok(req) => req,
             Err(err) => {
@@ -452,8 +549,21 @@ impl Session {
             }),
             Op::Open { flags } => {
                 let writable = flags as i32 & libc::O_ACCMODE != libc::O_RDONLY;
+                let record = self.record.clone();
                 self.spawn_task(move |core| async move {
                     match core.open(ino, writable).await {
+                        Ok((fh, _))
+                            if record
+                                .as_ref()
+                                .is_some_and(|r| !r.opened(fh, ino, writable)) =>
+                        {
+                            tracing::error!(
+                                ino,
+                                "too many open handles to keep for a takeover; open refused"
+                            );
+                            let _ = core.release(fh).await;
+                            reply.error(libc::EMFILE)
+                        }
                         Ok((fh, immutable)) => {
                             // Content that never changes may stay in the page cache between
                             // opens; a drive's may have changed under another handle.
@@ -481,20 +591,25 @@ impl Session {
             }),
             Op::Write { fh, offset, data } => {
                 let permit = self.write_budget.permit(&self.runtime, data.len());
-                let data = if data.len() < KEEP_BUFFER_MIN_BYTES {
-                    WriteData::Copied(data.to_vec())
-                } else {
-                    let start = data.as_ptr() as usize - buf.bytes().as_ptr() as usize;
-                    let range = start..start + data.len();
-                    WriteData::InBuffer(buf, range)
+                let start = data.as_ptr() as usize - buf.bytes().as_ptr() as usize;
+                let range = start..start + data.len();
+                let data = match buf.keep(self.log.as_ref()) {
+                    (Some(record), _) => WriteData::Logged(record, range),
+                    (None, Some(buf)) if range.len() >= KEEP_BUFFER_MIN_BYTES => {
+                        WriteData::InBuffer(buf, range)
+                    }
+                    (None, Some(buf)) => WriteData::Copied(buf.bytes()[range].to_vec()),
+                    (None, None) => unreachable!("a request is in a buffer or the log"),
                 };
                 self.spawn_task(move |core| async move {
                     let _permit = permit;
-                    let data = data.as_slice();
-                    match core.write(fh, offset, data).await {
+                    let result = core.write(fh, offset, data.as_slice()).await;
+                    let len = data.as_slice().len();
+                    data.settle(result.is_ok());
+                    match result {
                         Ok(written) => reply.ok(&wire::write_out(written)),
                         Err(err) => {
-                            tracing::warn!(offset, len = data.len(), %err, "write failed");
+                            tracing::warn!(offset, len, %err, "write failed");
                             reply.error(err.errno)
                         }
                     }
@@ -509,12 +624,17 @@ impl Session {
                     }
                 }
             }),
-            Op::Release { fh } => self.spawn_task(move |core| async move {
-                match core.release(fh).await {
-                    Ok(()) => reply.ok(&[]),
-                    Err(err) => reply.error(err.errno),
+            Op::Release { fh } => {
+                if let Some(record) = &self.record {
+                    record.released(fh);
                 }
-            }),
+                self.spawn_task(move |core| async move {
+                    match core.release(fh).await {
+                        Ok(()) => reply.ok(&[]),
+                        Err(err) => reply.error(err.errno),
+                    }
+                })
+            }
             Op::Fsync { fh } => self.spawn_task(move |core| async move {
                 match core.fsync(fh).await {
                     Ok(()) => reply.ok(&[]),
@@ -529,15 +649,20 @@ impl Session {
                 offset,
                 length,
                 mode,
-            } => self.spawn_task(move |core| async move {
-                match core.fallocate(fh, offset, length, mode as i32).await {
-                    Ok(()) => reply.ok(&[]),
-                    Err(err) => {
-                        log_err("fallocate", &err);
-                        reply.error(err.errno)
+            } => {
+                let (record, _) = buf.keep(self.log.as_ref());
+                self.spawn_task(move |core| async move {
+                    let result = core.fallocate(fh, offset, length, mode as i32).await;
+                    settle(record, result.is_ok());
+                    match result {
+                        Ok(()) => reply.ok(&[]),
+                        Err(err) => {
+                            log_err("fallocate", &err);
+                            reply.error(err.errno)
+                        }
                     }
-                }
-            }),
+                })
+            }
             Op::Statfs => {
                 let s = self.core.statfs();
                 reply.ok(&wire::statfs_out(
@@ -659,6 +784,10 @@ impl Session {
             kernel_flags: init.flags,
             reply: out,
         };
+        // Known to a successor before the kernel hears the answer.
+        if let Some(record) = &self.record {
+            record.initialised(&result);
+        }
         reply.ok(&out.encode());
         tracing::info!(
             protocol = %format!("7.{}", init.minor),
@@ -670,6 +799,45 @@ impl Session {
         self.init = Some(result);
         Ok(())
     }
+}
+
+/// Applies the writes and discards a process that died had acknowledged
+/// (the COMMITTED records of `log`, in order) to `core`, whose handles are
+/// those the kernel holds. Returns how many were applied.
+pub async fn replay(core: &FsCore, log: &WriteLog) -> io::Result<usize> {
+    let records = log.committed()?;
+    let mut applied = 0;
+    for record in &records {
+        let req = wire::parse(record.request).map_err(|err| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("write log record {} unreadable: {err}", record.seq),
+            )
+        })?;
+        let result = match req.op {
+            Op::Write { fh, offset, data } => core.write(fh, offset, data).await.map(|_| ()),
+            Op::Fallocate {
+                fh,
+                offset,
+                length,
+                mode,
+            } => core.fallocate(fh, offset, length, mode as i32).await,
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "write log record {} holds opcode {}, not a write",
+                        record.seq, req.header.opcode
+                    ),
+                ))
+            }
+        };
+        result.map_err(|err| {
+            io::Error::other(format!("replaying write log record {}: {err}", record.seq))
+        })?;
+        applied += 1;
+    }
+    Ok(applied)
 }
 
 /// An admin-set FUSE request timeout (Linux 6.14+) would abort the
@@ -736,7 +904,7 @@ mod tests {
         let mut buf = session.pool.take();
         buf.buf[..bytes.len()].copy_from_slice(bytes);
         buf.len = bytes.len();
-        session.handle(buf)
+        session.handle(RequestBuf::Pooled(buf))
     }
 
     /// The next reply: (unique, error, body).

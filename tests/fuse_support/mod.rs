@@ -66,8 +66,9 @@ impl FuseMount {
         };
         let thread_dir = dir.clone();
         let thread = std::thread::spawn(move || {
-            run_mount(&thread_dir, &opts, move || async move {
-                Ok(catalog as Arc<dyn Catalog>)
+            run_mount(&thread_dir, &opts, move |_takeover| {
+                let catalog = catalog.clone();
+                async move { Ok(catalog as Arc<dyn Catalog>) }
             })
         });
         let mut mount = FuseMount {

@@ -66,6 +66,7 @@ fn entry(file: &Path) -> AttachedDrive {
         partition: Some(1),
         mode: AttachMode::ReadWrite,
         pid: 1,
+        holder_pid: None,
         fuse_dir: file.parent().unwrap().to_path_buf(),
         since_unix_secs: 0,
         alive: true,
