@@ -176,8 +176,11 @@ impl Drop for Site {
             if let Some(fuse) = entry["fuse_dir"].as_str() {
                 let _ = run_tool("umount", &["-l", fuse]);
             }
-            if let Some(pid) = entry["pid"].as_i64() {
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            // The holder first: it would replace a killed serving process.
+            for key in ["holder_pid", "pid"] {
+                if let Some(pid) = entry[key].as_i64() {
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                }
             }
         }
         // Whatever is still mounted under the site, innermost first.

@@ -201,7 +201,6 @@ fn crash_rounds(test: &str, fs: &str, size: &str) {
         let t = Instant::now();
         let lap = |what: &str| println!("round {round}: {what} at {:?}", t.elapsed());
         let dir = host.mount(&drive, "m", &[]);
-        let pid = host.daemon_pid(&dir);
         lap("mounted");
         let root = host.view(&dir);
         check_durable(&root, &durable);
@@ -227,8 +226,9 @@ fn crash_rounds(test: &str, fs: &str, size: &str) {
                 (r, mine)
             });
             std::thread::sleep(kill_after);
-            // SAFETY: plain syscall on the daemon this round started.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // The whole daemon, holder too: what a host crash does to it
+            // (a serving process alone is replaced; see tests/takeover.rs).
+            host.kill_daemon(&dir);
             let start = Instant::now();
             while !worker.is_finished() {
                 assert!(

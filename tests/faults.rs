@@ -614,6 +614,9 @@ fn kill_9_of_an_attached_ext4_keeps_fsynced_files_and_e2fsck_is_clean_after_repl
         fuse_dir: entry["fuse_dir"].as_str().map(String::from),
     };
     let pid = entry["pid"].as_i64().expect("pid in the registry") as i32;
+    let holder = entry["holder_pid"]
+        .as_i64()
+        .expect("holder pid in the registry") as i32;
     let acked = Arc::new(AtomicU64::new(0));
     let acked2 = acked.clone();
     let base = PathBuf::from(&dir_s);
@@ -634,6 +637,9 @@ fn kill_9_of_an_attached_ext4_keeps_fsynced_files_and_e2fsck_is_clean_after_repl
     wait_for("10 fsynced files", Duration::from_secs(60), || {
         acked.load(Ordering::SeqCst) >= 10
     });
+    // The whole daemon, as a host crash would: the holder first, or it
+    // would start a serving process that takes over.
+    send_signal(holder, libc::SIGKILL);
     send_signal(pid, libc::SIGKILL);
 
     // `unmount` removes what the dead daemon left and says what was lost.

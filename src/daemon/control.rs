@@ -192,7 +192,56 @@ fn connect(dir: &Path, path: &Path) -> std::io::Result<UnixStream> {
     }
 }
 
+/// Sends `command` and returns the answer line. When the serving process of
+/// an attach dies before it answers (its holder lives on and starts
+/// another), the command is sent again to the next one: every command is
+/// safe to repeat (`unmount` and `flush` of a drive already flushed or
+/// unmounted are no-ops, the others only read).
 fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyhow::Result<String> {
+    let started = std::time::Instant::now();
+    loop {
+        match request_once(mountpoint, command, timeout) {
+            Err(err) if is_cut_short(&err) && started.elapsed() < TAKEOVER_WAIT => {
+                let alive = canonical_mountpoint(mountpoint)
+                    .ok()
+                    .and_then(|dir| super::registry::find_by_dir(&dir))
+                    .is_some_and(|e| e.alive && e.holder_pid.is_some());
+                if !alive {
+                    return Err(err);
+                }
+                tracing::debug!("the daemon died before answering; asking its successor");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The connection ended before an answer (the process serving it died).
+fn is_cut_short(err: &anyhow::Error) -> bool {
+    if err.downcast_ref::<CutShort>().is_some() {
+        return true;
+    }
+    err.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().is_some_and(|e| {
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            )
+        })
+    })
+}
+
+/// The daemon closed the control socket without an answer.
+#[derive(Debug, thiserror::Error)]
+#[error("the daemon of {} closed the control socket without an answer", .0.display())]
+struct CutShort(PathBuf);
+
+fn request_once(
+    mountpoint: &Path,
+    command: &str,
+    timeout: Option<Duration>,
+) -> anyhow::Result<String> {
     let dir = canonical_mountpoint(mountpoint)?;
     let path = find_socket(&dir);
     let mut stream = match connect(&dir, &path) {
@@ -247,10 +296,7 @@ fn request(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> anyho
         .read_line(&mut line)
         .with_context(|| format!("no answer from the daemon of {}", mountpoint.display()))?;
     if line.is_empty() {
-        bail!(
-            "the daemon of {} closed the control socket without an answer",
-            mountpoint.display()
-        );
+        return Err(CutShort(mountpoint.to_path_buf()).into());
     }
     Ok(line.trim_end().to_string())
 }

@@ -32,6 +32,8 @@ const F_HOLDER_PID: usize = 40;
 const F_SERVER_PID: usize = 48;
 const F_HOLDER_STARTED: usize = 56;
 const F_SERVER_STARTED: usize = 64;
+/// When the current serving process began serving (Unix milliseconds).
+const F_SERVING_SINCE: usize = 72;
 // INIT: kernel minor, kernel flags, then the reply's fields.
 const F_INIT: usize = 128;
 const INIT_FIELDS: usize = 11;
@@ -110,6 +112,22 @@ impl Handover {
     /// A serving process became ready (once per attach).
     pub fn set_ready(&self) {
         self.field(F_FLAGS).fetch_or(READY, Ordering::AcqRel);
+    }
+
+    /// The current serving process serves from now on.
+    pub fn set_serving(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        self.field(F_SERVING_SINCE).store(now, Ordering::Release);
+        self.set_ready();
+    }
+
+    /// When the current (or last) serving process began serving, in Unix
+    /// milliseconds; 0 before any did.
+    pub fn serving_since_ms(&self) -> u64 {
+        self.field(F_SERVING_SINCE).load(Ordering::Acquire)
     }
 
     /// True once a serving process was ready.

@@ -17,9 +17,13 @@
 //! What ends the attach: the serving process exits by itself (0 after a
 //! clean unmount, non-zero after a failed one or a failed start): the
 //! holder exits with its status. What restarts it: death by a signal or a
-//! panic after it was ready. A crash loop (3 crashes within 60 seconds) is
-//! broken: one last process saves the logged writes in a recovery file
-//! without serving, and the holder exits, which ends the connection.
+//! panic after it was ready. A crash loop is broken: when
+//! [`CRASH_LIMIT`] serving processes in a row die within [`EARLY_CRASH`] of
+//! starting to serve (a request that kills every process is sent again to
+//! the next one at once), one last process saves the logged writes in a
+//! recovery file without serving, and the holder exits, which ends the
+//! connection. A crash after a process served longer restarts the count:
+//! deliberate kills, or a rare bug, cost a pause each, never the drive.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -30,11 +34,11 @@ use super::handover::Handover;
 use super::readiness::Readiness;
 use crate::fs::write_log::WriteLog;
 
-/// Crashes within [`CRASH_WINDOW`] that end the attach instead of another
-/// restart.
+/// Early crashes in a row that end the attach instead of another restart.
 pub const CRASH_LIMIT: usize = 3;
-/// See [`CRASH_LIMIT`].
-pub const CRASH_WINDOW: Duration = Duration::from_secs(60);
+/// A serving process that dies within this time of starting to serve (or
+/// before) counts as an early crash.
+pub const EARLY_CRASH: Duration = Duration::from_secs(2);
 /// How often the serving process beats.
 pub const BEAT_INTERVAL: Duration = Duration::from_millis(500);
 /// Environment variable overriding [`DEFAULT_WATCHDOG`] (seconds; 0 turns
@@ -113,6 +117,13 @@ pub fn set_oom_score_adj(value: i32) -> Option<i32> {
         .and_then(|s| s.trim().parse().ok())
 }
 
+fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -175,7 +186,8 @@ where
     }
 
     let mut role = Role::Fresh;
-    let mut crashes: Vec<Instant> = Vec::new();
+    // Early crashes in a row.
+    let mut crashes = 0u64;
     let mut ready = Some(ready);
     loop {
         let child_dev = match dev.try_clone() {
@@ -214,13 +226,14 @@ where
                 dev: child_dev,
                 state: state.clone(),
                 log,
-                crashes: crashes.len() as u64,
+                crashes,
             };
             std::process::exit(serve(generation, readiness));
         }
         drop(child_dev);
         drop(readiness);
         tracing::info!(pid, ?role, "serving process started");
+        let forked_ms = unix_now_ms();
         let status = watch(pid, &state);
         let was_ready = state.was_ready();
         let crashed = match status {
@@ -236,17 +249,24 @@ where
             tracing::error!(pid, "serving process {crashed}; the attach ends");
             return 1;
         }
-        let now = Instant::now();
-        crashes.retain(|t| now.duration_since(*t) < CRASH_WINDOW);
-        crashes.push(now);
-        if crashes.len() >= CRASH_LIMIT {
+        let since = state.serving_since_ms();
+        let served_ms = if since >= forked_ms {
+            unix_now_ms().saturating_sub(since)
+        } else {
+            0
+        };
+        if served_ms < EARLY_CRASH.as_millis() as u64 {
+            crashes += 1;
+        } else {
+            crashes = 1;
+        }
+        if crashes >= CRASH_LIMIT as u64 {
             tracing::error!(
                 pid,
-                crashes = crashes.len(),
-                "serving process {crashed}: {} crashes within {} s; saving the logged writes \
-                 to a recovery file and ending the attach",
-                crashes.len(),
-                CRASH_WINDOW.as_secs()
+                crashes,
+                "serving process {crashed}: {crashes} processes in a row died within {} s of \
+                 serving; saving the logged writes to a recovery file and ending the attach",
+                EARLY_CRASH.as_secs()
             );
             role = Role::Salvage;
         } else {
@@ -327,6 +347,7 @@ fn watch(pid: libc::pid_t, state: &Handover) -> Ended {
 /// What `stats` shows about this serving process and its holder.
 struct Published {
     state: Arc<Handover>,
+    log: Option<Arc<WriteLog>>,
     oom_score_adj: Option<i32>,
 }
 
@@ -334,9 +355,10 @@ static PUBLISHED: std::sync::OnceLock<Published> = std::sync::OnceLock::new();
 
 /// Makes the attach's state and this process's `oom_score_adj` known to
 /// [`daemon_info`].
-pub fn publish(state: Arc<Handover>, oom_score_adj: Option<i32>) {
+pub fn publish(state: Arc<Handover>, log: Option<Arc<WriteLog>>, oom_score_adj: Option<i32>) {
     let _ = PUBLISHED.set(Published {
         state,
+        log,
         oom_score_adj,
     });
 }
@@ -356,6 +378,10 @@ pub fn daemon_info() -> serde_json::Value {
             "started_unix_secs": p.state.server_started(),
             "takeovers": p.state.takeovers(),
             "oom_score_adj": p.oom_score_adj,
+            "write_log": p.log.as_ref().map(|log| serde_json::json!({
+                "used_bytes": log.used_bytes(),
+                "capacity_bytes": log.capacity_bytes(),
+            })),
         });
         if let (Some(map), serde_json::Value::Object(more)) = (info.as_object_mut(), extra) {
             map.extend(more);

@@ -460,7 +460,7 @@ where
         // Beating from the start: a takeover's lease and replay take time,
         // and the holder's watchdog must not mistake them for a hang.
         gen.state.set_server(std::process::id(), holder::unix_now());
-        holder::publish(gen.state.clone(), oom_score_adj);
+        holder::publish(gen.state.clone(), gen.log.clone(), oom_score_adj);
         runtime.spawn(holder::beat(gen.state.clone()));
     }
     let catalog = runtime.block_on(make_catalog())?;
@@ -612,7 +612,7 @@ where
         runtime.spawn(keep_log(core.clone(), log.clone()));
     }
     if let Some(state) = &state {
-        state.set_ready();
+        state.set_serving();
     }
     ready.ready();
     let result = runtime.block_on(run_until_shutdown(

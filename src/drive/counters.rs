@@ -44,6 +44,8 @@ pub struct Counters {
     pub disk_bad_chunks: u64,
     /// Disk space held by the disk tier (0 when it is off).
     pub disk_bytes: u64,
+    /// A flush pass is sending dirty pages now.
+    pub flushing: bool,
 }
 
 /// The atomic counters a drive updates as it works.
@@ -89,6 +91,7 @@ impl Meters {
             disk_misses: get(&self.disk_misses),
             disk_bad_chunks: 0,
             disk_bytes: 0,
+            flushing: false,
         }
     }
 }

@@ -452,6 +452,7 @@ impl Drive {
         let c = &self.inner.cache;
         let mut out = self.inner.meters.snapshot(c.dirty_bytes(), c.cache_bytes());
         (out.disk_bytes, out.disk_bad_chunks) = self.inner.disk_gauges();
+        out.flushing = self.inner.flush_lock.try_lock().is_err();
         out
     }
 

@@ -169,8 +169,20 @@ pub struct Storage {
 }
 
 impl Storage {
-    /// Makes the namespace and starts Azurite; returns once it answers.
+    /// Makes the namespace and starts an in-memory Azurite; returns once it
+    /// answers.
     pub fn start() -> Storage {
+        Storage::start_with(false)
+    }
+
+    /// Like [`Storage::start`], with Azurite keeping its data on disk (in a
+    /// temporary directory): long runs that write gigabytes would fill an
+    /// in-memory one.
+    pub fn start_on_disk() -> Storage {
+        Storage::start_with(true)
+    }
+
+    fn start_with(on_disk: bool) -> Storage {
         let tag = tag();
         let ns = NetNs::new(format!("bd-st-{tag}"));
         ip(&["-n", &ns.name, "link", "add", "br0", "type", "bridge"]);
@@ -190,6 +202,12 @@ impl Storage {
             .expect("temp dir");
         let log = logdir.path().join("azurite.log");
         let bin = azurite_bin().expect("checked by can_run");
+        let data = logdir.path().join("data");
+        let persistence: Vec<String> = if on_disk {
+            vec!["--location".into(), data.to_string_lossy().into_owned()]
+        } else {
+            vec!["--inMemoryPersistence".into()]
+        };
         let child = Command::new("ip")
             .args(["netns", "exec", &ns.name])
             .arg(&bin)
@@ -198,11 +216,11 @@ impl Storage {
                 STORAGE_ADDR,
                 "--blobPort",
                 &AZURITE_PORT.to_string(),
-                "--inMemoryPersistence",
                 "--skipApiVersionCheck",
                 "--loose",
                 "--silent",
             ])
+            .args(&persistence)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("azurite log"))
@@ -305,6 +323,7 @@ impl Storage {
             connection_string: self.connection_string(),
             root,
             mounts: std::sync::Mutex::new(Vec::new()),
+            holders: std::sync::Mutex::new(Vec::new()),
         }
     }
 }
@@ -324,6 +343,8 @@ pub struct Host {
     pub root: tempfile::TempDir,
     /// Every mount made with [`Host::mount`]: directory and daemon pid.
     mounts: std::sync::Mutex<Vec<(PathBuf, i32)>>,
+    /// The holder process of each attach made with [`Host::mount`].
+    holders: std::sync::Mutex<Vec<(PathBuf, i32)>>,
 }
 
 impl Host {
@@ -413,11 +434,51 @@ impl Host {
             String::from_utf8_lossy(&out.stderr),
             std::fs::read_to_string(&log).unwrap_or_default()
         );
-        let pid = self.stats(&dir)["pid"]
-            .as_i64()
-            .expect("stats names the daemon's pid") as i32;
+        let out = self.blobdrive(&["stats", &dir_s, "--json"]);
+        assert!(
+            out.status.success(),
+            "{}: stats of the new mount failed: {}\nlog: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats is JSON");
+        let pid = stats["pid"].as_i64().expect("stats names the daemon's pid") as i32;
         self.mounts.lock().unwrap().push((dir.clone(), pid));
+        if let Some(holder) = stats["daemon"]["holder_pid"].as_i64() {
+            self.holders
+                .lock()
+                .unwrap()
+                .push((dir.clone(), holder as i32));
+        }
         dir
+    }
+
+    /// The holder process of the attach at `dir` (see `daemon/holder.rs`).
+    pub fn holder_pid(&self, dir: &Path) -> i32 {
+        self.holders
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(d, _)| d == dir)
+            .map(|(_, pid)| *pid)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: no attach with a holder at {}",
+                    self.name,
+                    dir.display()
+                )
+            })
+    }
+
+    /// Kills the attach at `dir` as a host crash would its daemon: the
+    /// holder first (so no process takes over), then the serving process.
+    pub fn kill_daemon(&self, dir: &Path) {
+        for pid in [self.holder_pid(dir), self.daemon_pid(dir)] {
+            // SAFETY: plain syscall on a process this host started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
     }
 
     /// `blobdrive stats DIR --json` on this host.
@@ -489,12 +550,19 @@ impl Host {
     /// devices and FUSE mounts under the host's directories.
     fn clean_up(&self) {
         let mounts = std::mem::take(&mut *self.mounts.lock().unwrap_or_else(|e| e.into_inner()));
+        let holders = std::mem::take(&mut *self.holders.lock().unwrap_or_else(|e| e.into_inner()));
         let alive = |pid: i32| blobdrive::daemon::registry::process_alive(pid as u32);
-        for (_, pid) in &mounts {
-            if alive(*pid) {
+        let current: Vec<i32> = self
+            .attached()
+            .iter()
+            .filter_map(|e| e["pid"].as_i64())
+            .map(|pid| pid as i32)
+            .collect();
+        for pid in mounts.iter().map(|(_, pid)| *pid).chain(current) {
+            if alive(pid) {
                 // A test may have stopped it; a stopped daemon cannot unmount.
                 // SAFETY: plain syscall on a daemon this host started.
-                unsafe { libc::kill(*pid, libc::SIGCONT) };
+                unsafe { libc::kill(pid, libc::SIGCONT) };
             }
         }
         for (dir, pid) in &mounts {
@@ -503,7 +571,17 @@ impl Host {
                 let _ = run_with_timeout(&mut cmd, Duration::from_secs(60));
             }
         }
-        for (_, pid) in &mounts {
+        // Holders first: a holder whose serving process is killed would
+        // start another. The registry names the serving process of now
+        // (a takeover changes it).
+        let registered: Vec<(PathBuf, i32)> = self
+            .attached()
+            .iter()
+            .flat_map(|e| [e["holder_pid"].as_i64(), e["pid"].as_i64()])
+            .flatten()
+            .map(|pid| (PathBuf::new(), pid as i32))
+            .collect();
+        for (_, pid) in holders.iter().chain(&registered).chain(&mounts) {
             if alive(*pid) {
                 // SAFETY: plain syscall on a daemon this host started.
                 unsafe { libc::kill(*pid, libc::SIGKILL) };

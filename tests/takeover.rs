@@ -1,0 +1,494 @@
+//! The mount outlives its serving process: an attach's holder keeps the FUSE
+//! connection and the write log, and a new serving process takes over when
+//! one dies (`kill -9`, the OOM killer) or hangs (the watchdog). The
+//! filesystem above sees a pause, never an I/O error, and loses no
+//! acknowledged write.
+//!
+//! Each test runs fio with verification (`--verify=crc32c`, a backlog, and
+//! `--verify_fatal`) on a filesystem of an attached drive, on its own host
+//! namespace with a dedicated, disk-backed Azurite (see `netns/mod.rs`),
+//! then a `--verify_only` pass after unmount and attach again, the
+//! filesystem's checker, and the blob read by the official Python SDK
+//! compared with the drive as blobdrive reads it.
+//!
+//! `BLOBDRIVE_TAKEOVER_KILLS` sets the kills per filesystem (default 20);
+//! `BLOBDRIVE_TAKEOVER_FIO_MB` the size of fio's file (default 384).
+
+mod netns;
+mod system;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use netns::{Host, Storage};
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Dirty data that counts as "tens of MiB" at a kill.
+const MANY_DIRTY_BYTES: u64 = 16 << 20;
+/// A serving process is killed only after it served this long: quicker
+/// kills in a row are what the holder's crash-loop breaker stops.
+const SERVE_BEFORE_KILL: Duration = Duration::from_millis(2500);
+
+/// fio's random read-write job with verification on `file`, its state
+/// files in `aux`.
+fn fio(file: &Path, aux: &Path, size_mb: u64, runtime: Option<Duration>) -> Command {
+    let mut cmd = Command::new("fio");
+    cmd.current_dir(aux).args([
+        "--name=takeover",
+        &format!("--filename={}", file.display()),
+        &format!("--size={size_mb}M"),
+        "--rw=randrw",
+        "--bsrange=4k-1m",
+        "--ioengine=libaio",
+        "--iodepth=16",
+        "--direct=1",
+        "--verify=crc32c",
+        "--verify_backlog=256",
+        "--verify_fatal=1",
+        "--verify_state_save=1",
+        &format!("--aux-path={}", aux.display()),
+        "--randseed=4242",
+    ]);
+    match runtime {
+        Some(t) => {
+            cmd.args(["--time_based", &format!("--runtime={}", t.as_secs())]);
+        }
+        None => {
+            cmd.args(["--verify_only", "--verify_state_load=1"]);
+        }
+    }
+    cmd
+}
+
+fn start(mut cmd: Command, log: &Path) -> Child {
+    let out = std::fs::File::create(log).expect("fio log");
+    cmd.stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("fio runs (scripts/setup.sh installs it)")
+}
+
+/// Waits for `child`; panics with its log if it fails or outlives `limit`.
+fn finish(mut child: Child, log: &Path, limit: Duration, what: &str) {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for fio") {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            assert!(status.success(), "{what}: fio failed ({status}):\n{text}");
+            assert!(
+                !text.contains("verify:") && !text.contains("bad magic"),
+                "{what}: fio reports a verify error:\n{text}"
+            );
+            return;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!(
+                "{what}: fio did not finish in {limit:?}:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What `stats` says about the attach at `dir`.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    pid: i32,
+    takeovers: u64,
+    dirty: u64,
+    flushing: bool,
+}
+
+fn seen(host: &Host, dir: &Path, drive: &str) -> Seen {
+    let stats = host.stats(dir);
+    let device = &stats["devices"][drive];
+    Seen {
+        pid: stats["pid"].as_i64().expect("pid") as i32,
+        takeovers: stats["daemon"]["takeovers"].as_u64().expect("takeovers"),
+        dirty: device["dirty_bytes"].as_u64().unwrap_or(0),
+        flushing: device["flushing"].as_bool().unwrap_or(false),
+    }
+}
+
+/// Polls `stats` until `ready` holds (or `limit` passes); returns the last
+/// answer.
+fn poll_until(
+    host: &Host,
+    dir: &Path,
+    drive: &str,
+    limit: Duration,
+    mut ready: impl FnMut(&Seen) -> bool,
+) -> Option<Seen> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let s = seen(host, dir, drive);
+        if ready(&s) {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// The drive file as blobdrive reads it (a read-only namespace mount of its
+/// container), for the checker and the comparison with the SDK.
+fn drive_image(host: &Host, container: &str, blob: &str) -> (PathBuf, PathBuf) {
+    let files = host.mount(container, "files", &["--read-only"]);
+    let image = host.view(&files).join(blob);
+    (files, image)
+}
+
+fn check_filesystem(image: &Path, fs: &str) {
+    let image_s = image.to_string_lossy().to_string();
+    let (tool, args) = match fs {
+        "ext4" => ("e2fsck", vec!["-fn", image_s.as_str()]),
+        _ => ("xfs_repair", vec!["-n", "-f", image_s.as_str()]),
+    };
+    let out = Command::new(tool)
+        .args(&args)
+        .output()
+        .expect("run the checker");
+    assert!(
+        out.status.success(),
+        "{tool} found problems after the takeovers:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// SHA-256 of the first `len` bytes of the page blob, read by the official
+/// Python SDK (an independent client) inside the host's namespace.
+fn sdk_sha256(host: &Host, storage: &Storage, container: &str, blob: &str, len: u64) -> String {
+    let script = r#"
+import hashlib, os, sys
+from azure.storage.blob import BlobClient
+c = BlobClient.from_connection_string(os.environ["CS"], sys.argv[1], sys.argv[2])
+n = int(sys.argv[3]); h = hashlib.sha256(); at = 0
+while at < n:
+    k = min(32 << 20, n - at)
+    h.update(c.download_blob(offset=at, length=k).readall()); at += k
+print(h.hexdigest())
+"#;
+    let out = host
+        .command(
+            "python3",
+            &["-c", script, container, blob, &len.to_string()],
+        )
+        .env("CS", storage.connection_string())
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "the SDK could not read the blob: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn file_sha256(path: &Path, len: u64) -> String {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).expect("open the drive file");
+    let mut h = sha2::Sha256::new();
+    let mut left = len;
+    let mut buf = vec![0u8; 4 << 20];
+    while left > 0 {
+        let n = (left as usize).min(buf.len());
+        f.read_exact(&mut buf[..n]).expect("read the drive file");
+        h.update(&buf[..n]);
+        left -= n as u64;
+    }
+    format!("{:x}", h.finalize())
+}
+
+fn p50_and_max(mut stalls: Vec<Duration>) -> (Duration, Duration) {
+    stalls.sort();
+    (stalls[stalls.len() / 2], *stalls.last().unwrap())
+}
+
+fn kill_rounds(test: &str, fs: &str) {
+    if !netns::can_run(test) {
+        return;
+    }
+    let kills = env_u64("BLOBDRIVE_TAKEOVER_KILLS", 20);
+    let size_mb = env_u64("BLOBDRIVE_TAKEOVER_FIO_MB", 384);
+    let mut storage = Storage::start_on_disk();
+    let host = storage.host(fs);
+    let (container, blob) = ("takeover", "t.vhd");
+    let drive = format!("{container}/{blob}");
+    let disk_bytes: u64 = 2 << 30;
+    host.ok(&["create", &drive, "--size", "2G", "--mkfs", fs]);
+    let dir = host.mount(&drive, "m", &["--flush-delay", "2s"]);
+    let file = host.view(&dir).join("fio.dat");
+    let aux = tempfile::tempdir().expect("fio's directory");
+    let log = aux.path().join("fio.log");
+    // Long enough for every kill; fio ends by itself.
+    let runtime = Duration::from_secs(kills * 4 + 20);
+    let fio_run = start(fio(&file, aux.path(), size_mb, Some(runtime)), &log);
+
+    let mut stalls = Vec::new();
+    let (mut with_dirty, mut in_flush) = (0, 0);
+    let mut last_ready = Instant::now();
+    for k in 0..kills {
+        std::thread::sleep(SERVE_BEFORE_KILL.saturating_sub(last_ready.elapsed()));
+        // Alternate the moments: with much dirty data, and inside a flush.
+        let want_dirty = k % 2 == 0;
+        let at = poll_until(&host, &dir, &drive, Duration::from_secs(20), |s| {
+            if want_dirty {
+                s.dirty >= MANY_DIRTY_BYTES
+            } else {
+                s.flushing
+            }
+        })
+        .unwrap_or_else(|| seen(&host, &dir, &drive));
+        with_dirty += (at.dirty >= MANY_DIRTY_BYTES) as u32;
+        in_flush += at.flushing as u32;
+        // SAFETY: plain syscall on the serving process of this host's attach.
+        unsafe { libc::kill(at.pid, libc::SIGKILL) };
+        let killed = Instant::now();
+        let after = poll_until(&host, &dir, &drive, Duration::from_secs(60), |s| {
+            s.pid != at.pid && s.takeovers == at.takeovers + 1
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "kill {k}: no process took over within a minute; log:\n{}",
+                std::fs::read_to_string(host.log_path("m")).unwrap_or_default()
+            )
+        });
+        stalls.push(killed.elapsed());
+        last_ready = Instant::now();
+        println!(
+            "kill {k}: pid {} with {} MiB dirty{}, replaced by {} in {:?}",
+            at.pid,
+            at.dirty >> 20,
+            if at.flushing { ", inside a flush" } else { "" },
+            after.pid,
+            killed.elapsed()
+        );
+    }
+    finish(
+        fio_run,
+        &log,
+        runtime + Duration::from_secs(300),
+        "fio under kill -9",
+    );
+    let (p50, max) = p50_and_max(stalls);
+    println!("{kills} kills: {with_dirty} with >= 16 MiB dirty, {in_flush} inside a flush; takeover p50 {p50:?}, max {max:?}");
+    if kills >= 20 {
+        assert!(
+            with_dirty >= 5,
+            "only {with_dirty} kills landed with tens of MiB dirty"
+        );
+        assert!(in_flush >= 5, "only {in_flush} kills landed inside a flush");
+    }
+    assert_eq!(seen(&host, &dir, &drive).takeovers, kills);
+
+    // Everything fio wrote reads back after a clean unmount and a fresh attach.
+    host.unmount(&dir);
+    let dir = host.mount(&drive, "m2", &[]);
+    let file = host.view(&dir).join("fio.dat");
+    let log2 = aux.path().join("verify.log");
+    let verify = start(fio(&file, aux.path(), size_mb, None), &log2);
+    finish(
+        verify,
+        &log2,
+        Duration::from_secs(600),
+        "fio --verify_only after attach again",
+    );
+    host.unmount(&dir);
+
+    let (files, image) = drive_image(&host, container, blob);
+    check_filesystem(&image, fs);
+    assert_eq!(
+        sdk_sha256(&host, &storage, container, blob, disk_bytes),
+        file_sha256(&image, disk_bytes),
+        "the blob, read by the SDK, differs from the drive as blobdrive reads it"
+    );
+    host.unmount(&files);
+}
+
+#[test]
+fn kill_9_of_the_serving_process_under_fio_loses_nothing_on_ext4() {
+    kill_rounds("takeover_kill_ext4", "ext4");
+}
+
+#[test]
+fn kill_9_of_the_serving_process_under_fio_loses_nothing_on_xfs() {
+    kill_rounds("takeover_kill_xfs", "xfs");
+}
+
+/// Writes `mb` MiB of a pattern to `path` and fsyncs it; returns its SHA-256.
+fn write_pattern(path: &Path, mb: usize, seed: u8) -> String {
+    use sha2::Digest;
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("create");
+    let mut h = sha2::Sha256::new();
+    for i in 0..mb {
+        let chunk: Vec<u8> = (0..1 << 20).map(|j| (j as u8) ^ (i as u8) ^ seed).collect();
+        f.write_all(&chunk).expect("write");
+        h.update(&chunk);
+    }
+    f.sync_all().expect("fsync");
+    format!("{:x}", h.finalize())
+}
+
+#[test]
+fn a_stopped_serving_process_is_replaced_by_the_watchdog_and_writes_go_on() {
+    if !netns::can_run("takeover_watchdog") {
+        return;
+    }
+    let mut storage = Storage::start();
+    let host = storage.host("hang");
+    let drive = "hang/h.vhd";
+    host.ok(&["create", drive, "--size", "256M", "--mkfs", "ext4"]);
+    // A short watchdog, so the test does not wait the default 10 s.
+    std::env::set_var("BLOBDRIVE_WATCHDOG_SECS", "3");
+    let dir = host.mount(drive, "m", &[]);
+    std::env::remove_var("BLOBDRIVE_WATCHDOG_SECS");
+    let root = host.view(&dir);
+    let before = seen(&host, &dir, drive);
+    let first = write_pattern(&root.join("a"), 8, 1);
+    // SAFETY: plain syscall on the serving process of this host's attach.
+    unsafe { libc::kill(before.pid, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    // Writes issued while it hangs wait, then complete once replaced.
+    let writer = {
+        let path = root.join("b");
+        std::thread::spawn(move || write_pattern(&path, 16, 2))
+    };
+    let after = poll_until(&host, &dir, drive, Duration::from_secs(30), |s| {
+        s.pid != before.pid
+    })
+    .expect("the watchdog replaced the stopped process within 30 s");
+    let replaced = stopped.elapsed();
+    let second = writer.join().expect("the writer");
+    println!(
+        "stopped process {} replaced by {} after {replaced:?}",
+        before.pid, after.pid
+    );
+    assert!(
+        replaced < Duration::from_secs(10),
+        "the watchdog (3 s) took {replaced:?}"
+    );
+    assert_eq!(after.takeovers, 1);
+    assert!(
+        !registry_alive(before.pid),
+        "the stopped process {} still exists",
+        before.pid
+    );
+    host.unmount(&dir);
+    let dir = host.mount(drive, "m2", &[]);
+    let root = host.view(&dir);
+    assert_eq!(sha_of(&root.join("a")), first);
+    assert_eq!(sha_of(&root.join("b")), second);
+    host.unmount(&dir);
+}
+
+fn registry_alive(pid: i32) -> bool {
+    blobdrive::daemon::registry::process_alive(pid as u32)
+}
+
+fn sha_of(path: &Path) -> String {
+    use sha2::Digest;
+    let data = std::fs::read(path).expect("read back");
+    format!("{:x}", sha2::Sha256::digest(&data))
+}
+
+/// A memory cgroup (v1) holding one process, removed on drop.
+struct MemoryCgroup {
+    path: PathBuf,
+}
+
+impl MemoryCgroup {
+    fn new(name: &str) -> Option<MemoryCgroup> {
+        let root = Path::new("/sys/fs/cgroup/memory");
+        if !root.join("memory.limit_in_bytes").exists() {
+            return None;
+        }
+        let path = root.join(name);
+        std::fs::create_dir(&path).ok()?;
+        Some(MemoryCgroup { path })
+    }
+
+    fn add(&self, pid: i32) {
+        std::fs::write(self.path.join("cgroup.procs"), pid.to_string()).expect("move the process");
+    }
+
+    fn limit(&self, bytes: u64) {
+        std::fs::write(self.path.join("memory.limit_in_bytes"), bytes.to_string())
+            .expect("set the limit");
+    }
+
+    fn usage(&self) -> u64 {
+        std::fs::read_to_string(self.path.join("memory.usage_in_bytes"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn the_oom_killer_taking_the_serving_process_costs_a_pause_not_the_drive() {
+    if !netns::can_run("takeover_oom") {
+        return;
+    }
+    let Some(group) = MemoryCgroup::new(&format!("blobdrive-oom-{}", std::process::id())) else {
+        println!("SKIPPED: takeover_oom: no memory cgroup (v1) here");
+        return;
+    };
+    let mut storage = Storage::start();
+    let host = storage.host("oom");
+    let drive = "oom/o.vhd";
+    host.ok(&["create", drive, "--size", "1G", "--mkfs", "ext4"]);
+    let dir = host.mount(drive, "m", &["--cache-size", "512M"]);
+    let root = host.view(&dir);
+    let written = write_pattern(&root.join("big"), 400, 7);
+    // A fresh attach: the daemon's cache is cold, reading fills it.
+    host.unmount(&dir);
+    let dir = host.mount(drive, "m2", &["--cache-size", "512M"]);
+    let root = host.view(&dir);
+    let before = seen(&host, &dir, drive);
+    group.add(before.pid);
+    // Room for what it holds now and a little more: reading 400 MiB through
+    // a 512 MiB cache pushes it over.
+    group.limit(group.usage() + (64 << 20));
+    // Reads through the page cache of the host are dropped first, so every
+    // byte goes through the daemon.
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+    let read = sha_of(&root.join("big"));
+    assert_eq!(read, written, "the file read across the OOM kill differs");
+    let after = poll_until(&host, &dir, drive, Duration::from_secs(30), |s| {
+        s.takeovers >= 1
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the serving process was not OOM-killed and replaced; log:\n{}",
+            std::fs::read_to_string(host.log_path("m2")).unwrap_or_default()
+        )
+    });
+    assert_ne!(after.pid, before.pid);
+    let log = std::fs::read_to_string(host.log_path("m2")).unwrap_or_default();
+    assert!(log.contains("killed by signal 9"), "{log}");
+    host.unmount(&dir);
+}
