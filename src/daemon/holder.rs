@@ -48,6 +48,17 @@ pub const WATCHDOG_ENV: &str = "BLOBDRIVE_WATCHDOG_SECS";
 /// The beat comes from a timer task, which storage never blocks: an outage
 /// is not a hang.
 pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(10);
+/// Environment variable that turns an attach's write log off (`off`): for
+/// measuring what it costs. Without it a serving process that dies takes
+/// the attach with it (its acknowledged, unflushed writes are lost, and
+/// said so), as before the log existed.
+pub const WRITE_LOG_ENV: &str = "BLOBDRIVE_WRITE_LOG";
+
+/// False when [`WRITE_LOG_ENV`] says `off`.
+pub fn write_log_wanted() -> bool {
+    std::env::var(WRITE_LOG_ENV).map_or(true, |v| v != "off")
+}
+
 /// Exit status of a panic (Rust's default): a crash like a signal.
 const PANIC_STATUS: i32 = 101;
 /// Exit status of a serving process whose takeover could not finish (the

@@ -191,7 +191,7 @@ where
 {
     let spec = opts.attach.as_ref().expect("an attach");
     let writable = !opts.read_only && spec.drive.snapshot.is_none();
-    let log_bytes = writable.then_some(spec.write_log_bytes);
+    let log_bytes = (writable && holder::write_log_wanted()).then_some(spec.write_log_bytes);
     holder::hold(
         |generation, ready| {
             let takeover = generation.role != holder::Role::Fresh;
@@ -528,9 +528,17 @@ where
             )));
         }
         let resend = state.init().is_some_and(|i| i.has_resend());
-        if role == Some(holder::Role::Salvage) || !resend {
+        let unlogged = !opts.read_only && log.is_none();
+        if role == Some(holder::Role::Salvage) || !resend || unlogged {
             let _ = std::fs::remove_file(&socket_path);
-            return runtime.block_on(salvage(&core, crashes, resend));
+            let why = if !resend {
+                Ended::NoResend
+            } else if unlogged {
+                Ended::NoLog
+            } else {
+                Ended::CrashLoop(crashes)
+            };
+            return runtime.block_on(salvage(&core, why));
         }
     }
     let session = match (dev, &state) {
@@ -714,17 +722,29 @@ async fn take_over(
     Ok(())
 }
 
+/// Why a successor ends the attach instead of serving.
+enum Ended {
+    CrashLoop(u64),
+    NoResend,
+    NoLog,
+}
+
 /// After a crash loop, or on a kernel that cannot resend requests: saves
 /// what the log held (now in the cache) in a recovery file and ends the
 /// attach without serving. The holder then exits, which ends the FUSE
 /// connection (the filesystem above sees I/O errors, as when a disk goes).
-async fn salvage(core: &FsCore, crashes: u64, resend: bool) -> anyhow::Result<()> {
-    let reason = if resend {
-        format!("the daemon crashed {crashes} times in a short time")
-    } else {
-        "the daemon died and this kernel cannot resend the requests it had read \
-         (FUSE_NOTIFY_RESEND needs Linux 6.9)"
-            .to_string()
+async fn salvage(core: &FsCore, why: Ended) -> anyhow::Result<()> {
+    let reason = match why {
+        Ended::CrashLoop(crashes) => format!(
+            "{crashes} serving processes in a row died within {} s of serving",
+            holder::EARLY_CRASH.as_secs()
+        ),
+        Ended::NoResend => "the daemon died and this kernel cannot resend the requests it had \
+             read (FUSE_NOTIFY_RESEND needs Linux 6.9)"
+            .to_string(),
+        Ended::NoLog => "the daemon died with its write log off (BLOBDRIVE_WRITE_LOG=off): \
+             writes it had acknowledged and not flushed are lost"
+            .to_string(),
     };
     let saved = core.save_unflushed_all(&reason).await;
     let files: Vec<String> = saved.iter().map(|p| p.display().to_string()).collect();
