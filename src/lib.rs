@@ -26,4 +26,5 @@ pub mod recovery;
 pub mod shared_memory;
 pub mod transfer;
 pub mod units;
+pub mod version;
 pub mod vhd;

@@ -39,6 +39,7 @@ pub mod restore;
 pub mod snapshot;
 pub mod stats;
 pub mod unmount;
+pub mod upgrade;
 pub mod upload;
 pub mod values;
 
@@ -111,6 +112,9 @@ pub enum Command {
     Mount(mount::MountArgs),
     /// Flush everything, release the lease and detach a mount.
     Unmount(unmount::UnmountArgs),
+    /// Hand an attached drive over to the blobdrive now installed, without
+    /// unmounting it.
+    Upgrade(upgrade::UpgradeArgs),
     /// Take a snapshot of a drive and print its time.
     Snapshot(snapshot::SnapshotArgs),
     /// Break a stale mount lock (the blob's lease) after a crash.
@@ -154,6 +158,7 @@ impl Command {
             Command::List(_) => "list",
             Command::Mount(_) => "mount",
             Command::Unmount(_) => "unmount",
+            Command::Upgrade(_) => "upgrade",
             Command::Snapshot(_) => "snapshot",
             Command::BreakLease(_) => "break-lease",
             Command::Delete(_) => "delete",
@@ -235,7 +240,17 @@ pub type CmdResult = anyhow::Result<()>;
 
 /// Entry point of the `blobdrive` binary; returns the process exit code.
 pub fn main() -> i32 {
-    let args: Vec<OsString> = std::env::args_os().collect();
+    let args: Vec<OsString> = match handed_over_command_line() {
+        Some(Ok(args)) => args,
+        Some(Err(err)) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "blobdrive: cannot read the command line handed over by the attach's holder: {err}"
+            );
+            return crate::daemon::holder::TAKEOVER_FAILED;
+        }
+        None => std::env::args_os().collect(),
+    };
     // First thing, now that the arguments are copied, and before a mount
     // forks its daemon: the credentials among them go from the command line.
     if let Err(err) = argv::hide_credentials() {
@@ -254,12 +269,42 @@ pub fn main() -> i32 {
     run_with_args(args)
 }
 
+/// The command line an attach's holder hands to a new binary it starts
+/// (an upgrade): the arguments of the original `blobdrive mount`, from the
+/// memory file named by the environment (never from argv, where the
+/// credentials among them would show). None for an ordinary start.
+fn handed_over_command_line() -> Option<std::io::Result<Vec<OsString>>> {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStringExt;
+    let fd: i32 = std::env::var(crate::daemon::holder::ARGS_ENV)
+        .ok()?
+        .parse()
+        .ok()?;
+    std::env::remove_var(crate::daemon::holder::ARGS_ENV);
+    // SAFETY: the holder passed this descriptor, open, for us alone.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut text = Vec::new();
+    Some(file.read_to_end(&mut text).map(|_| {
+        // Each argument ends with a NUL; the memory file may be longer.
+        let end = text.iter().rposition(|b| *b == 0).map_or(0, |i| i + 1);
+        text[..end]
+            .split(|b| *b == 0)
+            .take(text[..end].iter().filter(|b| **b == 0).count())
+            .map(|a| OsString::from_vec(a.to_vec()))
+            .collect()
+    }))
+}
+
 /// Parse `args` (program name first), run the command, report; returns the exit code.
 pub fn run_with_args<I, T>(args: I) -> i32
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    // Kept for an upgrade of a mount's daemon, which parses them again.
+    crate::daemon::holder::remember_command_line(args.clone());
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(err) => return report_clap_error(&err),
@@ -281,6 +326,7 @@ where
         Command::List(a) => list::run(&ctx, a),
         Command::Mount(a) => mount::run(&ctx, a),
         Command::Unmount(a) => unmount::run(&ctx, a),
+        Command::Upgrade(a) => upgrade::run(&ctx, a),
         Command::Snapshot(a) => snapshot::run(&ctx, a),
         Command::BreakLease(a) => break_lease::run(&ctx, a),
         Command::Delete(a) => delete::run(&ctx, a),

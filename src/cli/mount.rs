@@ -229,7 +229,7 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
         blob: path.name.clone(),
         snapshot: path.snapshot.clone(),
     };
-    let mut drive_options = args.drive_options();
+    let drive_options = args.drive_options();
     let opts = MountOptions {
         read_only,
         foreground: args.foreground,
@@ -247,13 +247,14 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
         metrics: args.metrics_options()?,
     };
     let break_lease = args.break_lease;
-    // Every serving process of this attach (a later one takes over after a
-    // crash) proposes this lease id: the service gives a lease again to the
-    // id that holds it, and to no other.
-    drive_options.lease_id = Some(uuid::Uuid::new_v4().to_string());
     run_mount(dir, &opts, move |takeover| {
         let (account, path, drive) = (account.clone(), path.clone(), drive.clone());
-        let (drive_options, data_key) = (drive_options.clone(), data_key.clone());
+        let (mut drive_options, data_key) = (drive_options.clone(), data_key.clone());
+        // Every serving process of this attach (a later one takes over after
+        // a crash or an upgrade) proposes the attach's one lease id.
+        if let Some(id) = crate::daemon::holder::attach_lease_id() {
+            drive_options.lease_id = Some(id);
+        }
         async move {
             let client = BlobClient::new(account)?;
             // Only the first: a takeover's lease is its own.

@@ -110,7 +110,7 @@ pub(crate) fn socket_path_of_canonical(canonical: &Path) -> PathBuf {
 }
 
 /// A command sent over the control socket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Counters of all open devices, as JSON.
     Stats,
@@ -123,6 +123,9 @@ pub enum Command {
     Grow(u64),
     /// Flush, close and unmount.
     Unmount,
+    /// Flush and hand the attach over to a serving process of this binary
+    /// (`blobdrive upgrade`).
+    Upgrade(PathBuf),
 }
 
 impl Command {
@@ -133,10 +136,14 @@ impl Command {
             "metrics" => Some(Command::Metrics),
             "flush" => Some(Command::Flush),
             "unmount" => Some(Command::Unmount),
-            other => other
-                .strip_prefix("grow ")
-                .and_then(|n| n.trim().parse().ok())
-                .map(Command::Grow),
+            other => match other.strip_prefix("upgrade ") {
+                Some(path) if path.starts_with('/') => Some(Command::Upgrade(PathBuf::from(path))),
+                Some(_) => None,
+                None => other
+                    .strip_prefix("grow ")
+                    .and_then(|n| n.trim().parse().ok())
+                    .map(Command::Grow),
+            },
         }
     }
 }
@@ -353,6 +360,22 @@ pub fn request_grow(mountpoint: &Path, new_size_bytes: u64) -> anyhow::Result<()
     }
 }
 
+/// Asks the daemon of the attach at `mountpoint` to flush and hand the
+/// attach over to a serving process running `binary` (an absolute path);
+/// returns once it has agreed (the handover then takes a moment), or with
+/// its reason why not.
+pub fn request_upgrade(mountpoint: &Path, binary: &Path) -> anyhow::Result<()> {
+    let line = request_once(mountpoint, &format!("upgrade {}", binary.display()), None)?;
+    match line.strip_prefix("error ") {
+        None if line == "ok" => Ok(()),
+        None => bail!("unexpected answer from the daemon: {line}"),
+        Some(reason) => bail!(
+            "cannot upgrade the daemon of {}: {reason}",
+            mountpoint.display()
+        ),
+    }
+}
+
 /// Asks the daemon of `mountpoint` to flush everything, close its drives
 /// (releasing leases) and unmount; returns once it has, or with its reason why not.
 pub fn request_unmount(mountpoint: &Path) -> anyhow::Result<()> {
@@ -518,6 +541,18 @@ pub(crate) async fn serve(
                     } else {
                         let reasons: Vec<String> = errors.iter().map(ToString::to_string).collect();
                         format!("error {}", reasons.join("; ").replace('\n', " "))
+                    }
+                }
+                Some(Command::Upgrade(binary)) => {
+                    match super::holder::prepare_upgrade(&binary, &core).await {
+                        Ok(()) => {
+                            // Answered before this process goes: the
+                            // requester then waits for the new one.
+                            let _ = write.write_all(b"ok\n").await;
+                            let _ = write.shutdown().await;
+                            super::holder::exit_for_upgrade();
+                        }
+                        Err(err) => format!("error {}", format!("{err:#}").replace('\n', " ")),
                     }
                 }
                 Some(Command::Grow(bytes)) => match core.grow_drive(bytes).await {

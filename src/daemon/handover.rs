@@ -17,8 +17,6 @@ use crate::fs::wire::InitOut;
 use crate::shared_memory::SharedMemory;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"BDSTATE1");
-/// The layout version of the state (and of the write log it goes with).
-pub const FORMAT_VERSION: u64 = 1;
 const BYTES: usize = 4096;
 
 const F_MAGIC: usize = 0;
@@ -40,6 +38,13 @@ const INIT_FIELDS: usize = 11;
 // File handles: (fh, ino, writable + 1; 0 = free) per slot.
 const F_HANDLES: usize = 512;
 const HANDLE_SLOTS: usize = 64;
+// The binary an upgrade asked for: its length, then its path.
+const F_UPGRADE_LEN: usize = 2048;
+const F_UPGRADE_PATH: usize = 2056;
+const UPGRADE_PATH_MAX: usize = 1024;
+// The lease id every serving process of the attach proposes.
+const F_LEASE_ID: usize = 3584;
+const LEASE_ID_BYTES: usize = 36;
 
 const READY: u64 = 1;
 const INIT_KNOWN: u64 = 2;
@@ -66,8 +71,19 @@ impl Handover {
     /// A new state, in a new memory file.
     pub fn create() -> io::Result<Self> {
         let mem = SharedMemory::create("blobdrive-state", BYTES)?;
+        // The service gives a lease again to the id that holds it, and to no
+        // other: one id for the attach's life, whichever process serves.
+        let lease_id = uuid::Uuid::new_v4().to_string();
+        // SAFETY: the range lies inside the new mapping; no one else has it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                lease_id.as_ptr(),
+                mem.as_ptr().add(F_LEASE_ID),
+                LEASE_ID_BYTES,
+            )
+        };
         mem.u64_at(F_VERSION)
-            .store(FORMAT_VERSION, Ordering::Relaxed);
+            .store(crate::version::state_format(), Ordering::Relaxed);
         mem.u64_at(F_MAGIC).store(MAGIC, Ordering::Release);
         Ok(Handover {
             mem,
@@ -85,12 +101,13 @@ impl Handover {
             ));
         }
         let version = mem.u64_at(F_VERSION).load(Ordering::Acquire);
-        if version != FORMAT_VERSION {
+        let ours = crate::version::state_format();
+        if version != ours {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
                     "the running daemon's state has format version {version}; this blobdrive \
-                     reads version {FORMAT_VERSION}"
+                     reads version {ours}"
                 ),
             ));
         }
@@ -184,6 +201,53 @@ impl Handover {
     /// The serving process's start time (Unix seconds).
     pub fn server_started(&self) -> u64 {
         self.field(F_SERVER_STARTED).load(Ordering::Acquire)
+    }
+
+    /// The lease id every serving process of this attach proposes.
+    pub fn lease_id(&self) -> String {
+        // SAFETY: inside the mapping, written once at creation.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(self.mem.as_ptr().add(F_LEASE_ID), LEASE_ID_BYTES)
+        };
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+
+    /// Records the binary the next serving process runs (an upgrade).
+    pub fn set_upgrade(&self, path: &std::path::Path) -> io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = path.as_os_str().as_bytes();
+        if bytes.len() > UPGRADE_PATH_MAX {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the path of the new binary is longer than {UPGRADE_PATH_MAX} bytes"),
+            ));
+        }
+        // SAFETY: the range lies inside the mapping (offsets fixed above,
+        // well below its 4 KiB); only this process writes it now.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.mem.as_ptr().add(F_UPGRADE_PATH),
+                bytes.len(),
+            );
+        }
+        self.field(F_UPGRADE_LEN)
+            .store(bytes.len() as u64, Ordering::Release);
+        Ok(())
+    }
+
+    /// The binary an upgrade asked for, once (cleared as it is read).
+    pub fn take_upgrade(&self) -> Option<std::path::PathBuf> {
+        use std::os::unix::ffi::OsStrExt;
+        let len = self.field(F_UPGRADE_LEN).swap(0, Ordering::AcqRel) as usize;
+        if len == 0 || len > UPGRADE_PATH_MAX {
+            return None;
+        }
+        // SAFETY: inside the mapping; the writer stored the bytes before
+        // the length (Release), read after it (Acquire).
+        let bytes =
+            unsafe { std::slice::from_raw_parts(self.mem.as_ptr().add(F_UPGRADE_PATH), len) };
+        Some(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(bytes)))
     }
 
     /// Records what INIT settled.

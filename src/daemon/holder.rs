@@ -64,6 +64,17 @@ const PANIC_STATUS: i32 = 101;
 /// Exit status of a serving process whose takeover could not finish (the
 /// lease or the replay failed): a crash, tried again up to the limit.
 pub const TAKEOVER_FAILED: i32 = 75;
+/// Exit status of a serving process that handed the attach over for an
+/// upgrade: the holder starts the binary it named.
+pub const UPGRADE: i32 = 76;
+/// Exit status of a child whose exec of a new binary failed.
+const EXEC_FAILED: i32 = 77;
+/// Environment variable naming the descriptors a new binary takes over
+/// (`dev,state,log`; `-` for no log) and the one holding its command line.
+pub const HANDOVER_ENV: &str = "BLOBDRIVE_HANDOVER";
+/// Environment variable naming the memory file that holds the command line
+/// (arguments separated by NUL) of an exec'd serving process.
+pub const ARGS_ENV: &str = "BLOBDRIVE_ARGS_FD";
 /// How often the holder looks at its child.
 const POLL: Duration = Duration::from_millis(50);
 /// `oom_score_adj` the holder asks for (far below ordinary processes: its
@@ -199,6 +210,11 @@ where
     let mut role = Role::Fresh;
     // Early crashes in a row.
     let mut crashes = 0u64;
+    // The binary serving processes run after an upgrade (None: a fork of
+    // the holder's own code), and the one an upgrade asked for, until a
+    // process of it has served.
+    let mut binary: Option<std::path::PathBuf> = None;
+    let mut pending: Option<std::path::PathBuf> = None;
     let mut ready = Some(ready);
     loop {
         let child_dev = match dev.try_clone() {
@@ -219,6 +235,12 @@ where
         if pid == 0 {
             for sig in STOP_SIGNALS {
                 set_handler(sig, libc::SIG_DFL);
+            }
+            if let Some(path) = pending.as_ref().or(binary.as_ref()) {
+                // Returns only when the exec failed.
+                let err = exec_successor(path, &child_dev, &state, log.as_deref());
+                tracing::error!(%err, binary = %path.display(), "cannot start the new binary");
+                std::process::exit(EXEC_FAILED);
             }
             // The holder's own view of the log is the empty one it made;
             // a successor reads where the dead process left it.
@@ -247,6 +269,36 @@ where
         let forked_ms = unix_now_ms();
         let status = watch(pid, &state);
         let was_ready = state.was_ready();
+        if let Some(tried) = pending.take() {
+            if state.serving_since_ms() >= forked_ms {
+                binary = Some(tried);
+            } else if !matches!(status, Ended::Exited(0)) {
+                // The new binary never served (it refused the state's
+                // format, could not read its keys, or failed): the binary
+                // that served before takes over again.
+                tracing::error!(
+                    pid,
+                    binary = %tried.display(),
+                    "the new binary did not take over; the version that ran before goes on serving"
+                );
+                role = Role::Takeover;
+                continue;
+            }
+        }
+        if let Ended::Exited(UPGRADE) = status {
+            match state.take_upgrade() {
+                Some(path) => {
+                    tracing::info!(pid, binary = %path.display(), "serving process handed over for an upgrade");
+                    pending = Some(path);
+                }
+                None => tracing::error!(
+                    pid,
+                    "upgrade asked for without a binary; taking over as after a crash"
+                ),
+            }
+            role = Role::Takeover;
+            continue;
+        }
         let crashed = match status {
             Ended::Exited(code) if code != PANIC_STATUS && code != TAKEOVER_FAILED => {
                 tracing::info!(pid, code, "serving process ended the attach");
@@ -288,6 +340,125 @@ where
             role = Role::Takeover;
         }
     }
+}
+
+/// The attach handed to this process by its holder (an upgrade: this is a
+/// new binary it started), from the descriptors named in the environment;
+/// None for an ordinary start.
+pub fn handed_over() -> Option<std::io::Result<Generation>> {
+    let value = std::env::var(HANDOVER_ENV).ok()?;
+    std::env::remove_var(HANDOVER_ENV);
+    Some(adopt_handover(&value))
+}
+
+fn adopt_handover(value: &str) -> std::io::Result<Generation> {
+    use std::os::fd::FromRawFd;
+    let bad = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("bad {HANDOVER_ENV} {value:?}"),
+        )
+    };
+    let fds: Vec<Option<i32>> = value
+        .split(',')
+        .map(|f| {
+            if f == "-" {
+                Ok(None)
+            } else {
+                f.parse().map(Some)
+            }
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    let [Some(dev), Some(state), log] = fds[..] else {
+        return Err(bad());
+    };
+    // SAFETY: the holder passed these descriptors, open, for this process.
+    // Closed at exec again: the tools this process runs must not hold them.
+    let own = |fd: i32| unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        OwnedFd::from_raw_fd(fd)
+    };
+    let (dev, state) = (own(dev), own(state));
+    let state = Handover::open(crate::shared_memory::SharedMemory::open(state)?)?;
+    let log = match log {
+        Some(fd) => Some(Arc::new(WriteLog::adopt(
+            crate::shared_memory::SharedMemory::open(own(fd))?,
+            crate::fs::session::READ_BUFFER_BYTES,
+        )?)),
+        None => None,
+    };
+    Ok(Generation {
+        role: Role::Takeover,
+        dev,
+        state: Arc::new(state),
+        log,
+        crashes: 0,
+    })
+}
+
+/// The command line of `blobdrive mount`, as parsed (credentials included:
+/// they are gone from `/proc/PID/cmdline`), for a new binary to parse again.
+static COMMAND_LINE: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
+
+/// Keeps `args` for an upgrade (call before parsing them).
+pub fn remember_command_line(args: Vec<std::ffi::OsString>) {
+    let _ = COMMAND_LINE.set(args);
+}
+
+/// Replaces this (forked) process with `binary` serving the attach: the
+/// connection, the state and the log stay open across the exec, their
+/// numbers and a memory file with the command line go in the environment.
+/// Returns only on failure.
+fn exec_successor(
+    binary: &std::path::Path,
+    dev: &OwnedFd,
+    state: &Handover,
+    log: Option<&WriteLog>,
+) -> std::io::Error {
+    use std::os::fd::{AsRawFd, IntoRawFd};
+    use std::os::unix::ffi::OsStrExt;
+    let Some(args) = COMMAND_LINE.get() else {
+        return std::io::Error::other("the mount's command line is unknown");
+    };
+    let mut text = Vec::new();
+    for arg in args {
+        text.extend_from_slice(arg.as_bytes());
+        text.push(0);
+    }
+    let args_mem =
+        match crate::shared_memory::SharedMemory::create("blobdrive-args", text.len().max(1)) {
+            Ok(mem) => mem,
+            Err(err) => return err,
+        };
+    // SAFETY: the mapping holds at least `text.len()` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), args_mem.as_ptr(), text.len()) };
+    let args_fd = match args_mem.fd().try_clone_to_owned() {
+        Ok(fd) => fd.into_raw_fd(),
+        Err(err) => return err,
+    };
+    let fds = [
+        Some(dev.as_raw_fd()),
+        Some(state.memory().fd().as_raw_fd()),
+        log.map(|l| l.memory().fd().as_raw_fd()),
+        Some(args_fd),
+    ];
+    for fd in fds.iter().flatten() {
+        // SAFETY: clearing FD_CLOEXEC on a descriptor this process owns.
+        if unsafe { libc::fcntl(*fd, libc::F_SETFD, 0) } != 0 {
+            return std::io::Error::last_os_error();
+        }
+    }
+    let show = |fd: Option<i32>| fd.map_or("-".to_string(), |fd| fd.to_string());
+    std::env::set_var(
+        HANDOVER_ENV,
+        format!("{},{},{}", show(fds[0]), show(fds[1]), show(fds[2])),
+    );
+    std::env::set_var(ARGS_ENV, args_fd.to_string());
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new(binary)
+        .arg0(args.first().cloned().unwrap_or_else(|| "blobdrive".into()))
+        .exec()
 }
 
 /// The log as the last serving process left it, in a mapping of its own.
@@ -355,6 +526,13 @@ fn watch(pid: libc::pid_t, state: &Handover) -> Ended {
     }
 }
 
+/// The lease id the drive of this process's attach is opened with (the
+/// same in every serving process of the attach, whatever its binary);
+/// None outside an attach under a holder.
+pub fn attach_lease_id() -> Option<String> {
+    PUBLISHED.get().map(|p| p.state.lease_id())
+}
+
 /// What `stats` shows about this serving process and its holder.
 struct Published {
     state: Arc<Handover>,
@@ -378,8 +556,8 @@ pub fn publish(state: Arc<Handover>, log: Option<Arc<WriteLog>>, oom_score_adj: 
 /// (`{"version": ..}` alone outside an attach).
 pub fn daemon_info() -> serde_json::Value {
     let mut info = serde_json::json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "state_format": super::handover::FORMAT_VERSION,
+        "version": crate::version::version(),
+        "state_format": crate::version::state_format(),
         "pid": std::process::id(),
     });
     if let Some(p) = PUBLISHED.get() {
@@ -399,6 +577,54 @@ pub fn daemon_info() -> serde_json::Value {
         }
     }
     info
+}
+
+/// Checks that `binary` may serve this attach (an absolute path to an
+/// executable regular file that only its owner, root or this user, can
+/// change), flushes every drive, and records it in the state for the
+/// holder; the caller then answers and calls [`exit_for_upgrade`].
+pub async fn prepare_upgrade(
+    binary: &std::path::Path,
+    core: &crate::fs::FsCore,
+) -> anyhow::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Some(published) = PUBLISHED.get() else {
+        anyhow::bail!("only an attached drive's daemon can be upgraded in place (a namespace mount is unmounted and mounted again)");
+    };
+    let meta = std::fs::metadata(binary)
+        .map_err(|e| anyhow::anyhow!("cannot use {}: {e}", binary.display()))?;
+    let mode = meta.permissions().mode();
+    let owner_ok = meta.uid() == 0 || meta.uid() == crate::private_dir::euid();
+    if !binary.is_absolute() || !meta.is_file() || mode & 0o111 == 0 {
+        anyhow::bail!("{} is not an executable file", binary.display());
+    }
+    if !owner_ok || mode & 0o022 != 0 {
+        anyhow::bail!(
+            "{} may be changed by another user (owner uid {}, mode {:o}); the daemon runs only \
+             a binary that root or its own user alone can change",
+            binary.display(),
+            meta.uid(),
+            mode & 0o7777
+        );
+    }
+    let errors = core.flush_all().await;
+    if !errors.is_empty() {
+        let reasons: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        anyhow::bail!(
+            "the flush before the handover failed: {}",
+            reasons.join("; ")
+        );
+    }
+    published.state.set_upgrade(binary)?;
+    Ok(())
+}
+
+/// Ends this serving process for an upgrade: the holder starts the binary
+/// recorded by [`prepare_upgrade`], which takes the attach over (nothing is
+/// torn down: the connection, the loop device and the filesystem stay).
+pub fn exit_for_upgrade() -> ! {
+    tracing::info!("handing the attach over for an upgrade");
+    std::process::exit(UPGRADE)
 }
 
 /// Beats every [`BEAT_INTERVAL`] for the holder's watchdog; a timer task,

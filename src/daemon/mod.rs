@@ -108,6 +108,37 @@ where
     Fut: Future<Output = anyhow::Result<Arc<dyn Catalog>>>,
 {
     let mountpoint = check_mountpoint(mountpoint)?;
+    if let Some(handover) = holder::handed_over() {
+        // A new binary started by the attach's holder for an upgrade: it
+        // takes the attach over in this process, which the holder watches.
+        crate::crypt::forbid_core_dumps();
+        let code = match handover {
+            Ok(generation) if opts.attach.is_some() => {
+                match serve(
+                    &mountpoint,
+                    opts,
+                    || make_catalog(true),
+                    Readiness::foreground(),
+                    Some(generation),
+                ) {
+                    Ok(()) => 0,
+                    Err(err) => {
+                        tracing::error!("{err:#}");
+                        holder::TAKEOVER_FAILED
+                    }
+                }
+            }
+            Ok(_) => {
+                tracing::error!("handed an attach's connection, but the command is no attach");
+                holder::TAKEOVER_FAILED
+            }
+            Err(err) => {
+                tracing::error!("cannot take the attach over: {err}");
+                holder::TAKEOVER_FAILED
+            }
+        };
+        std::process::exit(code);
+    }
     if opts.foreground {
         if opts.attach.is_some() {
             return match hold_attach(&mountpoint, opts, &make_catalog, Readiness::foreground()) {
