@@ -95,12 +95,11 @@ pub fn run(_ctx: &Context, args: &UpgradeArgs) -> CmdResult {
     let (new_pid, new_version, _, _) = daemon_of(&after);
     let took = started.elapsed();
     if new_version != new_tag {
-        return Err(anyhow!(
+        bail!(
             "the new binary did not take over {} (the log says why); version {new_version} \
              (pid {new_pid}) serves it",
             args.dir.display()
-        )
-        .into());
+        );
     }
     if args.json {
         output::print_json(&serde_json::json!({
