@@ -71,6 +71,9 @@ impl SharedMemory {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
+        // Drive data and state: never in a core dump (best effort).
+        // SAFETY: the range is the mapping just made.
+        unsafe { libc::madvise(ptr, len, libc::MADV_DONTDUMP) };
         let ptr = NonNull::new(ptr.cast::<u8>()).expect("mmap returned null");
         Ok(SharedMemory { fd, ptr, len })
     }

@@ -140,10 +140,17 @@ impl Attachment {
     /// says: the loop device and the filesystem at DIR exist and stay; this
     /// process takes over their teardown.
     pub fn adopt(&mut self, entry: &AttachedDrive) {
-        self.loop_device = Some(LoopDevice {
-            device: entry.loop_device.clone(),
-        });
-        self.mounted = Some(FsType::from_name(&entry.fs_type));
+        // Only what is still this attach's: a loop device reading the drive
+        // file under this attach's FUSE mount (its number may have gone to
+        // another attach since), a filesystem still mounted at DIR.
+        self.loop_device = loop_backing_file(&entry.loop_device)
+            .filter(|file| file.starts_with(&self.fuse_dir))
+            .map(|_| LoopDevice {
+                device: entry.loop_device.clone(),
+            });
+        self.mounted = is_mount_point(&self.dir)
+            .unwrap_or(false)
+            .then(|| FsType::from_name(&entry.fs_type));
         self.registered = true;
         self.since_unix_secs = entry.since_unix_secs;
     }

@@ -59,6 +59,10 @@ pub fn write_log_wanted() -> bool {
     std::env::var(WRITE_LOG_ENV).map_or(true, |v| v != "off")
 }
 
+/// How long takeovers that fail (storage unreachable, the lease taken) are
+/// tried again before the attach ends.
+pub const TAKEOVER_BUDGET: Duration = Duration::from_secs(600);
+
 /// Exit status of a panic (Rust's default): a crash like a signal.
 const PANIC_STATUS: i32 = 101;
 /// Exit status of a serving process whose takeover could not finish (the
@@ -127,6 +131,17 @@ fn set_handler(sig: libc::c_int, handler: libc::sighandler_t) {
 }
 
 const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+/// Sends this process the stop signal that arrived before it watched for
+/// stop signals itself (call once it does), so a stop during a takeover
+/// is not lost.
+pub fn raise_pending_signal() {
+    let sig = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
+    if sig != 0 {
+        // SAFETY: plain syscall on this process.
+        unsafe { libc::kill(libc::getpid(), sig) };
+    }
+}
 
 /// Asks for `value` as this process's `oom_score_adj`; returns the value in
 /// effect (lowering it needs CAP_SYS_RESOURCE, which a host may not give).
@@ -198,6 +213,12 @@ where
         Ok(file) => file.into(),
         Err(err) => return fail(&mut ready, "cannot open /dev/fuse", err),
     };
+    // Every process of the attach holds keys: no core dump, in the
+    // foreground (systemd) as in the background.
+    crate::crypt::forbid_core_dumps();
+    // An inherited SIGCHLD=SIG_IGN would reap children by itself, and a
+    // clean exit would look like a lost child.
+    set_handler(libc::SIGCHLD, libc::SIG_DFL);
     let oom = set_oom_score_adj(HOLDER_OOM_SCORE_ADJ);
     tracing::debug!(?oom, "holder oom_score_adj");
     for sig in STOP_SIGNALS {
@@ -215,6 +236,9 @@ where
     // process of it has served.
     let mut binary: Option<std::path::PathBuf> = None;
     let mut pending: Option<std::path::PathBuf> = None;
+    // Takeovers failing in a row: since when, and the next pause.
+    let mut takeover_failing_since: Option<Instant> = None;
+    let mut takeover_pause = Duration::from_millis(500);
     let mut ready = Some(ready);
     loop {
         let child_dev = match dev.try_clone() {
@@ -233,8 +257,14 @@ where
             return 1;
         }
         if pid == 0 {
-            for sig in STOP_SIGNALS {
-                set_handler(sig, libc::SIG_DFL);
+            // The stop signals keep the holder's handler until the serving
+            // process watches them itself (`raise_pending_signal`): one
+            // that arrives in between is remembered, not lost.
+            // Memory locks are not inherited: lock the keys again.
+            if !crate::crypt::secret::relock_after_fork() {
+                tracing::warn!(
+                    "could not lock the key material in memory: it may be written to swap"
+                );
             }
             if let Some(path) = pending.as_ref().or(binary.as_ref()) {
                 // Returns only when the exec failed.
@@ -298,6 +328,36 @@ where
             }
             role = Role::Takeover;
             continue;
+        }
+        if let (Ended::Exited(TAKEOVER_FAILED), Role::Takeover) = (&status, role) {
+            // Storage or the lease may come back: the log keeps the data
+            // meanwhile and the kernel keeps the requests waiting, as in
+            // an outage. Tried again with a growing pause, up to a budget.
+            let failed_for = takeover_failing_since
+                .get_or_insert_with(Instant::now)
+                .elapsed();
+            if failed_for < TAKEOVER_BUDGET {
+                let pause = takeover_pause.min(Duration::from_secs(30));
+                takeover_pause *= 2;
+                tracing::error!(
+                    pid,
+                    seconds = pause.as_secs_f64(),
+                    "the takeover failed; trying again"
+                );
+                sleep_watching_signals(pause);
+                continue;
+            }
+            tracing::error!(
+                pid,
+                "takeovers failed for {} s; saving what the write log holds and ending the attach",
+                TAKEOVER_BUDGET.as_secs()
+            );
+            role = Role::Salvage;
+            continue;
+        }
+        if state.serving_since_ms() >= forked_ms {
+            takeover_failing_since = None;
+            takeover_pause = Duration::from_millis(500);
         }
         let crashed = match status {
             Ended::Exited(code) if code != PANIC_STATUS && code != TAKEOVER_FAILED => {
@@ -468,6 +528,15 @@ fn adopt_log(log: &WriteLog) -> std::io::Result<WriteLog> {
         crate::shared_memory::SharedMemory::open(fd)?,
         crate::fs::session::READ_BUFFER_BYTES,
     )
+}
+
+/// Sleeps `pause`; a stop signal meanwhile stays pending for the next
+/// serving process.
+fn sleep_watching_signals(pause: Duration) {
+    let until = Instant::now() + pause;
+    while Instant::now() < until {
+        std::thread::sleep(POLL);
+    }
 }
 
 enum Ended {

@@ -485,6 +485,8 @@ where
         let _entered = runtime.enter();
         StopSignals::watch()?
     };
+    // A stop signal the holder passed on before the watch began.
+    holder::raise_pending_signal();
     let role = generation.as_ref().map(|g| g.role);
     let takeover = matches!(role, Some(holder::Role::Takeover | holder::Role::Salvage));
     if let Some(gen) = &generation {
@@ -728,6 +730,7 @@ async fn take_over(
         .ok_or_else(|| anyhow!("the attach has no registry entry"))?;
     att.adopt(&entry);
     let ino = att.resolve(core).await?;
+    let mut writable_fh = None;
     for kept in state.handles() {
         if kept.ino != ino {
             bail!(
@@ -739,13 +742,19 @@ async fn take_over(
         core.open_as(kept.ino, kept.writable, Some(kept.fh))
             .await
             .map_err(|e| anyhow!("cannot open the drive again: {e}"))?;
+        if kept.writable {
+            writable_fh.get_or_insert(kept.fh);
+        }
     }
     if let Some(log) = log {
         let started = std::time::Instant::now();
-        let applied = crate::fs::session::replay(core, log).await?;
+        let Some(fh) = writable_fh else {
+            bail!("the attach's state holds no writable handle to replay its write log through");
+        };
+        let applied = crate::fs::session::replay(core, log, fh).await?;
         tracing::info!(
-            records = applied,
-            bytes = log.used_bytes(),
+            bytes_applied = applied,
+            log_bytes = log.used_bytes(),
             ms = started.elapsed().as_millis() as u64,
             "write log replayed"
         );

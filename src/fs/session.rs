@@ -801,27 +801,42 @@ impl Session {
     }
 }
 
-/// Applies the writes and discards a process that died had acknowledged
-/// (the COMMITTED records of `log`, in order) to `core`, whose handles are
-/// those the kernel holds. Returns how many were applied.
-pub async fn replay(core: &FsCore, log: &WriteLog) -> io::Result<usize> {
-    let records = log.committed()?;
-    let mut applied = 0;
-    for record in &records {
+/// What a range of the drive holds once every logged request is applied.
+#[derive(Clone, Copy)]
+enum Piece<'a> {
+    /// These bytes (a slice of a write record).
+    Data(&'a [u8]),
+    /// Zeros, made by a FALLOCATE of this mode (punch hole or zero range).
+    Zero(u32),
+}
+
+/// The final content of every range the log's COMMITTED records touch,
+/// last writer winning, as non-overlapping `start -> (end, piece)`.
+fn merge_records<'a>(
+    records: &[super::write_log::Replayed<'a>],
+) -> io::Result<std::collections::BTreeMap<u64, (u64, Piece<'a>)>> {
+    let mut map: std::collections::BTreeMap<u64, (u64, Piece<'a>)> = Default::default();
+    for record in records {
         let req = wire::parse(record.request).map_err(|err| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("write log record {} unreadable: {err}", record.seq),
             )
         })?;
-        let result = match req.op {
-            Op::Write { fh, offset, data } => core.write(fh, offset, data).await.map(|_| ()),
+        let (start, end, piece) = match req.op {
+            Op::Write { offset, data, .. } => {
+                (offset, offset + data.len() as u64, Piece::Data(data))
+            }
             Op::Fallocate {
-                fh,
                 offset,
                 length,
                 mode,
-            } => core.fallocate(fh, offset, length, mode as i32).await,
+                ..
+            } if mode as i32 & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0 => {
+                (offset, offset.saturating_add(length), Piece::Zero(mode))
+            }
+            // Plain preallocation changes no byte.
+            Op::Fallocate { .. } => continue,
             _ => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -832,10 +847,59 @@ pub async fn replay(core: &FsCore, log: &WriteLog) -> io::Result<usize> {
                 ))
             }
         };
+        if start >= end {
+            continue;
+        }
+        // Cut what this record overwrites out of the ranges before it.
+        let overlapping: Vec<u64> = map
+            .range(..end)
+            .filter(|(_, (e, _))| *e > start)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in overlapping {
+            let (e, old) = map.remove(&s).expect("listed above");
+            if s < start {
+                let kept = match old {
+                    Piece::Data(d) => Piece::Data(&d[..(start - s) as usize]),
+                    zero => zero,
+                };
+                map.insert(s, (start, kept));
+            }
+            if e > end {
+                let kept = match old {
+                    Piece::Data(d) => Piece::Data(&d[(end - s) as usize..]),
+                    zero => zero,
+                };
+                map.insert(end, (e, kept));
+            }
+        }
+        map.insert(start, (end, piece));
+    }
+    Ok(map)
+}
+
+/// Applies what a process that died had acknowledged (the COMMITTED
+/// records of `log`) to `core`, through the writable handle `fh` (an
+/// attach serves one file, whichever handle a record came through).
+///
+/// The records are merged first, last writer winning, and each range is
+/// applied once with its final content: applied one by one, an old record
+/// could reach the blob (a flush pass, or a discard, which clears at once)
+/// over newer data that was already durable, and a crash then would leave
+/// the blob older than what an fsync had promised. Returns the bytes applied.
+pub async fn replay(core: &FsCore, log: &WriteLog, fh: u64) -> io::Result<u64> {
+    let records = log.committed()?;
+    let merged = merge_records(&records)?;
+    let mut applied = 0;
+    for (start, (end, piece)) in merged {
+        let result = match piece {
+            Piece::Data(data) => core.write(fh, start, data).await.map(|_| ()),
+            Piece::Zero(mode) => core.fallocate(fh, start, end - start, mode as i32).await,
+        };
         result.map_err(|err| {
-            io::Error::other(format!("replaying write log record {}: {err}", record.seq))
+            io::Error::other(format!("replaying the write log at byte {start}: {err}"))
         })?;
-        applied += 1;
+        applied += end - start;
     }
     Ok(applied)
 }
@@ -898,6 +962,72 @@ mod tests {
         out.extend_from_slice(&[0u8; 16]);
         out.extend_from_slice(args);
         out
+    }
+
+    fn write_req(offset: u64, fill: u8, len: usize) -> Vec<u8> {
+        let mut args = Vec::new();
+        args.extend_from_slice(&1u64.to_le_bytes());
+        args.extend_from_slice(&offset.to_le_bytes());
+        args.extend_from_slice(&(len as u32).to_le_bytes());
+        args.extend_from_slice(&[0u8; 20]);
+        args.extend(std::iter::repeat_n(fill, len));
+        request(wire::opcode::FUSE_WRITE, 9, 3, &args)
+    }
+
+    fn discard_req(offset: u64, length: u64, mode: u32) -> Vec<u8> {
+        let mut args = Vec::new();
+        args.extend_from_slice(&1u64.to_le_bytes());
+        args.extend_from_slice(&offset.to_le_bytes());
+        args.extend_from_slice(&length.to_le_bytes());
+        args.extend_from_slice(&mode.to_le_bytes());
+        args.extend_from_slice(&[0u8; 4]);
+        request(wire::opcode::FUSE_FALLOCATE, 9, 3, &args)
+    }
+
+    /// The drive's bytes 0..len after applying a merged map to zeros.
+    fn image(map: &std::collections::BTreeMap<u64, (u64, Piece<'_>)>, len: usize) -> Vec<u8> {
+        let mut out = vec![0xeeu8; len];
+        for (start, (end, piece)) in map {
+            let (s, e) = (*start as usize, *end as usize);
+            match piece {
+                Piece::Data(d) => out[s..e].copy_from_slice(d),
+                Piece::Zero(_) => out[s..e].fill(0),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_replay_applies_each_range_once_with_its_last_content() {
+        let reqs = [
+            write_req(0, 1, 8192),
+            discard_req(4096, 8192, 0x3),
+            write_req(6144, 2, 1024),
+            write_req(2048, 3, 1024),
+            discard_req(0, 512, 0x0), // preallocation: changes nothing
+        ];
+        let records: Vec<super::super::write_log::Replayed<'_>> = reqs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| super::super::write_log::Replayed {
+                seq: i as u64 + 1,
+                request: r,
+            })
+            .collect();
+        let map = merge_records(&records).unwrap();
+        // Applied in order, one by one, the requests give this image.
+        let mut expect = vec![0xeeu8; 12288];
+        expect[..8192].fill(1);
+        expect[4096..12288].fill(0);
+        expect[6144..7168].fill(2);
+        expect[2048..3072].fill(3);
+        assert_eq!(image(&map, 12288), expect);
+        // No two ranges overlap, so each byte is applied once.
+        let mut last_end = 0;
+        for (start, (end, _)) in &map {
+            assert!(*start >= last_end && end > start);
+            last_end = *end;
+        }
     }
 
     fn feed(session: &mut Session, bytes: &[u8]) -> io::Result<()> {

@@ -432,7 +432,10 @@ impl WriteLog {
     /// drive; after that flush succeeds, pass it to [`WriteLog::trim_before`].
     pub fn flush_mark(&self) -> u64 {
         let ring = *self.lock();
-        let records = self.records(ring).unwrap_or_default();
+        // An unreadable log gives nothing back.
+        let Ok(records) = self.records(ring) else {
+            return 0;
+        };
         records
             .into_iter()
             .find(|(_, start, _, _)| {
