@@ -11,7 +11,8 @@
 //! filesystem's checker, and the blob read by the official Python SDK
 //! compared with the drive as blobdrive reads it.
 //!
-//! `BLOBDRIVE_TAKEOVER_KILLS` sets the kills per filesystem (default 20);
+//! `BLOBDRIVE_TAKEOVER_KILLS` sets the kills per filesystem (default 20),
+//! `BLOBDRIVE_TAKEOVER_UPGRADES` the upgrades (default 10),
 //! `BLOBDRIVE_TAKEOVER_FIO_MB` the size of fio's file (default 384).
 
 mod netns;
@@ -327,6 +328,138 @@ fn kill_9_of_the_serving_process_under_fio_loses_nothing_on_xfs() {
     kill_rounds("takeover_kill_xfs", "xfs");
 }
 
+/// A copy of the blobdrive binary in `dir` whose version tag says
+/// `version` and whose state format tag says `format`: another build, as
+/// far as an upgrade can tell (see `src/version.rs`).
+fn patched_binary(dir: &Path, name: &str, version: &str, format: u64) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let mut bytes = std::fs::read(netns::BIN).expect("read the binary");
+    let swaps = [
+        (
+            blobdrive::version::version_tag(&blobdrive::version::version()),
+            blobdrive::version::version_tag(version),
+        ),
+        (
+            blobdrive::version::state_format_tag(blobdrive::version::state_format()),
+            blobdrive::version::state_format_tag(format),
+        ),
+    ];
+    for (from, to) in swaps {
+        let at = bytes
+            .windows(from.len())
+            .position(|w| w == from.as_slice())
+            .expect("the binary carries its tags");
+        bytes[at..at + to.len()].copy_from_slice(&to);
+    }
+    let path = dir.join(name);
+    std::fs::write(&path, &bytes).expect("write the copy");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn upgrades_under_fio_lose_nothing_and_a_binary_of_another_format_is_refused() {
+    if !netns::can_run("takeover_upgrade") {
+        return;
+    }
+    let upgrades = env_u64("BLOBDRIVE_TAKEOVER_UPGRADES", 10);
+    let size_mb = env_u64("BLOBDRIVE_TAKEOVER_FIO_MB", 384);
+    let mut storage = Storage::start_on_disk();
+    let host = storage.host("upgrade");
+    let (container, blob) = ("upgrade", "u.vhd");
+    let drive = format!("{container}/{blob}");
+    let disk_bytes: u64 = 2 << 30;
+    host.ok(&["create", &drive, "--size", "2G", "--mkfs", "ext4"]);
+    let dir = host.mount(&drive, "m", &[]);
+    let bins = tempfile::tempdir().expect("a directory for the builds");
+    let current = blobdrive::version::version();
+    let format = blobdrive::version::state_format();
+    let next = patched_binary(bins.path(), "blobdrive-next", "9.9.9-next", format);
+    let other_format = patched_binary(bins.path(), "blobdrive-format", "9.9.9-other", format + 1);
+
+    let file = host.view(&dir).join("fio.dat");
+    let aux = tempfile::tempdir().expect("fio's directory");
+    let log = aux.path().join("fio.log");
+    let runtime = Duration::from_secs(upgrades * 3 + 20);
+    let fio_run = start(fio(&file, aux.path(), size_mb, Some(runtime)), &log);
+    std::thread::sleep(Duration::from_secs(3));
+
+    // A build whose state format differs is refused; the daemon serves on.
+    let before = seen(&host, &dir, &drive);
+    let dir_s = dir.to_string_lossy().to_string();
+    let refused = host.blobdrive(&[
+        "upgrade",
+        &dir_s,
+        "--binary",
+        &other_format.to_string_lossy(),
+    ]);
+    let line = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert_eq!(refused.status.code(), Some(1), "{line}");
+    assert_eq!(line.trim().lines().count(), 1, "{line}");
+    assert!(
+        line.contains("format") && line.contains("nothing was changed"),
+        "{line}"
+    );
+    assert_eq!(
+        seen(&host, &dir, &drive).pid,
+        before.pid,
+        "a refused upgrade replaced the daemon"
+    );
+
+    let mut stalls = Vec::new();
+    for i in 0..upgrades {
+        let (binary, version) = if i % 2 == 0 {
+            (next.clone(), "9.9.9-next".to_string())
+        } else {
+            (PathBuf::from(netns::BIN), current.clone())
+        };
+        std::thread::sleep(Duration::from_millis(1500));
+        let out = host.ok(&[
+            "upgrade",
+            &dir_s,
+            "--binary",
+            &binary.to_string_lossy(),
+            "--json",
+        ]);
+        let report: serde_json::Value = serde_json::from_str(&out).expect("upgrade --json");
+        assert_eq!(report["version"], version.as_str(), "{out}");
+        let stats = host.stats(&dir);
+        assert_eq!(stats["daemon"]["version"], version.as_str());
+        stalls.push(Duration::from_secs_f64(report["seconds"].as_f64().unwrap()));
+        println!("upgrade {i}: {out}");
+    }
+    finish(
+        fio_run,
+        &log,
+        runtime + Duration::from_secs(300),
+        "fio under upgrades",
+    );
+    let (p50, max) = p50_and_max(stalls);
+    println!("{upgrades} upgrades: handover p50 {p50:?}, max {max:?}");
+    assert_eq!(seen(&host, &dir, &drive).takeovers, upgrades);
+
+    host.unmount(&dir);
+    let dir = host.mount(&drive, "m2", &[]);
+    let file = host.view(&dir).join("fio.dat");
+    let log2 = aux.path().join("verify.log");
+    let verify = start(fio(&file, aux.path(), size_mb, None), &log2);
+    finish(
+        verify,
+        &log2,
+        Duration::from_secs(600),
+        "fio --verify_only after the upgrades",
+    );
+    host.unmount(&dir);
+    let (files, image) = drive_image(&host, container, blob);
+    check_filesystem(&image, "ext4");
+    assert_eq!(
+        sdk_sha256(&host, &storage, container, blob, disk_bytes),
+        file_sha256(&image, disk_bytes),
+        "the blob, read by the SDK, differs from the drive as blobdrive reads it"
+    );
+    host.unmount(&files);
+}
+
 /// Writes `mb` MiB of a pattern to `path` and fsyncs it; returns its SHA-256.
 fn write_pattern(path: &Path, mb: usize, seed: u8) -> String {
     use sha2::Digest;
@@ -402,6 +535,73 @@ fn sha_of(path: &Path) -> String {
     use sha2::Digest;
     let data = std::fs::read(path).expect("read back");
     format!("{:x}", sha2::Sha256::digest(&data))
+}
+
+#[test]
+fn a_crash_loop_ends_the_attach_and_saves_the_logged_writes_to_a_recovery_file() {
+    if !netns::can_run("takeover_crash_loop") {
+        return;
+    }
+    let mut storage = Storage::start();
+    let host = storage.host("loop");
+    let drive = "loop/l.vhd";
+    host.ok(&["create", drive, "--size", "256M", "--mkfs", "ext4"]);
+    // A long flush delay: what is written stays dirty, in the log only.
+    let dir = host.mount(drive, "m", &["--flush-delay", "10m"]);
+    let holder = host.holder_pid(&dir);
+    let root = host.view(&dir);
+    // A file whose blocks are in the blob, then overwritten in place with
+    // O_DIRECT and no fsync: the new bytes are dirty in the daemon (and in
+    // its write log) only, and no metadata changes.
+    let file = root.join("unflushed");
+    std::fs::write(&file, vec![0x11; 4 << 20]).unwrap();
+    std::fs::File::open(&file).unwrap().sync_all().unwrap();
+    let overwrite = format!(
+        "tr '\\000' '\\132' < /dev/zero | dd of='{}' bs=1M count=4 oflag=direct conv=notrunc iflag=fullblock status=none",
+        file.display()
+    );
+    let status = Command::new("bash")
+        .args(["-c", &overwrite])
+        .status()
+        .unwrap();
+    assert!(status.success(), "the O_DIRECT overwrite failed");
+    let dirty = seen(&host, &dir, drive).dirty;
+    assert!(dirty > 0, "nothing dirty to save");
+    // Three serving processes in a row killed as soon as each serves.
+    for k in 0..3 {
+        let s = poll_until(&host, &dir, drive, Duration::from_secs(60), |s| {
+            s.takeovers == k
+        })
+        .expect("a serving process");
+        // SAFETY: plain syscall on the serving process of this host's attach.
+        unsafe { libc::kill(s.pid, libc::SIGKILL) };
+    }
+    system::wait_for(
+        "the holder to end the attach",
+        Duration::from_secs(60),
+        || !registry_alive(holder),
+    );
+    let log = std::fs::read_to_string(host.log_path("m")).unwrap_or_default();
+    assert!(log.contains("in a row died within"), "{log}");
+    let files = host.recovery_files();
+    assert_eq!(
+        files.len(),
+        1,
+        "one recovery file for the drive; log:\n{log}"
+    );
+    // The file holds what was written: `recover` puts it in the blob.
+    let out = host.blobdrive(&["unmount", &dir.to_string_lossy()]);
+    assert!(
+        !out.status.success(),
+        "the dead attach's unmount reports it"
+    );
+    host.ok(&["break-lease", drive]);
+    let file = files[0].to_string_lossy().to_string();
+    host.ok(&["recover", &file]);
+    let dir = host.mount(drive, "m2", &[]);
+    let data = std::fs::read(host.view(&dir).join("unflushed")).expect("the file after recover");
+    assert!(data.len() == 4 << 20 && data.iter().all(|b| *b == 0x5a));
+    host.unmount(&dir);
 }
 
 /// A memory cgroup (v1) holding one process, removed on drop.

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use crate::system::{run_quietly, wait_for};
 
-const BIN: &str = env!("CARGO_BIN_EXE_blobdrive");
+/// The blobdrive binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_blobdrive");
 /// The storage side of the bridge, where Azurite listens.
 const STORAGE_ADDR: &str = "10.231.0.1";
 const AZURITE_PORT: u16 = 10000;
