@@ -1036,8 +1036,14 @@ fn daemon_pid(dir: &Path) -> i32 {
             found.push(pid);
         }
     }
-    assert_eq!(found.len(), 1, "one daemon for {dir}: {found:?}");
-    found[0]
+    // An attach runs as its holder and the serving process it forked (the
+    // higher pid); the serving process holds the key in use.
+    assert_eq!(
+        found.len(),
+        2,
+        "a holder and a serving process for {dir}: {found:?}"
+    );
+    *found.iter().max().unwrap()
 }
 
 /// A `/proc/PID/status` field's number (`VmLck:  4 kB` gives 4).

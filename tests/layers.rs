@@ -20,7 +20,14 @@ use std::path::{Path, PathBuf};
 /// only modules on a lower floor (and its own parts); two modules on one
 /// floor know nothing of each other.
 const FLOORS: &[&[&str]] = &[
-    &["units", "metrics", "buffers", "private_dir"],
+    &[
+        "units",
+        "metrics",
+        "buffers",
+        "private_dir",
+        "shared_memory",
+        "version",
+    ],
     &["partition", "crypt"],
     &["attach", "vhd", "blob"],
     &["drive"],

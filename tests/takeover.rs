@@ -77,13 +77,25 @@ fn start(mut cmd: Command, log: &Path) -> Child {
         .expect("fio runs (scripts/setup.sh installs it)")
 }
 
-/// Waits for `child`; panics with its log if it fails or outlives `limit`.
-fn finish(mut child: Child, log: &Path, limit: Duration, what: &str) {
+/// The last lines of the daemon's log, for a failure message.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.contains(" DEBUG ")).collect();
+    lines[lines.len().saturating_sub(60)..].join("\n")
+}
+
+/// Waits for `child`; panics with its log (and the daemon's, `daemon_log`)
+/// if it fails or outlives `limit`.
+fn finish(mut child: Child, log: &Path, daemon_log: &Path, limit: Duration, what: &str) {
     let started = Instant::now();
     loop {
         if let Some(status) = child.try_wait().expect("wait for fio") {
             let text = std::fs::read_to_string(log).unwrap_or_default();
-            assert!(status.success(), "{what}: fio failed ({status}):\n{text}");
+            assert!(
+                status.success(),
+                "{what}: fio failed ({status}):\n{text}\ndaemon log:\n{}",
+                log_tail(daemon_log)
+            );
             assert!(
                 !text.contains("verify:") && !text.contains("bad magic"),
                 "{what}: fio reports a verify error:\n{text}"

@@ -136,6 +136,8 @@ const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHU
 /// stop signals itself (call once it does), so a stop during a takeover
 /// is not lost.
 pub fn raise_pending_signal() {
+    // Blocked across an upgrade's exec: delivered now, to the watch.
+    block_stop_signals(false);
     let sig = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
     if sig != 0 {
         // SAFETY: plain syscall on this process.
@@ -231,10 +233,10 @@ where
     let mut role = Role::Fresh;
     // Early crashes in a row.
     let mut crashes = 0u64;
-    // The binary serving processes run after an upgrade (None: a fork of
-    // the holder's own code), and the one an upgrade asked for, until a
-    // process of it has served.
-    let mut binary: Option<std::path::PathBuf> = None;
+    // The binary an upgrade asked for, for the next serving process only.
+    // Every other one (after a crash, a hang, a failed upgrade, and the
+    // salvage) is a fork of the holder's own code: a file on disk that was
+    // replaced or removed since can never cost the attach.
     let mut pending: Option<std::path::PathBuf> = None;
     // Takeovers failing in a row: since when, and the next pause.
     let mut takeover_failing_since: Option<Instant> = None;
@@ -266,7 +268,7 @@ where
                     "could not lock the key material in memory: it may be written to swap"
                 );
             }
-            if let Some(path) = pending.as_ref().or(binary.as_ref()) {
+            if let Some(path) = pending.as_ref() {
                 // Returns only when the exec failed.
                 let err = exec_successor(path, &child_dev, &state, log.as_deref());
                 tracing::error!(%err, binary = %path.display(), "cannot start the new binary");
@@ -300,9 +302,7 @@ where
         let status = watch(pid, &state);
         let was_ready = state.was_ready();
         if let Some(tried) = pending.take() {
-            if state.serving_since_ms() >= forked_ms {
-                binary = Some(tried);
-            } else if !matches!(status, Ended::Exited(0)) {
+            if state.serving_since_ms() < forked_ms {
                 // The new binary never served (it refused the state's
                 // format, could not read its keys, or failed): the binary
                 // that served before takes over again.
@@ -461,9 +461,36 @@ fn adopt_handover(value: &str) -> std::io::Result<Generation> {
 /// they are gone from `/proc/PID/cmdline`), for a new binary to parse again.
 static COMMAND_LINE: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
 
-/// Keeps `args` for an upgrade (call before parsing them).
+/// The directory `blobdrive mount` ran in (its relative paths).
+static COMMAND_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Keeps `args` and the working directory for an upgrade (call before
+/// parsing them).
 pub fn remember_command_line(args: Vec<std::ffi::OsString>) {
     let _ = COMMAND_LINE.set(args);
+    if let Ok(dir) = std::env::current_dir() {
+        let _ = COMMAND_DIR.set(dir);
+    }
+}
+
+/// Blocks (or unblocks) the stop signals for this thread: blocked, they
+/// stay pending, across an exec too, until unblocked.
+fn block_stop_signals(block: bool) {
+    // SAFETY: a signal set built with the libc calls, passed by pointer for
+    // the call only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in STOP_SIGNALS {
+            libc::sigaddset(&mut set, sig);
+        }
+        let how = if block {
+            libc::SIG_BLOCK
+        } else {
+            libc::SIG_UNBLOCK
+        };
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
 }
 
 /// Replaces this (forked) process with `binary` serving the attach: the
@@ -515,10 +542,17 @@ fn exec_successor(
         format!("{},{},{}", show(fds[0]), show(fds[1]), show(fds[2])),
     );
     std::env::set_var(ARGS_ENV, args_fd.to_string());
+    // A stop signal between the exec and the new process's own watch stays
+    // pending (the mask survives exec) instead of killing it.
+    block_stop_signals(true);
     use std::os::unix::process::CommandExt;
-    std::process::Command::new(binary)
-        .arg0(args.first().cloned().unwrap_or_else(|| "blobdrive".into()))
-        .exec()
+    let mut cmd = std::process::Command::new(binary);
+    cmd.arg0(args.first().cloned().unwrap_or_else(|| "blobdrive".into()));
+    // Relative paths on the command line mean what they meant to `mount`.
+    if let Some(dir) = COMMAND_DIR.get() {
+        cmd.current_dir(dir);
+    }
+    cmd.exec()
 }
 
 /// The log as the last serving process left it, in a mapping of its own.
@@ -693,7 +727,9 @@ pub async fn prepare_upgrade(
 /// torn down: the connection, the loop device and the filesystem stay).
 pub fn exit_for_upgrade() -> ! {
     tracing::info!("handing the attach over for an upgrade");
-    std::process::exit(UPGRADE)
+    // `_exit`: no exit handlers while the other threads still run.
+    // SAFETY: ends the process; nothing is touched after.
+    unsafe { libc::_exit(UPGRADE) }
 }
 
 /// Beats every [`BEAT_INTERVAL`] for the holder's watchdog; a timer task,
