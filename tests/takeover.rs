@@ -292,6 +292,7 @@ fn kill_rounds(test: &str, fs: &str) {
     finish(
         fio_run,
         &log,
+        &host.log_path("m"),
         runtime + Duration::from_secs(300),
         "fio under kill -9",
     );
@@ -315,6 +316,7 @@ fn kill_rounds(test: &str, fs: &str) {
     finish(
         verify,
         &log2,
+        &host.log_path("m2"),
         Duration::from_secs(600),
         "fio --verify_only after attach again",
     );
@@ -443,6 +445,7 @@ fn upgrades_under_fio_lose_nothing_and_a_binary_of_another_format_is_refused() {
     finish(
         fio_run,
         &log,
+        &host.log_path("m"),
         runtime + Duration::from_secs(300),
         "fio under upgrades",
     );
@@ -458,6 +461,7 @@ fn upgrades_under_fio_lose_nothing_and_a_binary_of_another_format_is_refused() {
     finish(
         verify,
         &log2,
+        &host.log_path("m2"),
         Duration::from_secs(600),
         "fio --verify_only after the upgrades",
     );
