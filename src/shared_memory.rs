@@ -74,6 +74,15 @@ impl SharedMemory {
         // Drive data and state: never in a core dump (best effort).
         // SAFETY: the range is the mapping just made.
         unsafe { libc::madvise(ptr, len, libc::MADV_DONTDUMP) };
+        // Every page mapped now, in this process. The kernel copies FUSE
+        // requests straight into this memory; a page it had to fault in
+        // while the process is being killed (kill -9, the exit of an
+        // upgrade) makes the copy fail, and the kernel then ends that
+        // request with EIO instead of resending it. Mapped pages are
+        // pinned without a fault. Best effort: older kernels refuse, and
+        // pages then come in at first use.
+        // SAFETY: the range is the mapping just made.
+        unsafe { libc::madvise(ptr, len, libc::MADV_POPULATE_WRITE) };
         let ptr = NonNull::new(ptr.cast::<u8>()).expect("mmap returned null");
         Ok(SharedMemory { fd, ptr, len })
     }

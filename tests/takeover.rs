@@ -372,8 +372,6 @@ fn patched_binary(dir: &Path, name: &str, version: &str, format: u64) -> PathBuf
 }
 
 #[test]
-#[ignore = "fio sees an intermittent EIO on a write across a handover (no error in the daemon's \
-            log); under investigation, run with --run-ignored"]
 fn upgrades_under_fio_lose_nothing_and_a_binary_of_another_format_is_refused() {
     if !netns::can_run("takeover_upgrade") {
         return;

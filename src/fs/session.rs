@@ -156,7 +156,10 @@ impl BufferPool {
     fn take(self: &Arc<Self>) -> PooledBuf {
         let reused = self.free.lock().expect("buffer pool lock poisoned").pop();
         PooledBuf {
-            buf: reused.unwrap_or_else(|| vec![0; READ_BUFFER_BYTES]),
+            // Written, not just allocated: the pages are mapped before the
+            // kernel copies a request into them (see `SharedMemory`, why a
+            // fault during that copy at a process's death costs an EIO).
+            buf: reused.unwrap_or_else(|| vec![0xff; READ_BUFFER_BYTES]),
             len: 0,
             pool: self.clone(),
         }
