@@ -14,6 +14,10 @@
 #   BENCH_SECONDS           seconds per fio job (default 10)
 #   BENCH_CEILING_SECONDS   seconds per ceiling level (default 3)
 #   BENCH_READ_ROUNDS       cold sequential reads, each after a raw pass (default 5)
+#   BENCH_LOG_ROUNDS        sequential writes with the write log on, and off, alternating (default 3 each)
+#   BENCH_KILLS             kill -9s of an attach's serving process for the stall figure (default 10)
+#   BENCH_STALL_RW          fio's --rw for the writes under those kills (default write)
+#   BENCH_STALL_IOPS        their rate, writes/s (default 1000; 0: unthrottled)
 #   BLOBDRIVE_AZURITE_PORT  port of the Azurite this script starts (default 10090)
 #   BENCH_OUT               where the JSON goes
 #
@@ -61,6 +65,7 @@ fi
 work=$(mktemp -d /tmp/blobdrive-bench.XXXXXX)
 shm=$(mktemp -d /dev/shm/blobdrive-bench.XXXXXX)
 mounted=()   # directories to unmount, in order
+fio_pid=     # a fio running in the background (the takeover step)
 azurite_started=0
 res=$work/results   # "key value" lines, turned into JSON at the end
 : >"$res"
@@ -68,6 +73,11 @@ res=$work/results   # "key value" lines, turned into JSON at the end
 cleanup() {
   local rc=$?
   set +e
+  # fio of the takeover step, if a failure left it writing into a mount.
+  if [ -n "$fio_pid" ] && kill -0 "$fio_pid" 2>/dev/null; then
+    kill "$fio_pid"
+    wait "$fio_pid" 2>/dev/null
+  fi
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
     local d=${mounted[i]}
     if mountpoint -q "$d" 2>/dev/null; then
@@ -145,7 +155,7 @@ mem_mb=$(awk '/MemTotal/ {print int($2 / 1024 * 0.7)}' /proc/meminfo)
 start_azurite() {
   BLOBDRIVE_AZURITE_MEMORY_MB=${BLOBDRIVE_AZURITE_MEMORY_MB:-$mem_mb} scripts/azurite.sh start --memory
   azurite_started=1
-  azurite_pid=$(cat .azurite/azurite-$port.pid)
+  azurite_pid=$(cat ".azurite/azurite-$port.pid")
 }
 start_azurite
 
@@ -180,13 +190,29 @@ head -c $((seq_mib << 20)) /dev/urandom >"$shm/random"
 daemon_pid() { # DIR
   "$bin" stats "$1" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["pid"])'
 }
+# An attach's holder (the process that forks the serving one and keeps the
+# FUSE connection; see ARCHITECTURE.md, "When the serving process dies"),
+# or nothing for a namespace mount, which has none.
+holder_pid() { # DIR
+  "$bin" stats "$1" --json | python3 -c 'import json, sys; print(json.load(sys.stdin).get("daemon", {}).get("holder_pid") or "")'
+}
 # The daemon's CPU seconds per GiB over a step: daemon_cpu_begin DIR, the
-# step, daemon_cpu_end KEY MIB.
-daemon_cpu_begin() { dm_pid=$(daemon_pid "$1") dm_c0=$(cpu_ticks "$dm_pid"); }
+# step, daemon_cpu_end KEY MIB. An attach's daemon is two processes: the
+# serving one and its holder (idle: it waits for its child and reads its
+# heartbeat), so the figure is their sum; the holder's own ticks are left in
+# dm_holder_ticks. Neither process may change during the step.
+daemon_cpu_begin() {
+  dm_pid=$(daemon_pid "$1") dm_holder=$(holder_pid "$1")
+  dm_c0=$(cpu_ticks "$dm_pid") dm_h0=0
+  [ -n "$dm_holder" ] && dm_h0=$(cpu_ticks "$dm_holder")
+  return 0
+}
 daemon_cpu_end() { # KEY MIB
-  local c1
+  local c1 h1=0
   c1=$(cpu_ticks "$dm_pid")
-  put "$1" "$(per_gib "$dm_c0" "$c1" "$2")"
+  [ -n "$dm_holder" ] && h1=$(cpu_ticks "$dm_holder")
+  dm_holder_ticks=$((h1 - dm_h0))
+  put "$1" "$(per_gib "$dm_c0" "$((c1 + dm_holder_ticks))" "$2")"
 }
 
 # --- ceiling -------------------------------------------------------------------
@@ -204,11 +230,13 @@ put_p=$(best_p put_4m)
 # blob (examples/ceiling.rs --put-pass, at the ceiling's best parallelism,
 # the blob deleted after): the write ceiling timed just before the write it
 # is compared with, as the read's is, rather than minutes earlier on a
-# fresh backend. put_pass KEY puts KEY_pass_mibps.
-put_pass() {
-  "$ceiling" --put-pass "$c/put-pass.bin" --parallelism "$put_p" --blob-mib "$seq_mib" >"$work/put-pass.json"
-  put "${1}_pass_mibps" "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["mibps"])' "$work/put-pass.json")"
+# fresh backend. pass_mibps C/B prints the MiB/s of such a pass on blob C/B
+# (its container must exist); put_pass KEY puts KEY_pass_mibps, on $c.
+pass_mibps() {
+  "$ceiling" --put-pass "$1" --parallelism "$put_p" --blob-mib "$seq_mib" >"$work/put-pass.json"
+  python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["mibps"])' "$work/put-pass.json"
 }
+put_pass() { put "${1}_pass_mibps" "$(pass_mibps "$c/put-pass.bin")"; }
 
 # --- sequential write and cold read through ext4 on an attached drive ----------
 
@@ -548,6 +576,156 @@ put rss_cache_mib 256
 put rss_peak_mib "$(awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status")"
 unmount "$work/rss"
 
+# --- the write log (takeover): its cost, and the stall a kill -9 causes --------------
+
+# Both on a fresh Azurite: each pair of the write log's rounds writes
+# 4 x $seq_mib MiB (a raw pass and the file, with and without the log),
+# 12 GiB in a full run, more than the RSS step's leftovers leave room for.
+say "write log: a fresh Azurite for the takeover steps"
+scripts/azurite.sh stop >/dev/null
+start_azurite
+
+# One round of the write log's cost, MODE on or off (BLOBDRIVE_WRITE_LOG in
+# the environment of `blobdrive mount`, which the daemon inherits): a fresh
+# drive with ext4 attached, a raw pass of Put Pages timed just before (as
+# for the sequential write above), then $seq_mib MiB written with dd and
+# fsynced. Puts log_MODE_pass_mibps_N, log_MODE_write_mibps_N,
+# daemon_cpu_log_MODE_N (holder + serving process) and
+# holder_cpu_log_MODE_N; the drive is deleted after (Azurite's memory).
+log_round() { # MODE ROUND
+  local mode=$1 n=$2 blob="$c-log/$1$2.vhd" t0 t1
+  "$bin" create "$blob" --size "$((seq_mib + 512))M" --mkfs ext4 >/dev/null
+  BLOBDRIVE_WRITE_LOG=$mode mount_drive "$blob" "$work/log"
+  # `stats` shows the log's size, or null without one: the mode took.
+  if ! "$bin" stats "$work/log" --json | python3 -c '
+import json, sys
+log = json.load(sys.stdin)["daemon"].get("write_log")
+sys.exit(0 if (log is None) == (sys.argv[1] == "off") else 1)' "$mode"; then
+    say "write log $mode: stats says otherwise (daemon.write_log)"
+    exit 1
+  fi
+  put "log_${mode}_pass_mibps_$n" "$(pass_mibps "$c-log/put-pass.bin")"
+  daemon_cpu_begin "$work/log"
+  t0=$(now)
+  dd if="$shm/random" of="$work/log/file" bs=4M conv=fsync status=none
+  t1=$(now)
+  daemon_cpu_end "daemon_cpu_log_${mode}_$n" "$seq_mib"
+  put "holder_cpu_log_${mode}_$n" "$(per_gib 0 "$dm_holder_ticks" "$seq_mib")"
+  put "log_${mode}_write_mibps_$n" "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
+  unmount "$work/log"
+  "$bin" delete "$blob" >/dev/null
+}
+# On and off alternate, BENCH_LOG_ROUNDS times each, so the machine's drift hits
+# both. Per mode: the writes' bytes over their summed time against the
+# passes' (log_MODE_write_mibps, log_MODE_pass_mibps) and the mean daemon
+# CPU (daemon_cpu_log_MODE).
+n_log_rounds=${BENCH_LOG_ROUNDS:-3}
+say "write log: sequential write with it on and off (BLOBDRIVE_WRITE_LOG=off), alternating, $n_log_rounds rounds each"
+for ((round = 1; round <= n_log_rounds; round++)); do
+  log_round on "$round"
+  log_round off "$round"
+done
+for mode in on off; do
+  awk -v m="$mode" -v mib="$seq_mib" '
+    $1 ~ "^log_" m "_write_mibps_[0-9]+$" {w += mib / $2; nw++}
+    $1 ~ "^log_" m "_pass_mibps_[0-9]+$" {p += mib / $2; np++}
+    $1 ~ "^daemon_cpu_log_" m "_[0-9]+$" {c += $2; nc++}
+    END {
+      printf "log_%s_write_mibps %.1f\n", m, mib * nw / w
+      printf "log_%s_pass_mibps %.1f\n", m, mib * np / p
+      printf "daemon_cpu_log_%s %.2f\n", m, c / nc
+    }' "$res" >"$work/log-sums"
+  cat "$work/log-sums" >>"$res"
+done
+
+# The longest I/O stall a kill -9 of the serving process causes: fio writes
+# 4 KiB one at a time (O_DIRECT) into a 32 MiB file on ext4 on an attached
+# drive, logging every write's completion time (Unix ms); every few seconds
+# the serving process (pid from `stats`) is killed, and the next kill waits
+# until `stats` shows its successor and that one has served 3 s (the holder
+# ends the attach after 3 serving processes in a row that die within 2 s of
+# serving). A kill's stall is the longest gap between two completions that
+# overlaps the 2 s after it (the write in flight at the kill waits for the
+# takeover and the replay); takeover_s_N is the kill to `stats` answering
+# with the new pid.
+# The writes are sequential (wrapping) at BENCH_STALL_IOPS by default, steady and
+# below what the flush sustains: random 4 KiB writes stall 1-4 s with no
+# kill at all, every 5-10 s, as ext4's journal commit sends a flush through the
+# loop device and the flush waits for every scattered dirty page to be Put
+# (measured: 1000 random writes/s, no kills, 30 s: four or five stalls of
+# 1.8-3.7 s, fsyncs of about 1 s on average; sequential: none over 0.2 s).
+# stall_baseline_max_s, the longest gap away from the kills, shows what the
+# workload does by itself. BENCH_STALL_RW=randwrite BENCH_STALL_IOPS=0 gives
+# the unthrottled random variant.
+n_kills=${BENCH_KILLS:-10}
+stall_rw=${BENCH_STALL_RW:-write} stall_iops=${BENCH_STALL_IOPS:-1000}
+say "takeover: $n_kills kills of the serving process under 4 KiB writes ($stall_rw, qd1, ${stall_iops} IOPS, 0 = unthrottled) on ext4"
+"$bin" create "$c-tk/stall.vhd" --size 512M --mkfs ext4 >/dev/null
+mount_drive "$c-tk/stall.vhd" "$work/tk"
+dd if="$shm/random" of="$work/tk/fio.dat" bs=1M count=32 conv=fsync status=none
+mkdir -p "$work/stall"
+# Long enough for every kill; fio is stopped (SIGINT) after the last one.
+fio --name=stall --filename="$work/tk/fio.dat" --rw="$stall_rw" --bs=4k --direct=1 \
+  --ioengine=psync --iodepth=1 --size=32M --time_based --runtime=$((n_kills * 20 + 60)) \
+  --rate_iops="$stall_iops" --continue_on_error=write \
+  --write_lat_log="$work/stall/stall" --log_avg_msec=0 --log_unix_epoch=1 \
+  --output-format=json --output="$work/fio-stall.json" >/dev/null 2>&1 &
+fio_pid=$!
+sleep 3
+: >"$work/kills"
+tk0=$(stat "$work/tk" takeovers)
+for ((k = 1; k <= n_kills; k++)); do
+  old=$(daemon_pid "$work/tk")
+  killed=$(now)
+  kill -9 "$old"
+  # `stats` waits for a successor; poll until it answers with another pid.
+  until new=$(daemon_pid "$work/tk" 2>/dev/null) && [ "$new" != "$old" ]; do
+    if python3 -c "import sys; sys.exit(float(sys.argv[2]) - float(sys.argv[1]) < 60)" "$killed" "$(now)"; then
+      say "takeover: no successor within 60 s of kill $k"
+      exit 1
+    fi
+    sleep 0.05
+  done
+  ready=$(now)
+  echo "$killed" >>"$work/kills"
+  put "takeover_s_$k" "$(elapsed "$killed" "$ready")"
+  kill -0 "$fio_pid" 2>/dev/null || { say "takeover: fio ended during kill $k"; exit 1; }
+  sleep 3
+done
+put takeover_kills "$(($(stat "$work/tk" takeovers) - tk0))"
+kill -INT "$fio_pid"
+wait "$fio_pid" || true # 128 after SIGINT; its errors are in the JSON
+unmount "$work/tk"
+python3 - "$work/fio-stall.json" "$work/stall/stall_lat.1.log" "$work/kills" >>"$res" <<'PY'
+import bisect, json, sys
+text = open(sys.argv[1]).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+# The takeover promises none; fio counts them and goes on (continue_on_error).
+print(f"stall_write_errors {job.get('total_err', 1 if job['error'] else 0)}")
+done = sorted(int(line.split(",")[0]) for line in open(sys.argv[2]))
+kills = [float(line) * 1000 for line in open(sys.argv[3])]
+gaps = list(zip(done, done[1:]))
+stalls, near = [], set()
+for i, t in enumerate(kills, 1):
+    # Gaps (a, b) overlapping [t, t + 2 s].
+    lo = max(bisect.bisect_right(done, t) - 1, 0)
+    hi = bisect.bisect_right(done, t + 2000)
+    window = range(lo, min(hi, len(gaps)))
+    near.update(window)
+    s = max((gaps[j][1] - gaps[j][0] for j in window), default=None)
+    if s is None or done[-1] <= t:
+        sys.exit(f"fio completed no write after kill {i}")
+    stalls.append(s / 1000)
+    print(f"stall_s_{i} {s / 1000:.3f}")
+stalls.sort()
+print(f"stall_p50_s {stalls[len(stalls) // 2]:.3f}")
+print(f"stall_max_s {stalls[-1]:.3f}")
+# The longest gap away from the kills, for comparison (flushes, throttling).
+print(f"stall_baseline_max_s {max((b - a for j, (a, b) in enumerate(gaps) if j not in near), default=0) / 1000:.3f}")
+print(f"stall_write_iops {round(job['write']['iops'])}")
+PY
+put takeover_p50_s "$(awk '$1 ~ /^takeover_s_[0-9]+$/ {print $2}' "$res" | sort -g | awk '{v[NR] = $1} END {print v[int(NR / 2) + 1]}')"
+
 # --- report --------------------------------------------------------------------------
 
 mkdir -p "$(dirname "$out")"
@@ -567,6 +745,8 @@ def ratio(a, b):
 
 put, get, small = ceiling["put_4m"], ceiling["get_4m"], ceiling["get_4k"]
 n_reads = sum(1 for k in r if k.startswith("seq_read_mibps_"))
+n_kills = sum(1 for k in r if k.startswith("stall_s_"))
+n_log = sum(1 for k in r if k.startswith("log_on_write_mibps_"))
 # Raw 4 KiB Put Pages at the flush's concurrency (8 requests in flight).
 put_small = ceiling["put_4k"]["by_parallelism"]["8"]
 rows = [
@@ -589,6 +769,12 @@ rows = [
     ("seq read after remount from tier", r["tier_warm_mibps"], "MiB/s", r["local_read_mibps"], ">= 0.5 (vs local file)", lambda x: x >= 0.5),
     ("encrypted seq write + fsync (vs plain)", r["crypt_write_mibps"], "MiB/s", r["plain_write_mibps"], ">= 0.95", lambda x: x >= 0.95),
     ("encrypted cold seq read (vs plain)", r["crypt_read_mibps"], "MiB/s", r["plain_read_mibps"], ">= 0.95", lambda x: x >= 0.95),
+    ("seq write + fsync, write log on", r["log_on_write_mibps"], "MiB/s", r["log_on_pass_mibps"], "(vs raw Puts just before)", None),
+    ("seq write + fsync, write log off", r["log_off_write_mibps"], "MiB/s", r["log_off_pass_mibps"], "(vs raw Puts just before)", None),
+    # The two ratios above, one over the other.
+    ("write log cost: seq write ratio, on/off", ratio(r["log_on_write_mibps"], r["log_on_pass_mibps"]), "",
+     ratio(r["log_off_write_mibps"], r["log_off_pass_mibps"]), ">= 0.95", lambda x: x >= 0.95),
+    ("write log cost: daemon CPU, on/off", r["daemon_cpu_log_on"], "s/GiB", r["daemon_cpu_log_off"], "<= 1.05", lambda x: x <= 1.05),
 ]
 table, out_rows = [], []
 for name, v, unit, ceil, target, ok in rows:
@@ -611,6 +797,9 @@ absolute = [
     ("bytes up per GiB written", r["bytes_up_per_gib"] / 2**30, "GiB", "-", None),
     ("stored after mkfs.ext4 1 TiB", r["mkfs_1t_stored_bytes"] / 2**20, "MiB", "< 1% (10485 MiB)", r["mkfs_1t_stored_bytes"] < 0.01 * 2**40),
     ("peak RSS, 256 MiB cache", r["rss_peak_mib"], "MiB", "<= 320", r["rss_peak_mib"] <= 320),
+    (f"I/O stall per kill -9, p50 of {n_kills}", r["stall_p50_s"], "s", "< 2", r["stall_p50_s"] < 2),
+    (f"I/O stall per kill -9, max of {n_kills}", r["stall_max_s"], "s", "< 2", r["stall_max_s"] < 2),
+    (f"write errors under {n_kills} kills -9", r["stall_write_errors"], "errors", "0", r["stall_write_errors"] == 0),
 ]
 for name, v, unit, target, met in absolute:
     out_rows.append({"figure": name, "value": v, "unit": unit, "target": target, "met": met})
@@ -642,6 +831,14 @@ for key, what in (("seq_read", "cold seq reads"), ("seq_read_pinned", "with Azur
             + "; daemon CPU s/GiB: " + ", ".join(f"{r[f'daemon_cpu_{key}_{i}']:g}" for i in rounds)
             + "; Azurite's helper threads (its garbage collector) s/GiB, pass / read: "
             + ", ".join(f"{r[f'azurite_helpers_{key}_pass_{i}']:g} / {r[f'azurite_helpers_{key}_{i}']:g}" for i in rounds))
+print(f"write log on vs off, {n_log} rounds each, one by one (MiB/s after the raw pass's; daemon CPU s/GiB, of it the holder's): "
+      + "; ".join(f"{m} " + ", ".join(
+          f"{r[f'log_{m}_write_mibps_{i}']:g} after {r[f'log_{m}_pass_mibps_{i}']:g} "
+          f"({r[f'daemon_cpu_log_{m}_{i}']:g}, {r[f'holder_cpu_log_{m}_{i}']:g})" for i in range(1, n_log + 1))
+          for m in ("on", "off")))
+print(f"kill -9 under 4 KiB writes (qd1, {r['stall_write_iops']:g} IOPS): {r['takeover_kills']:g} takeovers; "
+      "stall per kill (s): " + ", ".join(f"{r[f'stall_s_{i}']:g}" for i in range(1, n_kills + 1))
+      + f"; kill to the new pid in stats p50 {r['takeover_p50_s']:g} s; longest gap away from the kills {r['stall_baseline_max_s']:g} s")
 print(f"GETs: cold seq read {r['seq_read_gets']:g}, cold rand read {r['rand_read_gets']:g}; "
       f"tmpfs O_DIRECT: {'yes' if r['tmpfs_direct'] else 'no'}; mkfs 1 TiB took {r['mkfs_1t_s']} s")
 json.dump({"quick": quick, "ceiling": ceiling, "raw": r, "rows": out_rows},
