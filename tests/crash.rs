@@ -152,27 +152,6 @@ fn check_durable(root: &Path, durable: &BTreeMap<String, String>) {
     }
 }
 
-/// Runs the filesystem's checker, without repairing anything, on the drive
-/// file `image` (the drive as a file in a read-only namespace mount: each
-/// open reads the blob afresh).
-fn check_filesystem(image: &Path, fs: &str, round: u32) {
-    let image_s = image.to_string_lossy().to_string();
-    let (tool, args) = match fs {
-        "ext4" => ("e2fsck", vec!["-fn", image_s.as_str()]),
-        _ => ("xfs_repair", vec!["-n", "-f", image_s.as_str()]),
-    };
-    let out = Command::new(tool)
-        .args(&args)
-        .output()
-        .expect("run the checker");
-    assert!(
-        out.status.success(),
-        "round {round}: {tool} found problems after the crash and replay:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn crash_rounds(test: &str, fs: &str, size: &str) {
     if !netns::can_run(test) {
         return;
@@ -269,7 +248,11 @@ fn crash_rounds(test: &str, fs: &str, size: &str) {
         check_durable(&host.view(&dir), &durable);
         host.unmount(&dir);
         lap("unmounted");
-        check_filesystem(&image, fs, round);
+        system::check_filesystem(
+            &image,
+            fs,
+            &format!("round {round}: after the crash and replay"),
+        );
         lap("checked");
     }
     println!(

@@ -156,24 +156,6 @@ fn drive_image(host: &Host, container: &str, blob: &str) -> (PathBuf, PathBuf) {
     (files, image)
 }
 
-fn check_filesystem(image: &Path, fs: &str) {
-    let image_s = image.to_string_lossy().to_string();
-    let (tool, args) = match fs {
-        "ext4" => ("e2fsck", vec!["-fn", image_s.as_str()]),
-        _ => ("xfs_repair", vec!["-n", "-f", image_s.as_str()]),
-    };
-    let out = Command::new(tool)
-        .args(&args)
-        .output()
-        .expect("run the checker");
-    assert!(
-        out.status.success(),
-        "{tool} found problems after the takeovers:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// SHA-256 of the first `len` bytes of the page blob, read by the official
 /// Python SDK (an independent client) inside the host's namespace.
 fn sdk_sha256(host: &Host, storage: &Storage, container: &str, blob: &str, len: u64) -> String {
@@ -219,6 +201,39 @@ fn file_sha256(path: &Path, len: u64) -> String {
     format!("{:x}", h.finalize())
 }
 
+/// What every fio run here ends with: fio's file (`fio_bytes`) reads back
+/// the same after a clean unmount and a fresh attach, which reads the blob;
+/// the filesystem's checker is clean; and the blob, read by the SDK, is the
+/// drive as blobdrive reads it.
+fn check_after_fio(
+    host: &Host,
+    storage: &Storage,
+    dir: &Path,
+    (container, blob): (&str, &str),
+    fs: &str,
+    fio_bytes: u64,
+) {
+    let drive = format!("{container}/{blob}");
+    let before = file_sha256(&host.view(dir).join("fio.dat"), fio_bytes);
+    host.unmount(dir);
+    let dir = host.mount(&drive, "m2", &[]);
+    let after = file_sha256(&host.view(&dir).join("fio.dat"), fio_bytes);
+    assert_eq!(
+        after, before,
+        "fio's file changed across unmount and attach"
+    );
+    host.unmount(&dir);
+    let (files, image) = drive_image(host, container, blob);
+    system::check_filesystem(&image, fs, "after the takeovers");
+    let disk_bytes = std::fs::metadata(&image).expect("the drive file").len();
+    assert_eq!(
+        sdk_sha256(host, storage, container, blob, disk_bytes),
+        file_sha256(&image, disk_bytes),
+        "the blob, read by the SDK, differs from the drive as blobdrive reads it"
+    );
+    host.unmount(&files);
+}
+
 fn p50_and_max(mut stalls: Vec<Duration>) -> (Duration, Duration) {
     stalls.sort();
     (stalls[stalls.len() / 2], *stalls.last().unwrap())
@@ -234,7 +249,6 @@ fn kill_rounds(test: &str, fs: &str) {
     let host = storage.host(fs);
     let (container, blob) = ("takeover", "t.vhd");
     let drive = format!("{container}/{blob}");
-    let disk_bytes: u64 = 2 << 30;
     host.ok(&["create", &drive, "--size", "2G", "--mkfs", fs]);
     let dir = host.mount(&drive, "m", &["--flush-delay", "2s"]);
     let file = host.view(&dir).join("fio.dat");
@@ -304,25 +318,7 @@ fn kill_rounds(test: &str, fs: &str) {
 
     // Everything fio wrote (its live verify checked it) reads back the same
     // after a clean unmount and a fresh attach, which reads the blob.
-    let fio_bytes = size_mb << 20;
-    let before = file_sha256(&file, fio_bytes);
-    host.unmount(&dir);
-    let dir = host.mount(&drive, "m2", &[]);
-    let after = file_sha256(&host.view(&dir).join("fio.dat"), fio_bytes);
-    assert_eq!(
-        after, before,
-        "fio's file changed across unmount and attach"
-    );
-    host.unmount(&dir);
-
-    let (files, image) = drive_image(&host, container, blob);
-    check_filesystem(&image, fs);
-    assert_eq!(
-        sdk_sha256(&host, &storage, container, blob, disk_bytes),
-        file_sha256(&image, disk_bytes),
-        "the blob, read by the SDK, differs from the drive as blobdrive reads it"
-    );
-    host.unmount(&files);
+    check_after_fio(&host, &storage, &dir, (container, blob), fs, size_mb << 20);
 }
 
 #[test]
@@ -375,7 +371,6 @@ fn upgrades_under_fio_lose_nothing_and_a_binary_of_another_format_is_refused() {
     let host = storage.host("upgrade");
     let (container, blob) = ("upgrade", "u.vhd");
     let drive = format!("{container}/{blob}");
-    let disk_bytes: u64 = 2 << 30;
     host.ok(&["create", &drive, "--size", "2G", "--mkfs", "ext4"]);
     let dir = host.mount(&drive, "m", &[]);
     let bins = tempfile::tempdir().expect("a directory for the builds");
@@ -446,24 +441,14 @@ fn upgrades_under_fio_lose_nothing_and_a_binary_of_another_format_is_refused() {
     println!("{upgrades} upgrades: handover p50 {p50:?}, max {max:?}");
     assert_eq!(seen(&host, &dir, &drive).takeovers, upgrades);
 
-    let fio_bytes = size_mb << 20;
-    let before = file_sha256(&file, fio_bytes);
-    host.unmount(&dir);
-    let dir = host.mount(&drive, "m2", &[]);
-    let after = file_sha256(&host.view(&dir).join("fio.dat"), fio_bytes);
-    assert_eq!(
-        after, before,
-        "fio's file changed across unmount and attach"
+    check_after_fio(
+        &host,
+        &storage,
+        &dir,
+        (container, blob),
+        "ext4",
+        size_mb << 20,
     );
-    host.unmount(&dir);
-    let (files, image) = drive_image(&host, container, blob);
-    check_filesystem(&image, "ext4");
-    assert_eq!(
-        sdk_sha256(&host, &storage, container, blob, disk_bytes),
-        file_sha256(&image, disk_bytes),
-        "the blob, read by the SDK, differs from the drive as blobdrive reads it"
-    );
-    host.unmount(&files);
 }
 
 /// Writes `mb` MiB of a pattern to `path` and fsyncs it; returns its SHA-256.

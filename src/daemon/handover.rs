@@ -49,6 +49,14 @@ const LEASE_ID_BYTES: usize = 36;
 const READY: u64 = 1;
 const INIT_KNOWN: u64 = 2;
 
+/// Milliseconds since the Unix epoch (the state's clock).
+pub fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// A file handle the kernel holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeptHandle {
@@ -133,11 +141,8 @@ impl Handover {
 
     /// The current serving process serves from now on.
     pub fn set_serving(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        self.field(F_SERVING_SINCE).store(now, Ordering::Release);
+        self.field(F_SERVING_SINCE)
+            .store(unix_now_ms(), Ordering::Release);
         self.set_ready();
     }
 

@@ -156,13 +156,6 @@ pub fn set_oom_score_adj(value: i32) -> Option<i32> {
         .and_then(|s| s.trim().parse().ok())
 }
 
-fn unix_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -298,7 +291,7 @@ where
         drop(child_dev);
         drop(readiness);
         tracing::info!(pid, ?role, "serving process started");
-        let forked_ms = unix_now_ms();
+        let forked_ms = super::handover::unix_now_ms();
         let status = watch(pid, &state);
         let was_ready = state.was_ready();
         if let Some(tried) = pending.take() {
@@ -344,7 +337,8 @@ where
                     seconds = pause.as_secs_f64(),
                     "the takeover failed; trying again"
                 );
-                sleep_watching_signals(pause);
+                // A stop signal meanwhile stays pending for the next one.
+                std::thread::sleep(pause);
                 continue;
             }
             tracing::error!(
@@ -374,7 +368,7 @@ where
         }
         let since = state.serving_since_ms();
         let served_ms = if since >= forked_ms {
-            unix_now_ms().saturating_sub(since)
+            super::handover::unix_now_ms().saturating_sub(since)
         } else {
             0
         };
@@ -562,15 +556,6 @@ fn adopt_log(log: &WriteLog) -> std::io::Result<WriteLog> {
         crate::shared_memory::SharedMemory::open(fd)?,
         crate::fs::session::READ_BUFFER_BYTES,
     )
-}
-
-/// Sleeps `pause`; a stop signal meanwhile stays pending for the next
-/// serving process.
-fn sleep_watching_signals(pause: Duration) {
-    let until = Instant::now() + pause;
-    while Instant::now() < until {
-        std::thread::sleep(POLL);
-    }
 }
 
 enum Ended {

@@ -565,11 +565,11 @@ where
         if role == Some(holder::Role::Salvage) || !resend || unlogged {
             let _ = std::fs::remove_file(&socket_path);
             let why = if !resend {
-                Ended::NoResend
+                SalvageReason::NoResend
             } else if unlogged {
-                Ended::NoLog
+                SalvageReason::NoLog
             } else {
-                Ended::CrashLoop(crashes)
+                SalvageReason::CrashLoop(crashes)
             };
             return runtime.block_on(salvage(&core, why));
         }
@@ -763,7 +763,7 @@ async fn take_over(
 }
 
 /// Why a successor ends the attach instead of serving.
-enum Ended {
+enum SalvageReason {
     CrashLoop(u64),
     NoResend,
     NoLog,
@@ -773,18 +773,22 @@ enum Ended {
 /// what the log held (now in the cache) in a recovery file and ends the
 /// attach without serving. The holder then exits, which ends the FUSE
 /// connection (the filesystem above sees I/O errors, as when a disk goes).
-async fn salvage(core: &FsCore, why: Ended) -> anyhow::Result<()> {
+async fn salvage(core: &FsCore, why: SalvageReason) -> anyhow::Result<()> {
     let reason = match why {
-        Ended::CrashLoop(crashes) => format!(
+        SalvageReason::CrashLoop(crashes) => format!(
             "{crashes} serving processes in a row died within {} s of serving",
             holder::EARLY_CRASH.as_secs()
         ),
-        Ended::NoResend => "the daemon died and this kernel cannot resend the requests it had \
+        SalvageReason::NoResend => {
+            "the daemon died and this kernel cannot resend the requests it had \
              read (FUSE_NOTIFY_RESEND needs Linux 6.9)"
-            .to_string(),
-        Ended::NoLog => "the daemon died with its write log off (BLOBDRIVE_WRITE_LOG=off): \
+                .to_string()
+        }
+        SalvageReason::NoLog => {
+            "the daemon died with its write log off (BLOBDRIVE_WRITE_LOG=off): \
              writes it had acknowledged and not flushed are lost"
-            .to_string(),
+                .to_string()
+        }
     };
     let saved = core.save_unflushed_all(&reason).await;
     let files: Vec<String> = saved.iter().map(|p| p.display().to_string()).collect();

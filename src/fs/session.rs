@@ -235,22 +235,7 @@ impl WriteData {
     /// before the reply goes out.
     fn settle(self, applied: bool) {
         if let WriteData::Logged(record, _) = self {
-            if applied {
-                record.commit();
-            } else {
-                record.void();
-            }
-        }
-    }
-}
-
-/// Settles a kept record (see [`WriteData::settle`]).
-fn settle(record: Option<Record>, applied: bool) {
-    if let Some(record) = record {
-        if applied {
-            record.commit();
-        } else {
-            record.void();
+            record.settle(applied);
         }
     }
 }
@@ -656,7 +641,9 @@ impl Session {
                 let (record, _) = buf.keep(self.log.as_ref());
                 self.spawn_task(move |core| async move {
                     let result = core.fallocate(fh, offset, length, mode as i32).await;
-                    settle(record, result.is_ok());
+                    if let Some(record) = record {
+                        record.settle(result.is_ok());
+                    }
                     match result {
                         Ok(()) => reply.ok(&[]),
                         Err(err) => {

@@ -169,6 +169,15 @@ impl Record {
         self.decide(VOID);
     }
 
+    /// [`Record::commit`] when `applied`, else [`Record::void`].
+    pub fn settle(self, applied: bool) {
+        if applied {
+            self.commit();
+        } else {
+            self.void();
+        }
+    }
+
     fn decide(&mut self, state: u32) {
         self.decided = true;
         self.log

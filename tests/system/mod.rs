@@ -190,3 +190,25 @@ impl Drop for BlockMount {
         }
     }
 }
+
+/// Runs the filesystem's checker (`e2fsck -fn` for ext4, `xfs_repair -n`
+/// otherwise), repairing nothing, on `image` (a drive file read through a
+/// read-only namespace mount); panics with its output, after `context`,
+/// when it finds problems.
+pub fn check_filesystem(image: &Path, fs: &str, context: &str) {
+    let image_s = image.to_string_lossy().to_string();
+    let (tool, args) = match fs {
+        "ext4" => ("e2fsck", vec!["-fn", image_s.as_str()]),
+        _ => ("xfs_repair", vec!["-n", "-f", image_s.as_str()]),
+    };
+    let out = Command::new(tool)
+        .args(&args)
+        .output()
+        .expect("run the checker");
+    assert!(
+        out.status.success(),
+        "{context}: {tool} found problems:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
