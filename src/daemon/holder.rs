@@ -277,7 +277,13 @@ where
                         std::process::exit(TAKEOVER_FAILED);
                     }
                 },
-                (log, _) => log.clone(),
+                (log, _) => {
+                    // Inherited across fork without its page table entries.
+                    if let Some(log) = log {
+                        log.memory().populate();
+                    }
+                    log.clone()
+                }
             };
             let generation = Generation {
                 role,
