@@ -25,11 +25,12 @@
 //! connection. A crash after a process served longer restarts the count:
 //! deliberate kills, or a rare bug, cost a pause each, never the drive.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::fd_store;
 use super::handover::Handover;
 use super::readiness::Readiness;
 use crate::fs::write_log::WriteLog;
@@ -178,8 +179,50 @@ fn watchdog_timeout() -> Option<Duration> {
 /// Holds the attach and runs `serve` in a child process per generation,
 /// until one ends the attach; returns the exit status for the daemon.
 /// `log_bytes` sizes the write log (None: no log, a read-only attach).
+/// `stored`: the attach systemd kept for a holder that died (see
+/// `fd_store.rs`), taken over instead of a fresh start.
 /// Call with no thread running (it forks).
-pub fn hold<S>(mut serve: S, mut ready: Readiness, log_bytes: Option<u64>) -> i32
+pub fn hold<S>(
+    serve: S,
+    ready: Readiness,
+    log_bytes: Option<u64>,
+    stored: Option<fd_store::Stored>,
+) -> i32
+where
+    S: FnMut(Generation, Readiness) -> i32,
+{
+    let store = fd_store::enabled();
+    let code = hold_generations(serve, ready, log_bytes, stored, store);
+    if store {
+        // The attach ended: a later start of the unit attaches afresh.
+        fd_store::forget();
+    }
+    code
+}
+
+/// The attach's state, write log and connection kept by systemd, opened.
+fn resume(
+    stored: fd_store::Stored,
+) -> std::io::Result<(Arc<Handover>, Option<Arc<WriteLog>>, OwnedFd)> {
+    use crate::shared_memory::SharedMemory;
+    let state = Handover::open(SharedMemory::open(stored.state)?)?;
+    let log = match stored.log {
+        Some(fd) => Some(Arc::new(WriteLog::adopt(
+            SharedMemory::open(fd)?,
+            crate::fs::session::READ_BUFFER_BYTES,
+        )?)),
+        None => None,
+    };
+    Ok((Arc::new(state), log, stored.dev))
+}
+
+fn hold_generations<S>(
+    mut serve: S,
+    mut ready: Readiness,
+    log_bytes: Option<u64>,
+    stored: Option<fd_store::Stored>,
+    store: bool,
+) -> i32
 where
     S: FnMut(Generation, Readiness) -> i32,
 {
@@ -188,26 +231,45 @@ where
         ready.failed(&format!("{what}: {err}"));
         1
     };
-    let state = match Handover::create() {
-        Ok(state) => Arc::new(state),
-        Err(err) => return fail(&mut ready, "cannot create the attach's state", err),
-    };
-    state.set_holder(std::process::id(), unix_now());
-    let log = match log_bytes {
-        None => None,
-        Some(bytes) => match WriteLog::create(bytes, crate::fs::session::READ_BUFFER_BYTES) {
-            Ok(log) => Some(Arc::new(log)),
-            Err(err) => return fail(&mut ready, "cannot create the write log", err),
+    let resumed = stored.is_some();
+    let (state, log, dev) = match stored {
+        Some(stored) => match resume(stored) {
+            Ok(kept) => kept,
+            Err(err) => {
+                return fail(
+                    &mut ready,
+                    "cannot take over the attach systemd kept for this unit",
+                    err,
+                )
+            }
         },
+        None => {
+            let state = match Handover::create() {
+                Ok(state) => Arc::new(state),
+                Err(err) => return fail(&mut ready, "cannot create the attach's state", err),
+            };
+            let log = match log_bytes {
+                None => None,
+                Some(bytes) => {
+                    match WriteLog::create(bytes, crate::fs::session::READ_BUFFER_BYTES) {
+                        Ok(log) => Some(Arc::new(log)),
+                        Err(err) => return fail(&mut ready, "cannot create the write log", err),
+                    }
+                }
+            };
+            let dev: OwnedFd = match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/fuse")
+            {
+                Ok(file) => file.into(),
+                Err(err) => return fail(&mut ready, "cannot open /dev/fuse", err),
+            };
+            (state, log, dev)
+        }
     };
-    let dev: OwnedFd = match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-    {
-        Ok(file) => file.into(),
-        Err(err) => return fail(&mut ready, "cannot open /dev/fuse", err),
-    };
+    let holder_pid = std::process::id();
+    state.set_holder(holder_pid, unix_now());
     // Every process of the attach holds keys: no core dump, in the
     // foreground (systemd) as in the background.
     crate::crypt::forbid_core_dumps();
@@ -222,8 +284,34 @@ where
             remember_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
         );
     }
+    // Whether systemd holds the descriptors (from the first serving
+    // process's readiness on).
+    let mut kept = resumed;
+    let mut keep_once_ready = |state: &Handover| {
+        if store && !kept && state.was_ready() {
+            kept = true;
+            match fd_store::keep(
+                dev.as_fd(),
+                state.memory().fd(),
+                log.as_ref().map(|l| l.memory().fd()),
+            ) {
+                Ok(()) => tracing::debug!("the attach's descriptors are in systemd's store"),
+                Err(err) => tracing::warn!(
+                    %err,
+                    "cannot hand the attach's descriptors to systemd: the holder's own death would end the attach"
+                ),
+            }
+        }
+    };
 
-    let mut role = Role::Fresh;
+    let mut role = if resumed {
+        tracing::warn!(
+            "started again by systemd after the holder died: taking over the attach it kept"
+        );
+        Role::Takeover
+    } else {
+        Role::Fresh
+    };
     // Early crashes in a row.
     let mut crashes = 0u64;
     // The binary an upgrade asked for, for the next serving process only.
@@ -252,6 +340,12 @@ where
             return 1;
         }
         if pid == 0 {
+            if store {
+                // systemd keeps the attach: when the holder dies, its
+                // successor (a new start of the unit) takes over, and this
+                // process must not go on serving beside it.
+                die_with_holder(holder_pid);
+            }
             // The stop signals keep the holder's handler until the serving
             // process watches them itself (`raise_pending_signal`): one
             // that arrives in between is remembered, not lost.
@@ -298,7 +392,7 @@ where
         drop(readiness);
         tracing::info!(pid, ?role, "serving process started");
         let forked_ms = super::handover::unix_now_ms();
-        let status = watch(pid, &state);
+        let status = watch(pid, &state, &mut keep_once_ready);
         let was_ready = state.was_ready();
         if let Some(tried) = pending.take() {
             if state.serving_since_ms() < forked_ms {
@@ -564,6 +658,17 @@ fn adopt_log(log: &WriteLog) -> std::io::Result<WriteLog> {
     )
 }
 
+/// Asks for SIGKILL when the holder (`holder_pid`, this process's parent)
+/// dies, and dies now if it already has.
+fn die_with_holder(holder_pid: u32) {
+    // SAFETY: plain prctl on this process.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    // SAFETY: plain syscall.
+    if unsafe { libc::getppid() } as u32 != holder_pid {
+        std::process::exit(TAKEOVER_FAILED);
+    }
+}
+
 enum Ended {
     Exited(i32),
     Signalled(i32),
@@ -572,7 +677,8 @@ enum Ended {
 /// Waits for child `pid` to end: forwards stop signals to it, and kills it
 /// (SIGKILL: no core dump, which would hold keys) when a ready child stops
 /// beating for the watchdog's time.
-fn watch(pid: libc::pid_t, state: &Handover) -> Ended {
+/// `when_ready` runs at every look while the child is ready.
+fn watch(pid: libc::pid_t, state: &Handover, when_ready: &mut dyn FnMut(&Handover)) -> Ended {
     let watchdog = watchdog_timeout();
     let mut last_beats = state.beats();
     let mut last_change = Instant::now();
@@ -599,6 +705,9 @@ fn watch(pid: libc::pid_t, state: &Handover) -> Ended {
                 tracing::error!(%err, pid, "cannot wait for the serving process");
                 return Ended::Signalled(0);
             }
+        }
+        if state.was_ready() {
+            when_ready(state);
         }
         let beats = state.beats();
         if beats != last_beats {

@@ -30,6 +30,7 @@
 pub mod attach;
 pub mod control;
 mod exporter;
+pub mod fd_store;
 pub mod format;
 pub mod freeze;
 pub mod handover;
@@ -107,7 +108,19 @@ where
     F: Fn(bool) -> Fut,
     Fut: Future<Output = anyhow::Result<Arc<dyn Catalog>>>,
 {
-    let mountpoint = check_mountpoint(mountpoint)?;
+    // An attach systemd kept for a holder that died (`fd_store.rs`): its
+    // mount point is a live FUSE mount that nobody serves until the
+    // takeover, so it is not looked at (a stat would wait for that
+    // takeover).
+    let stored = if opts.foreground && opts.attach.is_some() {
+        fd_store::take()
+    } else {
+        None
+    };
+    let mountpoint = match stored {
+        Some(_) => kept_mountpoint(mountpoint)?,
+        None => check_mountpoint(mountpoint)?,
+    };
     if let Some(handover) = holder::handed_over() {
         // A new binary started by the attach's holder for an upgrade: it
         // takes the attach over in this process, which the holder watches.
@@ -141,7 +154,13 @@ where
     }
     if opts.foreground {
         if opts.attach.is_some() {
-            return match hold_attach(&mountpoint, opts, &make_catalog, Readiness::foreground()) {
+            return match hold_attach(
+                &mountpoint,
+                opts,
+                &make_catalog,
+                Readiness::foreground(),
+                stored,
+            ) {
                 0 => Ok(()),
                 code => bail!(
                     "the attach of {} ended with status {code} (the lines above say why)",
@@ -195,7 +214,7 @@ where
         tracing::warn!("could not lock the key material in memory: it may be written to swap");
     }
     let code = if opts.attach.is_some() {
-        hold_attach(&mountpoint, opts, &make_catalog, ready)
+        hold_attach(&mountpoint, opts, &make_catalog, ready, None)
     } else {
         match serve(&mountpoint, opts, || make_catalog(false), ready, None) {
             Ok(()) => 0,
@@ -215,6 +234,7 @@ fn hold_attach<F, Fut>(
     opts: &MountOptions,
     make_catalog: &F,
     ready: Readiness,
+    stored: Option<fd_store::Stored>,
 ) -> i32
 where
     F: Fn(bool) -> Fut,
@@ -249,7 +269,25 @@ where
         },
         ready,
         log_bytes,
+        stored,
     )
+}
+
+/// The canonical path of a mount point that is a live mount nobody serves
+/// yet: its parent resolved, the mount point itself not looked at.
+fn kept_mountpoint(mountpoint: &Path) -> anyhow::Result<PathBuf> {
+    let (Some(parent), Some(name)) = (mountpoint.parent(), mountpoint.file_name()) else {
+        bail!("mountpoint {} is not a directory", mountpoint.display());
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let parent = parent
+        .canonicalize()
+        .with_context(|| format!("mountpoint {} does not exist", mountpoint.display()))?;
+    Ok(parent.join(name))
 }
 
 /// The canonical mount point, or why it cannot be used; a dead mount left by a

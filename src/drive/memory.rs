@@ -470,6 +470,12 @@ impl PageStore for MemoryStore {
         Ok(())
     }
 
+    async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> Result<()> {
+        // Writes here land when called or never: nothing is in flight.
+        let mut st = self.locked();
+        self.check_write("fence writes", &mut st, lease_id)
+    }
+
     async fn clear_pages(&self, range: ByteRange, lease_id: Option<&str>) -> Result<()> {
         const OP: &str = "clear pages";
         self.meters.clears.fetch_add(1, Ordering::Relaxed);

@@ -44,7 +44,13 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         }
         Mode::ReadOnly | Mode::Snapshot => Lease::none(&target),
     };
-    let read = match read_drive(store.as_ref(), opts.mode, &target, &meters).await {
+    let read = async {
+        if opts.mode == Mode::ReadWrite {
+            store.fence_earlier_writes(lease.id()).await?;
+        }
+        read_drive(store.as_ref(), opts.mode, &target, &meters).await
+    };
+    let read = match read.await {
         Ok(x) => x,
         Err(e) => {
             // Do not leave the drive locked behind a failed open; if that
@@ -342,6 +348,9 @@ mod tests {
         ) -> crate::blob::Result<()> {
             self.inner.clear_pages(range, lease_id).await
         }
+        async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.inner.fence_earlier_writes(lease_id).await
+        }
         async fn resize(&self, blob_bytes: u64, lease_id: Option<&str>) -> crate::blob::Result<()> {
             self.inner.resize(blob_bytes, lease_id).await
         }
@@ -493,6 +502,9 @@ mod tests {
         ) -> crate::blob::Result<()> {
             self.inner.clear_pages(range, lease_id).await
         }
+        async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.inner.fence_earlier_writes(lease_id).await
+        }
         async fn resize(&self, blob_bytes: u64, lease_id: Option<&str>) -> crate::blob::Result<()> {
             self.inner.resize(blob_bytes, lease_id).await
         }
@@ -567,6 +579,9 @@ mod tests {
         ) -> crate::blob::Result<()> {
             self.0.write_pages(offset_bytes, data, lease_id).await
         }
+        async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.0.fence_earlier_writes(lease_id).await
+        }
         async fn clear_pages(
             &self,
             range: ByteRange,
@@ -618,5 +633,95 @@ mod tests {
         assert!(line.contains("'blobdrive break-lease c/d.vhd'"), "{line}");
         assert_eq!(e.errno(), libc::EINVAL, "the open's own failure");
         assert!(inner.lease_holder().is_some(), "the lease stayed");
+    }
+
+    /// A blob that records the order of what an open asks of it.
+    struct CallOrder {
+        inner: Arc<MemoryStore>,
+        calls: Mutex<Vec<&'static str>>,
+    }
+
+    impl CallOrder {
+        fn saw(&self, call: &'static str) {
+            self.calls.lock().unwrap().push(call);
+        }
+    }
+
+    #[async_trait]
+    impl PageStore for CallOrder {
+        async fn size_bytes(&self) -> crate::blob::Result<u64> {
+            self.inner.size_bytes().await
+        }
+        async fn state(&self) -> crate::blob::Result<BlobState> {
+            self.inner.state().await
+        }
+        async fn page_ranges(&self, within: ByteRange) -> crate::blob::Result<Vec<ByteRange>> {
+            self.saw("page ranges");
+            self.inner.page_ranges(within).await
+        }
+        async fn read(&self, range: ByteRange) -> crate::blob::Result<Bytes> {
+            self.inner.read(range).await
+        }
+        async fn write_pages(
+            &self,
+            offset_bytes: u64,
+            data: Bytes,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.inner.write_pages(offset_bytes, data, lease_id).await
+        }
+        async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.saw("fence");
+            self.inner.fence_earlier_writes(lease_id).await
+        }
+        async fn clear_pages(
+            &self,
+            range: ByteRange,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.inner.clear_pages(range, lease_id).await
+        }
+        async fn resize(&self, blob_bytes: u64, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.inner.resize(blob_bytes, lease_id).await
+        }
+        async fn acquire_lease(&self, proposed_id: &str) -> crate::blob::Result<()> {
+            self.saw("lease");
+            self.inner.acquire_lease(proposed_id).await
+        }
+        async fn release_lease(&self, lease_id: &str) -> crate::blob::Result<()> {
+            self.inner.release_lease(lease_id).await
+        }
+        async fn break_lease(&self) -> crate::blob::Result<()> {
+            self.inner.break_lease().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_write_open_fences_earlier_writes_before_it_reads_the_map() {
+        // A process that died holding the same lease may have a Put Page
+        // in flight: it must be unable to land before the map is read, or
+        // the map would miss pages the blob then holds.
+        let inner = drive_store(MIB);
+        let store = Arc::new(CallOrder {
+            inner,
+            calls: Mutex::new(Vec::new()),
+        });
+        let drive = Drive::open(store.clone(), opts(Mode::ReadWrite))
+            .await
+            .unwrap();
+        drive.close().await.unwrap();
+        let calls = store.calls.lock().unwrap().clone();
+        let first = |c: &str| calls.iter().position(|x| *x == c).unwrap_or(usize::MAX);
+        assert!(
+            first("lease") < first("fence") && first("fence") < first("page ranges"),
+            "{calls:?}"
+        );
+        // A read-only open has no lease and writes nothing: no fence.
+        store.calls.lock().unwrap().clear();
+        let ro = Drive::open(store.clone(), opts(Mode::ReadOnly))
+            .await
+            .unwrap();
+        ro.close().await.unwrap();
+        assert!(!store.calls.lock().unwrap().contains(&"fence"));
     }
 }
