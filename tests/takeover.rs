@@ -533,6 +533,21 @@ fn a_crash_loop_ends_the_attach_and_saves_the_logged_writes_to_a_recovery_file()
     if !netns::can_run("takeover_crash_loop") {
         return;
     }
+    crash_loop(false);
+}
+
+#[test]
+fn a_salvage_that_cannot_reach_storage_keeps_the_log_and_saves_it_once_it_can() {
+    if !netns::can_run("takeover_salvage_outage") {
+        return;
+    }
+    crash_loop(true);
+}
+
+/// Three serving processes killed in a row as soon as each serves, with
+/// writes only the log holds; with `outage`, the host's network is down
+/// from before the last kill until the salvage has failed once.
+fn crash_loop(outage: bool) {
     let mut storage = Storage::start();
     let host = storage.host("loop");
     let drive = "loop/l.vhd";
@@ -559,17 +574,46 @@ fn a_crash_loop_ends_the_attach_and_saves_the_logged_writes_to_a_recovery_file()
     let dirty = seen(&host, &dir, drive).dirty;
     assert!(dirty > 0, "nothing dirty to save");
     // Three serving processes in a row killed as soon as each serves.
+    let link = |state: &str| {
+        let status = host
+            .command("ip", &["link", "set", "eth0", state])
+            .status()
+            .unwrap();
+        assert!(status.success(), "ip link set eth0 {state}");
+    };
     for k in 0..3 {
         let s = poll_until(&host, &dir, drive, Duration::from_secs(60), |s| {
             s.takeovers == k
         })
         .expect("a serving process");
+        if outage && k == 2 {
+            link("down");
+        }
         // SAFETY: plain syscall on the serving process of this host's attach.
         unsafe { libc::kill(s.pid, libc::SIGKILL) };
     }
+    if outage {
+        // The salvage needs storage to read the drive back: it fails, and
+        // the holder keeps the log (and the attach) instead of ending.
+        system::wait_for(
+            "a failed salvage to be tried again",
+            Duration::from_secs(120),
+            || {
+                std::fs::read_to_string(host.log_path("m"))
+                    .unwrap_or_default()
+                    .contains("saving them is tried again")
+            },
+        );
+        assert!(
+            registry_alive(holder),
+            "the holder ended with the log unsaved"
+        );
+        assert!(host.recovery_files().is_empty());
+        link("up");
+    }
     system::wait_for(
         "the holder to end the attach",
-        Duration::from_secs(60),
+        Duration::from_secs(if outage { 180 } else { 60 }),
         || !registry_alive(holder),
     );
     let log = std::fs::read_to_string(host.log_path("m")).unwrap_or_default();

@@ -80,6 +80,8 @@ pub const HANDOVER_ENV: &str = "BLOBDRIVE_HANDOVER";
 /// Environment variable naming the memory file that holds the command line
 /// (arguments separated by NUL) of an exec'd serving process.
 pub const ARGS_ENV: &str = "BLOBDRIVE_ARGS_FD";
+/// Failed forks in a row (a second apart) before the attach ends.
+const FORK_TRIES: u32 = 120;
 /// How often the holder looks at its child.
 const POLL: Duration = Duration::from_millis(50);
 /// `oom_score_adj` the holder asks for (far below ordinary processes: its
@@ -322,6 +324,8 @@ where
     // Takeovers failing in a row: since when, and the next pause.
     let mut takeover_failing_since: Option<Instant> = None;
     let mut takeover_pause = Duration::from_millis(500);
+    let mut salvage_pause = Duration::from_secs(1);
+    let mut fork_failures = 0u32;
     let mut ready = Some(ready);
     loop {
         let child_dev = match dev.try_clone() {
@@ -336,9 +340,21 @@ where
         // the child may run arbitrary code after fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
-            tracing::error!(err = %std::io::Error::last_os_error(), "cannot fork a serving process");
-            return 1;
+            // Memory or the process limit, maybe right after the OOM
+            // killer struck: the log's writes are still only here, so
+            // wait and try again rather than end the attach.
+            let err = std::io::Error::last_os_error();
+            fork_failures += 1;
+            if fork_failures > FORK_TRIES {
+                tracing::error!(%err, "cannot fork a serving process; the attach ends");
+                return 1;
+            }
+            tracing::error!(%err, "cannot fork a serving process; trying again in 1 s");
+            ready = Some(readiness);
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
         }
+        fork_failures = 0;
         if pid == 0 {
             if store {
                 // systemd keeps the attach: when the holder dies, its
@@ -462,7 +478,30 @@ where
             Ended::Exited(code) => format!("panicked (status {code})"),
             Ended::Signalled(sig) => format!("killed by signal {sig}"),
         };
+        if role == Role::Salvage && unsaved_writes(log.as_deref()) {
+            // The salvage could not save what the log holds (storage or
+            // the lease is needed to read the drive back). Ending now would
+            // lose acknowledged writes: the filesystem above waits instead,
+            // as in an outage, and the salvage is tried again.
+            let pause = salvage_pause.min(Duration::from_secs(60));
+            salvage_pause *= 2;
+            tracing::error!(
+                pid,
+                seconds = pause.as_secs_f64(),
+                "serving process {crashed}; the write log still holds acknowledged writes that \
+                 are nowhere else: saving them is tried again (requests wait meanwhile)"
+            );
+            std::thread::sleep(pause);
+            continue;
+        }
         if role == Role::Salvage || !was_ready {
+            if unsaved_writes(log.as_deref()) {
+                tracing::error!(
+                    pid,
+                    "serving process {crashed} before it served: acknowledged writes in its \
+                     write log are lost"
+                );
+            }
             tracing::error!(pid, "serving process {crashed}; the attach ends");
             return 1;
         }
@@ -492,6 +531,22 @@ where
                 "serving process {crashed}; starting another to take over"
             );
             role = Role::Takeover;
+        }
+    }
+}
+
+/// Marks the descriptors an upgrade's holder handed to this process
+/// close-on-exec at once (call first thing): what this process may run
+/// before it takes them (`az` for a token) must not inherit the
+/// connection, the state or the write log.
+pub fn close_handed_over_at_exec() {
+    let Ok(value) = std::env::var(HANDOVER_ENV) else {
+        return;
+    };
+    for fd in value.split(',').filter_map(|f| f.parse::<i32>().ok()) {
+        if fd > 2 {
+            // SAFETY: only sets a flag; a number that is not open fails.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         }
     }
 }
@@ -647,6 +702,22 @@ fn exec_successor(
         cmd.current_dir(dir);
     }
     cmd.exec()
+}
+
+/// True when the log (as the last serving process left it) holds
+/// acknowledged writes that are neither in the blob nor in a recovery file.
+/// An unreadable log counts as empty: no retry could read it either.
+fn unsaved_writes(log: Option<&WriteLog>) -> bool {
+    let Some(log) = log else {
+        return false;
+    };
+    match adopt_log(log).and_then(|log| log.committed().map(|records| !records.is_empty())) {
+        Ok(unsaved) => unsaved,
+        Err(err) => {
+            tracing::error!(%err, "the write log is unreadable: what it held is lost");
+            false
+        }
+    }
 }
 
 /// The log as the last serving process left it, in a mapping of its own.

@@ -609,7 +609,7 @@ where
             } else {
                 SalvageReason::CrashLoop(crashes)
             };
-            return runtime.block_on(salvage(&core, why));
+            return runtime.block_on(salvage(&core, why, log.as_deref()));
         }
     }
     let session = match (dev, &state) {
@@ -631,6 +631,11 @@ where
             return Err(err);
         }
     };
+    // From the first request on: the attach's own setup (a journal replayed
+    // at mount, a filesystem check) can write more than the log holds.
+    if let Some(log) = &log {
+        runtime.spawn(keep_log(core.clone(), log.clone()));
+    }
     let (ended_tx, mut ended_rx) = oneshot::channel();
     let joiner = std::thread::Builder::new()
         .name("fuse-join".into())
@@ -687,9 +692,6 @@ where
         core.clone(),
         mountpoint,
     );
-    if let Some(log) = &log {
-        runtime.spawn(keep_log(core.clone(), log.clone()));
-    }
     if let Some(state) = &state {
         state.set_serving();
     }
@@ -811,7 +813,11 @@ enum SalvageReason {
 /// what the log held (now in the cache) in a recovery file and ends the
 /// attach without serving. The holder then exits, which ends the FUSE
 /// connection (the filesystem above sees I/O errors, as when a disk goes).
-async fn salvage(core: &FsCore, why: SalvageReason) -> anyhow::Result<()> {
+async fn salvage(
+    core: &FsCore,
+    why: SalvageReason,
+    log: Option<&crate::fs::write_log::WriteLog>,
+) -> anyhow::Result<()> {
     let reason = match why {
         SalvageReason::CrashLoop(crashes) => format!(
             "{crashes} serving processes in a row died within {} s of serving",
@@ -829,7 +835,21 @@ async fn salvage(core: &FsCore, why: SalvageReason) -> anyhow::Result<()> {
         }
     };
     let saved = core.save_unflushed_all(&reason).await;
-    let files: Vec<String> = saved.iter().map(|p| p.display().to_string()).collect();
+    if saved.failed {
+        // The log keeps them: the holder tries again (it never ends the
+        // attach while the log holds writes saved nowhere else).
+        bail!("{reason}; saving the acknowledged writes not yet in the blob failed (the lines above say why)");
+    }
+    if let Some(log) = log {
+        // In the recovery file now (fsynced): the log's records are no
+        // longer the only copy, and an empty log lets the holder end.
+        log.trim_before(log.flush_mark());
+    }
+    let files: Vec<String> = saved
+        .files
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     bail!(
         "{reason}; the attach ends. Acknowledged writes not yet in the blob: {}",
         if files.is_empty() {
@@ -1093,7 +1113,7 @@ async fn shut_down(
         let saved = core
             .save_unflushed_all("storage did not answer at unmount")
             .await;
-        tracing::info!(files = saved.len(), "recovery files written");
+        tracing::info!(files = saved.files.len(), "recovery files written");
     }
     let flush_errors = if outage {
         Vec::new()
@@ -1109,7 +1129,7 @@ async fn shut_down(
         let reason = join_errors(&flush_errors);
         tracing::error!(errors = %reason, "flush at unmount failed; unflushed data goes to a recovery file");
         let saved = core.save_unflushed_all(&reason).await;
-        tracing::info!(files = saved.len(), "recovery files written");
+        tracing::info!(files = saved.files.len(), "recovery files written");
     }
     match umount(mountpoint, 0).await {
         Ok(()) => {}

@@ -44,13 +44,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         }
         Mode::ReadOnly | Mode::Snapshot => Lease::none(&target),
     };
-    let read = async {
-        if opts.mode == Mode::ReadWrite {
-            store.fence_earlier_writes(lease.id()).await?;
-        }
-        read_drive(store.as_ref(), opts.mode, &target, &meters).await
-    };
-    let read = match read.await {
+    let read = match read_drive(store.as_ref(), opts.mode, lease.id(), &target, &meters).await {
         Ok(x) => x,
         Err(e) => {
             // Do not leave the drive locked behind a failed open; if that
@@ -142,6 +136,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         disk_skipped: Mutex::new(Default::default()),
         changed: AtomicBool::new(false),
         metadata_at_open: metadata,
+        etag_at_open: etag,
     })
 }
 
@@ -162,10 +157,17 @@ const PINNED_OPEN_TRIES: u32 = 3;
 /// after checking its copy status and finding its footer. A read-only open
 /// of a live blob (no lease keeps it still) pins every read to the ETag it
 /// saw first, so the footer, the map and every later read are of one state
-/// (`fetch.rs` turns a refused read into [`Error::Changed`]).
+/// (`fetch.rs` turns a refused read into [`Error::Changed`]). A read-write
+/// open (under `lease_id`) fences the writes sent earlier under the same
+/// lease before it reads the footer and the map (see
+/// [`PageStore::fence_earlier_writes`]); the ETag it keeps is the one from
+/// before that fence, whose raise of the sequence number changes no page,
+/// so that what the drive's ETag is compared with (its disk tier, a
+/// recovery file) is not told apart by the open's own raise.
 async fn read_drive(
     store: &dyn PageStore,
     mode: Mode,
+    lease_id: Option<&str>,
     target: &str,
     meters: &Meters,
 ) -> Result<ReadDrive> {
@@ -181,6 +183,9 @@ async fn read_drive(
             Mode::ReadOnly => state.etag.as_deref(),
             Mode::ReadWrite | Mode::Snapshot => None,
         });
+        if mode == Mode::ReadWrite {
+            store.fence_earlier_writes(lease_id).await?;
+        }
         let read = async {
             let located = super::resize::locate_footer(store, state.size_bytes).await?;
             add(&meters.bytes_down, VHD_FOOTER_BYTES);

@@ -515,8 +515,8 @@ impl FsCore {
 
     /// Saves the unflushed data of every writable device in a recovery file
     /// (after a failed flush, before anything else can block); returns the
-    /// files written.
-    pub async fn save_unflushed_all(&self, reason: &str) -> Vec<std::path::PathBuf> {
+    /// files written, and whether any device's could not be saved.
+    pub async fn save_unflushed_all(&self, reason: &str) -> super::handles::SavedUnflushed {
         self.handles.save_unflushed_all(reason).await
     }
 

@@ -279,20 +279,21 @@ impl Handles {
 
     /// Saves the unflushed data of every writable open device in a
     /// recovery file (after a failed flush); returns the files written.
-    pub async fn save_unflushed_all(&self, reason: &str) -> Vec<std::path::PathBuf> {
-        let mut files = Vec::new();
+    pub async fn save_unflushed_all(&self, reason: &str) -> SavedUnflushed {
+        let mut saved = SavedUnflushed::default();
         for file in self.open_files() {
             if let Some(open) = file.current().filter(|open| open.writable) {
                 match open.device.save_unflushed(reason).await {
-                    Ok(Some(saved)) => files.push(saved),
+                    Ok(Some(path)) => saved.files.push(path),
                     Ok(None) => {}
                     Err(err) => {
+                        saved.failed = true;
                         tracing::error!(path = %file.path, %err, "saving unflushed data failed")
                     }
                 }
             }
         }
-        files
+        saved
     }
 
     /// Closes every open device, whatever handles remain (at unmount, after the
@@ -375,6 +376,15 @@ async fn close_devices(
         }
     }
     result
+}
+
+/// What saving the unflushed data of every writable device did.
+#[derive(Debug, Default)]
+pub struct SavedUnflushed {
+    /// The recovery files written.
+    pub files: Vec<std::path::PathBuf>,
+    /// Some device's data could not be saved (logged).
+    pub failed: bool,
 }
 
 #[cfg(test)]

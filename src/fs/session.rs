@@ -814,9 +814,15 @@ fn merge_records<'a>(
             )
         })?;
         let (start, end, piece) = match req.op {
-            Op::Write { offset, data, .. } => {
-                (offset, offset + data.len() as u64, Piece::Data(data))
-            }
+            Op::Write { offset, data, .. } => match offset.checked_add(data.len() as u64) {
+                Some(end) => (offset, end, Piece::Data(data)),
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("write log record {} ends past 2^64", record.seq),
+                    ))
+                }
+            },
             Op::Fallocate {
                 offset,
                 length,
