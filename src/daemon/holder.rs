@@ -657,6 +657,11 @@ fn exec_successor(
     let Some(args) = COMMAND_LINE.get() else {
         return std::io::Error::other("the mount's command line is unknown");
     };
+    // Checked again here, and the file opened now is the one run.
+    let file = match trusted_binary(binary) {
+        Ok(file) => file,
+        Err(err) => return std::io::Error::other(format!("{err:#}")),
+    };
     let mut text = Vec::new();
     for arg in args {
         text.extend_from_slice(arg.as_bytes());
@@ -695,7 +700,9 @@ fn exec_successor(
     // pending (the mask survives exec) instead of killing it.
     block_stop_signals(true);
     use std::os::unix::process::CommandExt;
-    let mut cmd = std::process::Command::new(binary);
+    // The kernel resolves the path to the open file before it closes the
+    // close-on-exec descriptors (an ELF binary needs nothing more).
+    let mut cmd = std::process::Command::new(format!("/proc/self/fd/{}", file.as_raw_fd()));
     cmd.arg0(args.first().cloned().unwrap_or_else(|| "blobdrive".into()));
     // Relative paths on the command line mean what they meant to `mount`.
     if let Some(dir) = COMMAND_DIR.get() {
@@ -861,26 +868,10 @@ pub async fn prepare_upgrade(
     binary: &std::path::Path,
     core: &crate::fs::FsCore,
 ) -> anyhow::Result<()> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let Some(published) = PUBLISHED.get() else {
         anyhow::bail!("only an attached drive's daemon can be upgraded in place (a namespace mount is unmounted and mounted again)");
     };
-    let meta = std::fs::metadata(binary)
-        .map_err(|e| anyhow::anyhow!("cannot use {}: {e}", binary.display()))?;
-    let mode = meta.permissions().mode();
-    let owner_ok = meta.uid() == 0 || meta.uid() == crate::private_dir::euid();
-    if !binary.is_absolute() || !meta.is_file() || mode & 0o111 == 0 {
-        anyhow::bail!("{} is not an executable file", binary.display());
-    }
-    if !owner_ok || mode & 0o022 != 0 {
-        anyhow::bail!(
-            "{} may be changed by another user (owner uid {}, mode {:o}); the daemon runs only \
-             a binary that root or its own user alone can change",
-            binary.display(),
-            meta.uid(),
-            mode & 0o7777
-        );
-    }
+    trusted_binary(binary)?;
     let errors = core.flush_all().await;
     if !errors.is_empty() {
         let reasons: Vec<String> = errors.iter().map(ToString::to_string).collect();
@@ -891,6 +882,60 @@ pub async fn prepare_upgrade(
     }
     published.state.set_upgrade(binary)?;
     Ok(())
+}
+
+/// Opens `binary` for an upgrade's exec, when only root or this process's
+/// user can have put it there: an absolute path to an executable regular
+/// file owned by one of them and writable by no one else, in directories
+/// likewise (or sticky, as /tmp). The holder's child checks it again and
+/// runs the file it opened, not the path, so a file swapped after the
+/// check is never run.
+pub fn trusted_binary(binary: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let euid = crate::private_dir::euid();
+    let ours = |uid: u32| uid == 0 || uid == euid;
+    let shown = binary.display();
+    if !binary.is_absolute() {
+        anyhow::bail!("{shown} is not an absolute path");
+    }
+    let real = binary
+        .canonicalize()
+        .map_err(|e| anyhow::anyhow!("cannot use {shown}: {e}"))?;
+    for dir in real.ancestors().skip(1) {
+        let meta =
+            std::fs::metadata(dir).map_err(|e| anyhow::anyhow!("cannot use {shown}: {e}"))?;
+        let mode = meta.mode();
+        if !ours(meta.uid()) || (mode & 0o022 != 0 && mode & 0o1000 == 0) {
+            anyhow::bail!(
+                "{shown} is in {}, which another user may change (owner uid {}, mode {:o}); \
+                 the daemon runs only a binary that root or its own user alone can change",
+                dir.display(),
+                meta.uid(),
+                mode & 0o7777
+            );
+        }
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(&real)
+        .map_err(|e| anyhow::anyhow!("cannot use {shown}: {e}"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| anyhow::anyhow!("cannot use {shown}: {e}"))?;
+    let mode = meta.mode();
+    if !meta.is_file() || mode & 0o111 == 0 {
+        anyhow::bail!("{shown} is not an executable file");
+    }
+    if !ours(meta.uid()) || mode & 0o022 != 0 {
+        anyhow::bail!(
+            "{shown} may be changed by another user (owner uid {}, mode {:o}); the daemon runs \
+             only a binary that root or its own user alone can change",
+            meta.uid(),
+            mode & 0o7777
+        );
+    }
+    Ok(file)
 }
 
 /// Ends this serving process for an upgrade: the holder starts the binary
@@ -909,5 +954,51 @@ pub async fn beat(state: Arc<Handover>) {
     loop {
         state.beat();
         tokio::time::sleep(BEAT_INTERVAL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn an_upgrade_runs_only_a_binary_no_other_user_can_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let chmod = |path: &std::path::Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        chmod(dir.path(), 0o700);
+        let bin = dir.path().join("blobdrive");
+        std::fs::write(&bin, b"\x7fELF").unwrap();
+        chmod(&bin, 0o755);
+        assert!(trusted_binary(&bin).is_ok());
+        // Through a symlink: the file it names is what is checked and run.
+        let link = dir.path().join("current");
+        std::os::unix::fs::symlink(&bin, &link).unwrap();
+        assert!(trusted_binary(&link).is_ok());
+
+        let err = trusted_binary(std::path::Path::new("blobdrive")).unwrap_err();
+        assert!(err.to_string().contains("not an absolute path"), "{err}");
+        chmod(&bin, 0o644);
+        let err = trusted_binary(&bin).unwrap_err();
+        assert!(err.to_string().contains("not an executable"), "{err}");
+        chmod(&bin, 0o777);
+        let err = trusted_binary(&bin).unwrap_err();
+        assert!(
+            err.to_string().contains("may be changed by another user"),
+            "{err}"
+        );
+        chmod(&bin, 0o755);
+        // A directory others may write to: the file could be swapped.
+        chmod(dir.path(), 0o777);
+        let err = trusted_binary(&bin).unwrap_err();
+        assert!(
+            err.to_string().contains("which another user may change"),
+            "{err}"
+        );
+        // Sticky, as /tmp: others cannot replace our file there.
+        chmod(dir.path(), 0o1777);
+        assert!(trusted_binary(&bin).is_ok());
     }
 }
