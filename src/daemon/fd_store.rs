@@ -70,6 +70,21 @@ pub fn forget() {
     }
 }
 
+/// Marks the descriptors the service manager passed to this process
+/// close-on-exec at once (call first thing): what runs before [`take`]
+/// (`az` for a token) must not inherit the connection or the log.
+pub fn close_passed_at_exec() {
+    let var = |name: &str| std::env::var(name).ok();
+    let (Some(pid), Some(count)) = (var("LISTEN_PID"), var("LISTEN_FDS")) else {
+        return;
+    };
+    let names = var("LISTEN_FDNAMES");
+    for (fd, _) in parse(&pid, &count, names.as_deref(), std::process::id()).unwrap_or_default() {
+        // SAFETY: only sets a flag on a descriptor passed to this process.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+}
+
 /// The attach's descriptors the service manager passed back.
 pub struct Stored {
     /// The FUSE connection.

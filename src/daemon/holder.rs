@@ -80,6 +80,8 @@ pub const HANDOVER_ENV: &str = "BLOBDRIVE_HANDOVER";
 /// Environment variable naming the memory file that holds the command line
 /// (arguments separated by NUL) of an exec'd serving process.
 pub const ARGS_ENV: &str = "BLOBDRIVE_ARGS_FD";
+/// The watchdog's time for a child that has not begun to serve yet.
+const STARTUP_GRACE: Duration = Duration::from_secs(120);
 /// Failed forks in a row (a second apart) before the attach ends.
 const FORK_TRIES: u32 = 120;
 /// How often the holder looks at its child.
@@ -118,8 +120,12 @@ pub struct Generation {
 /// The last stop signal received, for the holder loop.
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
+/// A stop signal arrived at some point (never cleared).
+static STOP_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 extern "C" fn remember_signal(sig: libc::c_int) {
     PENDING_SIGNAL.store(sig, Ordering::SeqCst);
+    STOP_ASKED.store(true, Ordering::SeqCst);
 }
 
 fn set_handler(sig: libc::c_int, handler: libc::sighandler_t) {
@@ -194,8 +200,12 @@ where
     S: FnMut(Generation, Readiness) -> i32,
 {
     let store = fd_store::enabled();
-    let code = hold_generations(serve, ready, log_bytes, stored, store);
-    if store {
+    // Whether what systemd keeps may go: not while the log holds writes
+    // saved nowhere else, nor when a kept attach could not be read (a
+    // binary that can may be installed again).
+    let mut emptiable = true;
+    let code = hold_generations(serve, ready, log_bytes, stored, store, &mut emptiable);
+    if store && emptiable {
         // The attach ended: a later start of the unit attaches afresh.
         fd_store::forget();
     }
@@ -224,6 +234,7 @@ fn hold_generations<S>(
     log_bytes: Option<u64>,
     stored: Option<fd_store::Stored>,
     store: bool,
+    emptiable: &mut bool,
 ) -> i32
 where
     S: FnMut(Generation, Readiness) -> i32,
@@ -238,11 +249,12 @@ where
         Some(stored) => match resume(stored) {
             Ok(kept) => kept,
             Err(err) => {
+                *emptiable = false;
                 return fail(
                     &mut ready,
                     "cannot take over the attach systemd kept for this unit",
                     err,
-                )
+                );
             }
         },
         None => {
@@ -332,7 +344,7 @@ where
             Ok(fd) => fd,
             Err(err) => {
                 tracing::error!(%err, "cannot duplicate the FUSE connection");
-                return 1;
+                return ended(1, log.as_deref(), emptiable);
             }
         };
         let readiness = ready.take().unwrap_or_else(Readiness::foreground);
@@ -347,7 +359,7 @@ where
             fork_failures += 1;
             if fork_failures > FORK_TRIES {
                 tracing::error!(%err, "cannot fork a serving process; the attach ends");
-                return 1;
+                return ended(1, log.as_deref(), emptiable);
             }
             tracing::error!(%err, "cannot fork a serving process; trying again in 1 s");
             ready = Some(readiness);
@@ -438,6 +450,14 @@ where
             role = Role::Takeover;
             continue;
         }
+        let served = state.serving_since_ms() >= forked_ms;
+        if let (Ended::Exited(TAKEOVER_FAILED), true) = (&status, served) {
+            // It took over and served, then failed at its end (an unmount
+            // whose flush failed saved a recovery file): that ends the
+            // attach, as for the first serving process.
+            tracing::error!(pid, "serving process ended the attach with an error");
+            return ended(1, log.as_deref(), emptiable);
+        }
         if let (Ended::Exited(TAKEOVER_FAILED), Role::Takeover) = (&status, role) {
             // Storage or the lease may come back: the log keeps the data
             // meanwhile and the kernel keeps the requests waiting, as in
@@ -472,7 +492,7 @@ where
         let crashed = match status {
             Ended::Exited(code) if code != PANIC_STATUS && code != TAKEOVER_FAILED => {
                 tracing::info!(pid, code, "serving process ended the attach");
-                return code;
+                return ended(code, log.as_deref(), emptiable);
             }
             Ended::Exited(TAKEOVER_FAILED) => "could not take over".to_string(),
             Ended::Exited(code) => format!("panicked (status {code})"),
@@ -483,6 +503,14 @@ where
             // the lease is needed to read the drive back). Ending now would
             // lose acknowledged writes: the filesystem above waits instead,
             // as in an outage, and the salvage is tried again.
+            if STOP_ASKED.load(Ordering::SeqCst) {
+                tracing::error!(
+                    pid,
+                    "stopped while the write log still holds acknowledged writes that are \
+                     nowhere else: they are lost"
+                );
+                return ended(1, log.as_deref(), emptiable);
+            }
             let pause = salvage_pause.min(Duration::from_secs(60));
             salvage_pause *= 2;
             tracing::error!(
@@ -503,7 +531,7 @@ where
                 );
             }
             tracing::error!(pid, "serving process {crashed}; the attach ends");
-            return 1;
+            return ended(1, log.as_deref(), emptiable);
         }
         let since = state.serving_since_ms();
         let served_ms = if since >= forked_ms {
@@ -540,6 +568,7 @@ where
 /// before it takes them (`az` for a token) must not inherit the
 /// connection, the state or the write log.
 pub fn close_handed_over_at_exec() {
+    fd_store::close_passed_at_exec();
     let Ok(value) = std::env::var(HANDOVER_ENV) else {
         return;
     };
@@ -711,6 +740,13 @@ fn exec_successor(
     cmd.exec()
 }
 
+/// The holder's exit status `code`, noting whether the log still holds
+/// writes saved nowhere else (then systemd's store keeps it).
+fn ended(code: i32, log: Option<&WriteLog>, emptiable: &mut bool) -> i32 {
+    *emptiable = !unsaved_writes(log);
+    code
+}
+
 /// True when the log (as the last serving process left it) holds
 /// acknowledged writes that are neither in the blob nor in a recovery file.
 /// An unreadable log counts as empty: no retry could read it either.
@@ -792,6 +828,15 @@ fn watch(pid: libc::pid_t, state: &Handover, when_ready: &mut dyn FnMut(&Handove
             last_beats = beats;
             last_change = Instant::now();
         } else if let Some(limit) = watchdog {
+            // A child beats from the start of its serving code on; before
+            // it (a new binary of an upgrade reads its keys and asks the
+            // service for its account first) it gets a longer grace, so a
+            // slow start is not taken for a hang.
+            let limit = if state.server_pid() == pid as u32 {
+                limit
+            } else {
+                limit.max(STARTUP_GRACE)
+            };
             if state.was_ready() && last_change.elapsed() > limit {
                 tracing::error!(
                     pid,
@@ -872,6 +917,10 @@ pub async fn prepare_upgrade(
         anyhow::bail!("only an attached drive's daemon can be upgraded in place (a namespace mount is unmounted and mounted again)");
     };
     trusted_binary(binary)?;
+    // The file checked, not a link that might later name another.
+    let binary = binary
+        .canonicalize()
+        .map_err(|e| anyhow::anyhow!("cannot use {}: {e}", binary.display()))?;
     let errors = core.flush_all().await;
     if !errors.is_empty() {
         let reasons: Vec<String> = errors.iter().map(ToString::to_string).collect();
@@ -880,7 +929,7 @@ pub async fn prepare_upgrade(
             reasons.join("; ")
         );
     }
-    published.state.set_upgrade(binary)?;
+    published.state.set_upgrade(&binary)?;
     Ok(())
 }
 

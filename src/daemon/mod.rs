@@ -708,6 +708,10 @@ where
         ended_rx,
         &mut attachment,
     ));
+    if let (Ok(()), Some(log)) = (&result, &log) {
+        // Unmounted, flushed and closed: every logged write is in the blob.
+        log.trim_before(log.flush_mark());
+    }
     finish_serving(
         runtime,
         exporters,
@@ -768,7 +772,7 @@ async fn take_over(
     );
     let entry = registry::find_by_dir(att.dir())
         .ok_or_else(|| anyhow!("the attach has no registry entry"))?;
-    att.adopt(&entry);
+    att.adopt(&entry)?;
     let ino = att.resolve(core).await?;
     let mut writable_fh = None;
     for kept in state.handles() {
