@@ -294,9 +294,11 @@ fn truncate_fallocate_and_qemu_img_make_drives_as_create_does() {
     let (ok, err) = tool("touch", &[&mount.path("empty.vhd").to_string_lossy()]);
     assert!(ok, "touch NAME.vhd failed: {err}");
     assert!(sdk_blob(&c, "empty.vhd").is_none(), "touch made a blob");
-    assert!(
-        !mount.path("empty.vhd").exists(),
-        "a created file closed without a size is gone"
+    // The kernel sends the release after close returns.
+    wait_for(
+        "a created file closed without a size to be gone",
+        std::time::Duration::from_secs(5),
+        || !mount.path("empty.vhd").exists(),
     );
     expect_errno(
         "creating notes.txt",

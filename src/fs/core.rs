@@ -161,6 +161,17 @@ impl FsCore {
         }
     }
 
+    /// How long the kernel may cache the name and attributes of `ino`: not
+    /// at all for a created file not yet sized (it is gone at its last
+    /// release, and its size is about to change), else [`ATTR_TTL`].
+    pub fn ttl(&self, ino: u64) -> Duration {
+        if self.local.is_pending(ino) {
+            Duration::ZERO
+        } else {
+            ATTR_TTL
+        }
+    }
+
     /// True when the mount refuses writes.
     pub fn read_only(&self) -> bool {
         self.config.read_only

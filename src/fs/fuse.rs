@@ -171,7 +171,7 @@ impl Filesystem for BlobFs {
         };
         self.spawn(move |core| async move {
             match core.lookup(parent.0, &name).await {
-                Ok(attr) => reply.entry(&ATTR_TTL, &attr, Generation(0)),
+                Ok(attr) => reply.entry(&core.ttl(attr.ino.0), &attr, Generation(0)),
                 Err(err) => {
                     log_err("lookup", &err);
                     reply.error(errno(&err))
@@ -183,7 +183,7 @@ impl Filesystem for BlobFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.spawn(move |core| async move {
             match core.getattr(ino.0).await {
-                Ok(attr) => reply.attr(&ATTR_TTL, &attr),
+                Ok(attr) => reply.attr(&core.ttl(ino.0), &attr),
                 Err(err) => reply.error(errno(&err)),
             }
         });
@@ -215,7 +215,7 @@ impl Filesystem for BlobFs {
             || ctime.is_some();
         self.spawn(move |core| async move {
             match core.setattr(ino.0, size, other_changes).await {
-                Ok(attr) => reply.attr(&ATTR_TTL, &attr),
+                Ok(attr) => reply.attr(&core.ttl(ino.0), &attr),
                 Err(err) => {
                     log_change("setattr", &err);
                     reply.error(errno(&err))
@@ -370,7 +370,7 @@ impl Filesystem for BlobFs {
         self.spawn(move |core| async move {
             match core.create(parent.0, &name, writable).await {
                 Ok((attr, fh)) => reply.created(
-                    &ATTR_TTL,
+                    &core.ttl(attr.ino.0),
                     &attr,
                     Generation(0),
                     FileHandle(fh),
