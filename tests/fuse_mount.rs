@@ -210,7 +210,12 @@ fn writes_reach_the_device_and_fsync_makes_them_durable() {
     // Plain allocation inside the disk succeeds and changes nothing (a
     // page blob's pages need no allocation); past its end it is refused.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, 4096) };
-    assert_eq!(rc, 0, "plain allocation: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "plain allocation: {}",
+        std::io::Error::last_os_error()
+    );
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, 4 * MIB as i64) };
     assert_eq!(rc, -1, "plain allocation past the end of a fixed disk");
     assert_eq!(errno_of(&std::io::Error::last_os_error()), libc::EPERM);

@@ -153,7 +153,9 @@ impl Filesystem for BlobFs {
         if let Err(nearest) = config.set_max_background(MAX_BACKGROUND) {
             let _ = config.set_max_background(nearest);
         }
-        let wanted = InitFlags::FUSE_ASYNC_DIO | InitFlags::FUSE_PARALLEL_DIROPS;
+        let wanted = InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         if let Err(missing) = config.add_capabilities(wanted) {
             tracing::warn!(
                 ?missing,
@@ -392,6 +394,7 @@ impl Filesystem for BlobFs {
             .filter(|n| is_own_xattr(n))
             .map(str::to_string)
         else {
+            tracing::trace!(ino = ino.0, ?name, "getxattr: not ours, ENODATA");
             return reply.error(Errno::ENODATA);
         };
         self.spawn(move |core| async move {
