@@ -7,7 +7,9 @@
 //! `norecovery`, so any number of machines can mount the same snapshot. XFS
 //! also refuses a second mount of the same filesystem UUID, which a snapshot
 //! attached beside its live drive (or beside another attach of itself) is:
-//! read-only xfs mounts get `nouuid`.
+//! read-only xfs mounts get `nouuid`, and so does a read-write one whose
+//! UUID a mounted XFS filesystem has (a copy attached beside its source),
+//! with a warning that says so.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -133,6 +135,75 @@ pub fn make(device: &Path, fs: &FsType) -> Result<(), ToolError> {
     run(&program, args).map(|_| ())
 }
 
+/// The filesystem UUID on `device` (`blkid`), if it has one.
+pub fn uuid(device: &Path) -> Option<String> {
+    let args = [
+        "-p".as_ref(),
+        "-o".as_ref(),
+        "value".as_ref(),
+        "-s".as_ref(),
+        "UUID".as_ref(),
+        device.as_os_str(),
+    ];
+    run("blkid", args).ok().filter(|u| !u.is_empty())
+}
+
+/// The UUID of the XFS filesystem on `device` and where another XFS
+/// filesystem with that UUID is mounted (XFS refuses a second mount of one
+/// UUID, "Filesystem has duplicate UUID", which mount(8) reports only as a
+/// wrong type): `None` when no mounted one shares it.
+pub fn xfs_uuid_in_use(device: &Path) -> Option<(String, PathBuf)> {
+    let wanted = uuid(device)?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    for line in mountinfo.lines() {
+        // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS... - FSTYPE SOURCE SUPER
+        let Some((head, tail)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut tail = tail.split(' ');
+        if tail.next() != Some("xfs") {
+            continue;
+        }
+        let Some(source) = tail.next() else { continue };
+        if Path::new(source) == device {
+            continue;
+        }
+        let Some(dir) = head.split(' ').nth(4) else {
+            continue;
+        };
+        if uuid(Path::new(source)).as_deref() == Some(wanted.as_str()) {
+            return Some((wanted, PathBuf::from(unescape_mountinfo(dir))));
+        }
+    }
+    None
+}
+
+/// A path from /proc/self/mountinfo with its octal escapes (`\040` for a
+/// space) undone.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
+        {
+            let code = std::str::from_utf8(&bytes[i + 1..i + 4])
+                .ok()
+                .and_then(|d| u8::from_str_radix(d, 8).ok());
+            if let Some(code) = code {
+                out.push(code);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// A filesystem mounted at a directory. Unmount it explicitly.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountedFs {
@@ -155,6 +226,17 @@ impl MountedFs {
         let mut opts: Vec<String> = Vec::new();
         if read_only {
             opts.extend(fs.read_only_options().iter().map(|s| s.to_string()));
+        } else if fs == FsType::Xfs && !extra.iter().any(|o| o == "nouuid") {
+            if let Some((uuid, other)) = xfs_uuid_in_use(device) {
+                tracing::warn!(
+                    device = %device.display(),
+                    uuid,
+                    mounted = %other.display(),
+                    "this XFS filesystem has the UUID of the one mounted at {} (a copy or a snapshot of the same drive): mounting it with nouuid; 'blobdrive copy --new-uuid' makes copies with a UUID of their own",
+                    other.display()
+                );
+                opts.push("nouuid".to_string());
+            }
         }
         opts.extend(extra.iter().filter(|o| !o.is_empty()).cloned());
         let mut args: Vec<std::ffi::OsString> = vec!["-t".into(), fs.name().into()];
@@ -186,4 +268,16 @@ pub fn freeze(dir: &Path) -> Result<(), ToolError> {
 /// Thaw a filesystem frozen by [`freeze`].
 pub fn thaw(dir: &Path) -> Result<(), ToolError> {
     run("fsfreeze", ["--unfreeze".as_ref(), dir.as_os_str()]).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_lose_their_octal_escapes() {
+        assert_eq!(unescape_mountinfo("/mnt/a\\040b"), "/mnt/a b");
+        assert_eq!(unescape_mountinfo("/mnt/plain"), "/mnt/plain");
+        assert_eq!(unescape_mountinfo("/x\\"), "/x\\");
+    }
 }

@@ -448,6 +448,14 @@ impl FsCore {
             return Ok(0);
         }
         if offset_bytes >= size {
+            let (handle, _) = self.handles.get(fh)?;
+            if self.local.is_pending(handle.ino) {
+                let name = self.node(handle.ino).map(|n| self.node_name(&n))?;
+                return Err(FsError::new(
+                    libc::ENOSPC,
+                    format!("{name} has no size yet: give it one first ('truncate -s SIZE'), which makes the drive"),
+                ));
+            }
             return Err(FsError::new(
                 libc::ENOSPC,
                 "write past the end of a fixed-size drive",
@@ -539,8 +547,9 @@ impl FsCore {
         Ok(self.attr(&self.node(ino)?))
     }
 
-    /// `statfs`: the known drives' total size as capacity, no free space (files
-    /// cannot be created here), 4 KiB blocks.
+    /// `statfs`: the known drives' total size as capacity, no free-space
+    /// figure (storage gives none; a drive's pages need no allocation), 4 KiB
+    /// blocks.
     pub fn statfs(&self) -> Statfs {
         let block_size = 4096u64;
         Statfs {

@@ -93,6 +93,16 @@ impl BlobFs {
         self.write_budget.permit(&self.runtime, len)
     }
 
+    /// `C/DIR/NAME` for a log line: the name `name` in directory `parent`.
+    fn child_name(&self, parent: INodeNo, name: &OsStr) -> String {
+        let dir = self
+            .core
+            .node(parent.0)
+            .map(|n| self.core.node_name(&n))
+            .unwrap_or_else(|_| format!("inode {}/", parent.0));
+        format!("{dir}{}", name.to_string_lossy())
+    }
+
     /// Runs `work` on the runtime with an in-flight guard.
     fn spawn<F, Fut>(&self, work: F)
     where
@@ -236,7 +246,7 @@ impl Filesystem for BlobFs {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        let what = format!("mknod {:?} in inode {}", name, parent.0);
+        let what = format!("mknod {}", self.child_name(parent, name));
         let err = self.core.refuse_change(
             &what,
             "a namespace mount holds drives and directories only; a new drive is NAME.vhd opened with O_CREAT, then given a size",
@@ -307,10 +317,9 @@ impl Filesystem for BlobFs {
         reply: ReplyEntry,
     ) {
         let what = format!(
-            "symlink {:?} -> {} in inode {}",
-            link_name,
-            target.display(),
-            parent.0
+            "symlink {} -> {}",
+            self.child_name(parent, link_name),
+            target.display()
         );
         let err = self
             .core
@@ -324,12 +333,16 @@ impl Filesystem for BlobFs {
         _req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        _newparent: INodeNo,
+        newparent: INodeNo,
         newname: &OsStr,
         _flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let what = format!("rename {:?} to {:?} in inode {}", name, newname, parent.0);
+        let what = format!(
+            "rename {} to {}",
+            self.child_name(parent, name),
+            self.child_name(newparent, newname)
+        );
         let err = self.core.refuse_change(
             &what,
             "a blob's name is fixed; 'blobdrive copy C/OLD C/NEW' then 'blobdrive delete C/OLD' renames a drive",
@@ -342,11 +355,16 @@ impl Filesystem for BlobFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _newparent: INodeNo,
+        newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let what = format!("link of inode {} as {:?}", ino.0, newname);
+        let target = self
+            .core
+            .node(ino.0)
+            .map(|n| self.core.node_name(&n))
+            .unwrap_or_else(|_| format!("inode {}", ino.0));
+        let what = format!("link {target} as {}", self.child_name(newparent, newname));
         let err = self.core.refuse_change(
             &what,
             "blob storage has no hard links ('blobdrive copy' makes a copy)",

@@ -1,0 +1,56 @@
+//! A clone attaches beside its source: a `copy` of an XFS drive, attached
+//! read-write while its source is attached read-write, and a snapshot of
+//! it attached read-only at the same time, all mounted and readable (XFS
+//! refuses a second filesystem with a mounted one's UUID unless told
+//! `nouuid`). Real Azurite, FUSE, loop devices and XFS, through the binary.
+//!
+//! Prints `SKIPPED` without root, /dev/fuse, loop devices or mkfs.xfs (a
+//! failure under `BLOBDRIVE_REQUIRE_FUSE=1`); guards unmount everything.
+
+mod common;
+mod mount_support;
+mod system;
+
+use common::ContainerGuard;
+use mount_support::*;
+
+#[test]
+fn an_xfs_copy_and_a_snapshot_attach_beside_their_source() {
+    if !can_run("an_xfs_copy_and_a_snapshot_attach_beside_their_source", true) {
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let guard = rt.block_on(ContainerGuard::new("clone-xfs"));
+    let source = format!("{}/src.vhd", guard.name);
+    let copy = format!("{}/copy.vhd", guard.name);
+    let sandbox = Sandbox::new(common::connection_string());
+    sandbox.blobdrive_ok(&["create", &source, "--size", "320M", "--mkfs", "xfs"]);
+
+    let src = sandbox.mount("src", Some(&source), &[]);
+    std::fs::write(src.path("hello.txt"), b"from the source").expect("write");
+    run("sync", &[]);
+    sandbox.blobdrive_ok(&["copy", &source, &copy]);
+
+    let clone = sandbox.mount("copy", Some(&copy), &[]);
+    assert_eq!(
+        std::fs::read(clone.path("hello.txt")).expect("read in the copy"),
+        b"from the source"
+    );
+    assert!(
+        clone.log_text().contains("nouuid"),
+        "the attach says it used nouuid: {}",
+        clone.log_text()
+    );
+    std::fs::write(clone.path("only-in-copy.txt"), b"x").expect("write in the copy");
+    assert!(!src.path("only-in-copy.txt").exists());
+
+    let time = sandbox.blobdrive_ok(&["snapshot", &source]).trim().to_string();
+    let snap = sandbox.mount("snap", Some(&source), &["--snapshot", &time]);
+    assert_eq!(
+        std::fs::read(snap.path("hello.txt")).expect("read in the snapshot"),
+        b"from the source"
+    );
+    snap.unmount();
+    clone.unmount();
+    src.unmount();
+}
