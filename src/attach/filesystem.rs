@@ -151,7 +151,8 @@ pub fn uuid(device: &Path) -> Option<String> {
 /// The UUID of the XFS filesystem on `device` and where another XFS
 /// filesystem with that UUID is mounted (XFS refuses a second mount of one
 /// UUID, "Filesystem has duplicate UUID", which mount(8) reports only as a
-/// wrong type): `None` when no mounted one shares it.
+/// wrong type), as /proc/self/mountinfo writes it (octal escapes kept: it is
+/// for a log line); `None` when no mounted one shares it.
 pub fn xfs_uuid_in_use(device: &Path) -> Option<(String, PathBuf)> {
     let wanted = uuid(device)?;
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
@@ -172,36 +173,40 @@ pub fn xfs_uuid_in_use(device: &Path) -> Option<(String, PathBuf)> {
             continue;
         };
         if uuid(Path::new(source)).as_deref() == Some(wanted.as_str()) {
-            return Some((wanted, PathBuf::from(unescape_mountinfo(dir))));
+            return Some((wanted, PathBuf::from(dir)));
         }
     }
     None
 }
 
-/// A path from /proc/self/mountinfo with its octal escapes (`\040` for a
-/// space) undone.
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
-        {
-            let code = std::str::from_utf8(&bytes[i + 1..i + 4])
-                .ok()
-                .and_then(|d| u8::from_str_radix(d, 8).ok());
-            if let Some(code) = code {
-                out.push(code);
-                i += 4;
-                continue;
-            }
+/// Gives the filesystem on `device` (not mounted anywhere) a fresh random
+/// UUID, so a copy is another machine's disk; returns the new UUID, or
+/// `None` for a type it leaves alone. ext2/3/4: `e2fsck -f -p` first (it
+/// replays the journal of a copy taken live, and `tune2fs -U` wants a
+/// freshly checked filesystem unless `metadata_csum_seed` is set), then
+/// `tune2fs -U random`. XFS: `xfs_admin -U generate` refuses a dirty log,
+/// so the filesystem is mounted at `scratch` (with `nouuid`) and unmounted
+/// first, which replays it (never `xfs_repair -L`, which would throw the
+/// log away).
+pub fn renew_uuid(device: &Path, fs: &FsType, scratch: &Path) -> Result<Option<String>, ToolError> {
+    let dev = device.as_os_str();
+    if fs.name().starts_with("ext") {
+        // e2fsck exits 1 when it fixed something (the journal replayed).
+        match run("e2fsck", ["-f".as_ref(), "-p".as_ref(), dev]) {
+            Ok(_) => {}
+            Err(e) if e.code == Some(1) => {}
+            Err(e) => return Err(e),
         }
-        out.push(bytes[i]);
-        i += 1;
+        run("tune2fs", ["-U".as_ref(), "random".as_ref(), dev])?;
+    } else if *fs == FsType::Xfs {
+        let mounted =
+            MountedFs::mount(device, scratch, FsType::Xfs, false, &["nouuid".to_string()])?;
+        mounted.unmount()?;
+        run("xfs_admin", ["-U".as_ref(), "generate".as_ref(), dev])?;
+    } else {
+        return Ok(None);
     }
-    String::from_utf8_lossy(&out).into_owned()
+    Ok(uuid(device))
 }
 
 /// A filesystem mounted at a directory. Unmount it explicitly.
@@ -268,16 +273,4 @@ pub fn freeze(dir: &Path) -> Result<(), ToolError> {
 /// Thaw a filesystem frozen by [`freeze`].
 pub fn thaw(dir: &Path) -> Result<(), ToolError> {
     run("fsfreeze", ["--unfreeze".as_ref(), dir.as_os_str()]).map(|_| ())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mountinfo_paths_lose_their_octal_escapes() {
-        assert_eq!(unescape_mountinfo("/mnt/a\\040b"), "/mnt/a b");
-        assert_eq!(unescape_mountinfo("/mnt/plain"), "/mnt/plain");
-        assert_eq!(unescape_mountinfo("/x\\"), "/x\\");
-    }
 }

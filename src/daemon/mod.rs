@@ -35,6 +35,7 @@ pub mod freeze;
 pub mod handover;
 pub mod holder;
 pub mod mountpoint;
+pub mod new_uuid;
 pub mod readiness;
 pub mod registry;
 
