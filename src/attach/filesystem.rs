@@ -216,6 +216,9 @@ pub struct MountedFs {
     pub dir: PathBuf,
     /// Its type.
     pub fs: FsType,
+    /// What the user should hear about how it was mounted (an XFS
+    /// filesystem mounted with `nouuid` beside one of the same UUID).
+    pub warning: Option<String>,
 }
 
 impl MountedFs {
@@ -229,17 +232,17 @@ impl MountedFs {
         extra: &[String],
     ) -> Result<MountedFs, ToolError> {
         let mut opts: Vec<String> = Vec::new();
+        let mut warning = None;
         if read_only {
             opts.extend(fs.read_only_options().iter().map(|s| s.to_string()));
         } else if fs == FsType::Xfs && !extra.iter().any(|o| o == "nouuid") {
             if let Some((uuid, other)) = xfs_uuid_in_use(device) {
-                tracing::warn!(
-                    device = %device.display(),
-                    uuid,
-                    mounted = %other.display(),
-                    "this XFS filesystem has the UUID of the one mounted at {} (a copy or a snapshot of the same drive): mounting it with nouuid; 'blobdrive copy --new-uuid' makes copies with a UUID of their own",
+                let line = format!(
+                    "its XFS filesystem has the UUID {uuid} of the one mounted at {} (a copy or a snapshot of the same drive): mounted with nouuid; 'blobdrive copy --new-uuid' makes copies with a UUID of their own",
                     other.display()
                 );
+                tracing::warn!(device = %device.display(), "{line}");
+                warning = Some(line);
                 opts.push("nouuid".to_string());
             }
         }
@@ -255,6 +258,7 @@ impl MountedFs {
         Ok(MountedFs {
             dir: dir.to_path_buf(),
             fs,
+            warning,
         })
     }
 
