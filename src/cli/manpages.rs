@@ -241,7 +241,8 @@ fn namespace_mounts() -> Section {
             Item::Term(
                 "chmod, chown, touch (times)",
                 "Accepted and ignored: the blob has nowhere to keep them. A size other than \
-                 a drive's own is EPERM (blobdrive resize changes it).",
+                 a drive's own (truncate, or fallocate past its end) is EPERM (blobdrive \
+                 resize changes it).",
             ),
             Item::Term(
                 "getfattr -d NAME.vhd",
