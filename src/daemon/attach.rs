@@ -109,6 +109,8 @@ pub(crate) struct Attachment {
     holder_pid: Option<u32>,
     /// When the drive was attached (kept across takeovers).
     since_unix_secs: u64,
+    /// What the user who attached it should hear (see `MountedFs::warning`).
+    pub warnings: Vec<String>,
 }
 
 impl Attachment {
@@ -128,6 +130,7 @@ impl Attachment {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+            warnings: Vec::new(),
         }
     }
 
@@ -271,14 +274,17 @@ impl Attachment {
             self.spec.fs_options.clone(),
         );
         let fs_for_mount = fs.clone();
-        blocking(move || MountedFs::mount(&dev, &dir, fs_for_mount, read_only, &options))
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot mount the {fs} filesystem of drive {name} at {}",
-                    self.dir.display()
-                )
-            })?;
+        let mounted =
+            blocking(move || MountedFs::mount(&dev, &dir, fs_for_mount, read_only, &options))
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot mount the {fs} filesystem of drive {name} at {}",
+                        self.dir.display()
+                    )
+                })?;
+        self.warnings
+            .extend(mounted.warning.map(|w| format!("drive {name}: {w}")));
         self.mounted = Some(fs.clone());
         tracing::info!(dir = %self.dir.display(), %fs, "filesystem mounted");
 

@@ -36,6 +36,7 @@ pub mod freeze;
 pub mod handover;
 pub mod holder;
 pub mod mountpoint;
+pub mod new_uuid;
 pub mod readiness;
 pub mod registry;
 
@@ -186,7 +187,13 @@ where
     if pid > 0 {
         drop(write_end);
         return match readiness::wait_in_parent(read_end) {
-            ParentView::Ready => Ok(()),
+            ParentView::Ready(warnings) => {
+                // The user's terminal: this is the process `mount` started.
+                for warning in warnings {
+                    eprintln!("blobdrive: warning: {warning}");
+                }
+                Ok(())
+            }
             ParentView::Failed(reason) => {
                 reap(pid);
                 Err(anyhow!(reason))
@@ -694,6 +701,9 @@ where
     );
     if let Some(state) = &state {
         state.set_serving();
+    }
+    for warning in attachment.iter().flat_map(|att| att.warnings.iter()) {
+        ready.warn(warning);
     }
     ready.ready();
     let result = runtime.block_on(run_until_shutdown(

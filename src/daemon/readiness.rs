@@ -33,6 +33,15 @@ impl Readiness {
         notify_systemd("READY=1");
     }
 
+    /// Something the user should hear before the mount is ready: handed to
+    /// the parent, which prints it (a foreground daemon's log has it).
+    pub fn warn(&mut self, line: &str) {
+        if let Some(pipe) = self.pipe.as_mut() {
+            let line = line.replace('\n', " ");
+            let _ = pipe.write_all(format!("warning {line}\n").as_bytes());
+        }
+    }
+
     /// Startup failed: hand the reason to the parent (which prints it).
     pub fn failed(&mut self, reason: &str) {
         if let Some(mut pipe) = self.pipe.take() {
@@ -130,8 +139,8 @@ fn send_notify(target: &str, state: &str, fds: &[BorrowedFd<'_>]) -> std::io::Re
 
 /// What the parent of a background daemon learns.
 pub enum ParentView {
-    /// The mount is ready.
-    Ready,
+    /// The mount is ready; the warnings the daemon handed over first.
+    Ready(Vec<String>),
     /// The daemon failed with this line.
     Failed(String),
     /// The daemon ended without a word.
@@ -143,14 +152,21 @@ pub fn wait_in_parent(pipe: OwnedFd) -> ParentView {
     let mut text = String::new();
     let mut file = std::fs::File::from(pipe);
     let _ = file.read_to_string(&mut text);
-    match text.lines().next() {
-        Some("ready") => ParentView::Ready,
-        Some(line) => match line.strip_prefix("error ") {
-            Some(reason) => ParentView::Failed(reason.to_string()),
-            None => ParentView::Failed(line.to_string()),
-        },
-        None => ParentView::Vanished,
+    let mut warnings = Vec::new();
+    for line in text.lines() {
+        if let Some(warning) = line.strip_prefix("warning ") {
+            warnings.push(warning.to_string());
+            continue;
+        }
+        return match line {
+            "ready" => ParentView::Ready(warnings),
+            _ => match line.strip_prefix("error ") {
+                Some(reason) => ParentView::Failed(reason.to_string()),
+                None => ParentView::Failed(line.to_string()),
+            },
+        };
     }
+    ParentView::Vanished
 }
 
 /// A close-on-exec pipe: (read end, write end).
@@ -205,5 +221,13 @@ mod tests {
         let (read, write) = pipe().unwrap();
         drop(write);
         assert!(matches!(wait_in_parent(read), ParentView::Vanished));
+        let (read, write) = pipe().unwrap();
+        let mut readiness = Readiness::pipe(write);
+        readiness.warn("mounted with nouuid");
+        readiness.ready();
+        match wait_in_parent(read) {
+            ParentView::Ready(warnings) => assert_eq!(warnings, ["mounted with nouuid"]),
+            _ => panic!("expected ready"),
+        }
     }
 }

@@ -527,7 +527,7 @@ impl Session {
                 }
             }),
             Op::Setattr { size } => self.spawn_task(move |core| async move {
-                match core.setattr(ino, size).await {
+                match core.setattr(ino, size, false).await {
                     Ok(attr) => reply.ok(&wire::attr_out(&wire_attr(&attr), ATTR_TTL)),
                     Err(err) => {
                         log_err("setattr", &err);
