@@ -220,7 +220,8 @@ async fn serve(client: TcpStream, shared: &Shared) -> io::Result<()> {
 
 /// Sends one request upstream (on the kept connection when it is fresh
 /// enough, else a new one) and reads its whole answer, interim `1xx`
-/// answers skipped.
+/// answers skipped. A kept connection that fails before any answer came
+/// (the upstream closed it meanwhile) is replaced once by a new one.
 async fn exchange(
     upstream: &mut Option<Upstream>,
     shared: &Shared,
@@ -234,20 +235,23 @@ async fn exchange(
     {
         *upstream = None;
     }
-    let mut up = match upstream.take() {
-        Some(u) => u.conn,
-        None => Conn::new(TcpStream::connect(&shared.upstream).await?),
-    };
-    up.write_all(&[sent_head, body]).await?;
-    let answer = loop {
-        let h = up.read_head().await?.ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "upstream closed before answering",
-            )
-        })?;
-        if h.status() >= 200 || h.status() == 0 {
-            break h;
+    let (mut up, answer) = match upstream.take() {
+        Some(kept) => {
+            let mut up = kept.conn;
+            match send_and_read_head(&mut up, sent_head, body).await {
+                Ok(answer) => (up, answer),
+                Err(e) => {
+                    tracing::debug!("kept upstream connection failed ({e}); a new one");
+                    let mut up = Conn::new(TcpStream::connect(&shared.upstream).await?);
+                    let answer = send_and_read_head(&mut up, sent_head, body).await?;
+                    (up, answer)
+                }
+            }
+        }
+        None => {
+            let mut up = Conn::new(TcpStream::connect(&shared.upstream).await?);
+            let answer = send_and_read_head(&mut up, sent_head, body).await?;
+            (up, answer)
         }
     };
     let framing = answer.response_body(&head.line[0])?;
@@ -260,6 +264,22 @@ async fn exchange(
         });
     }
     Ok((answer, answer_body))
+}
+
+/// Writes a request on `up` and reads the head of its final answer.
+async fn send_and_read_head(up: &mut Conn, sent_head: &[u8], body: &[u8]) -> io::Result<Head> {
+    up.write_all(&[sent_head, body]).await?;
+    loop {
+        let h = up.read_head().await?.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "upstream closed before answering",
+            )
+        })?;
+        if h.status() >= 200 || h.status() == 0 {
+            return Ok(h);
+        }
+    }
 }
 
 #[cfg(test)]
