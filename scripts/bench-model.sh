@@ -60,8 +60,8 @@ put model_cap_rps "$cap_rps"
 put model_rtt_ms "$rtt_ms"
 
 # The model's counters around a step: model_begin, the step, model_end KEY
-# puts KEY_requests, KEY_busy (503s) and KEY_queued (requests that waited
-# for a cap) for the step.
+# puts KEY_requests, KEY_busy (503s), KEY_queued (requests that waited for
+# a cap) and KEY_queue_wait_s (their waits summed) for the step.
 model_snapshot() { curl -sf "$model_url/.model/stats"; }
 model_begin() { model_snapshot >"$work/model-0.json"; }
 model_end() { # KEY
@@ -71,8 +71,13 @@ import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 for k in ("requests", "busy", "queued", "refused_connections"):
     print(f"{sys.argv[3]}_{k} {b[k] - a[k]}")
+print(f"{sys.argv[3]}_queue_wait_s {b['queue_wait_s'] - a['queue_wait_s']:.3f}")
 PY
 }
+
+# fio's error (errno; 0: none) of job NAME run by fio_run: a failed job
+# shows 0 IOPS, and this says why.
+fio_error() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["jobs"][0]["error"])' "$work/fio-$1.json" 2>/dev/null || echo -1; }
 
 # A raw pass through the model, printing its rate: raw_small MODE C/B P MIB
 # (MODE small-read or small-write: 4 KiB requests, IOPS).
@@ -145,11 +150,13 @@ mount_drive "$c-ns" "$work/ns"
 model_begin
 put model_rand_read_iops "$(fio_run model-randread "$dev" randread "$fio_mib")"
 model_end model_rand_read
+put model_rand_read_fio_error "$(fio_error model-randread)"
 
 say "write + fsync loop: 4 KiB O_DIRECT writes, fsync after each, qd1, ${fio_seconds}s; raw 4 KiB Put Pages at 1 in flight"
 model_begin
 put model_fsync_iops "$(fio_run model-fsync "$dev" randwrite "$fio_mib" --ioengine=psync --iodepth=1 --fsync=1)"
 model_end model_fsync
+put model_fsync_fio_error "$(fio_error model-fsync)"
 unmount "$work/ns"
 model_begin
 put model_raw_put_4k_p1_iops "$(raw_small small-write "$c-ns/raw-small.bin" 1 "$fio_mib")"
@@ -206,6 +213,12 @@ def share(prefix):
 def ratio(a, b):
     return round(a / b, 3) if b else None
 
+def mean_wait_ms(prefix):
+    """the mean wait for a cap of the requests of the steps under prefix"""
+    req = sum(v for k, v in r.items() if k.startswith(prefix) and k.endswith("_requests"))
+    wait = sum(v for k, v in r.items() if k.startswith(prefix) and k.endswith("_queue_wait_s"))
+    return round(wait / req * 1000, 1) if req else None
+
 cap_mib, cap_rps, rtt = r["model_cap_mibps"], r["model_cap_rps"], r["model_rtt_ms"]
 rounds = sum(1 for k in r if k.startswith("model_seq_read_mibps_"))
 rows = [
@@ -234,10 +247,11 @@ for name, v, unit, limit, raw, raw_what, key in rows:
     bound = "raw" if raw < limit else "model"
     out_rows.append({"figure": name, "value": v, "unit": unit, "model_limit": limit,
                      "ratio_to_limit": q_limit, "raw": raw, "raw_what": raw_what,
-                     "ratio_to_raw": q_raw, "bound": bound, "busy_share": share(key)})
+                     "ratio_to_raw": q_raw, "bound": bound, "busy_share": share(key),
+                     "mean_wait_ms": mean_wait_ms(key)})
     table.append((name, f"{v:g} {unit}", f"{limit:.4g}", f"{q_limit}", f"{raw:g}", f"{q_raw}",
-                  f"{ratio(v, min(limit, raw))} ({bound})", f"{share(key)}"))
-head = ("figure", "blobdrive", "model limit", "ratio", "raw pass", "ratio", "vs lower", "503 share")
+                  f"{ratio(v, min(limit, raw))} ({bound})", f"{share(key)}", f"{mean_wait_ms(key)}"))
+head = ("figure", "blobdrive", "model limit", "ratio", "raw pass", "ratio", "vs lower", "503 share", "wait ms")
 widths = [max(len(str(x[i])) for x in table + [head]) for i in range(len(head))]
 print(f"service model '{model}': RTT {rtt:g} ms ± {profile['jitter_ms']:g}, per blob {cap_mib:.4g} MiB/s "
       f"and {cap_rps:g} requests/s, burst {profile['burst_ms']:g} ms, queue bound {profile['queue_bound_ms']:g} ms, "
@@ -245,10 +259,13 @@ print(f"service model '{model}': RTT {rtt:g} ms ± {profile['jitter_ms']:g}, per
 for line in [head] + table:
     print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip())
 print()
-print("raw passes through the model (vs its limit; 503 share): " + "; ".join(
-    f"{n} {v:g} {u} ({ratio(v, l)}; {share(k)})" for n, v, u, l, k in raws))
+print("raw passes through the model (vs its limit; 503 share; mean wait for a cap, ms): " + "; ".join(
+    f"{n} {v:g} {u} ({ratio(v, l)}; {share(k)}; {mean_wait_ms(k)})" for n, v, u, l, k in raws))
 print("cold reads one by one (MiB/s), each after its raw pass: " + ", ".join(
     f"{r[f'model_seq_read_mibps_{i}']:g} after {r[f'model_get_pass_mibps_{i}']:g}" for i in range(1, rounds + 1)))
+errors = {k: v for k, v in r.items() if k.endswith("_fio_error") and v}
+if errors:
+    print("fio failed (errno): " + ", ".join(f"{k[len('model_'):-len('_fio_error')]} {v:g}" for k, v in errors.items()))
 req, busy = final["requests"], final["busy"]
 print(f"the whole run through the model: {req} requests, {busy} answered 503 ({busy / req if req else 0:.4f}), "
       f"{final['queued']} waited for a cap (longest {final['max_queue_wait_s']:.3f} s), "
