@@ -23,13 +23,14 @@
 #
 # Environment: BENCH_MODEL_PORT (default Azurite's port + 1),
 # BENCH_MODEL_RAW_P (4 MiB requests in flight in the raw passes, default
-# 4: enough to keep a cap busy through the round trip and the body's time on
-# the link, few enough that none waits past the queue bound),
+# 8: as many as the engine keeps in flight, enough to keep a cap busy
+# through the round trip and each body's time on its link, and 32 MiB, which
+# standard's 60 MiB/s queues for about 0.5 s, inside the queue bound),
 # BENCH_READ_ROUNDS (cold reads; default 2 with --quick, else 5).
 
 model_bin=$CARGO_TARGET_DIR/release/service-model
 model_port=${BENCH_MODEL_PORT:-$((port + 1))}
-model_raw_p=${BENCH_MODEL_RAW_P:-4}
+model_raw_p=${BENCH_MODEL_RAW_P:-8}
 if [ "$quick" = 1 ]; then
   model_read_rounds=${BENCH_READ_ROUNDS:-2} burst_mib=8
 else
@@ -38,8 +39,9 @@ fi
 model_url=http://127.0.0.1:$model_port
 
 say "service model '$model' on 127.0.0.1:$model_port in front of Azurite on $port"
+trace=$work/model-trace.tsv
 "$model_bin" --profile "$model" --upstream "127.0.0.1:$port" --listen "127.0.0.1:$model_port" \
-  >"$work/model.out" 2>"$work/model.log" &
+  --trace "$trace" >"$work/model.out" 2>"$work/model.log" &
 model_pid=$!
 for _ in $(seq 1 100); do
   [ -s "$work/model.out" ] && break
@@ -61,17 +63,44 @@ put model_rtt_ms "$rtt_ms"
 
 # The model's counters around a step: model_begin, the step, model_end KEY
 # puts KEY_requests, KEY_busy (503s), KEY_queued (requests that waited for
-# a cap) and KEY_queue_wait_s (their waits summed) for the step.
+# a cap) and KEY_queue_wait_s (their waits summed) for the step, and from
+# the model's trace (the step's lines): KEY_upstream_ms (the mean time
+# Azurite took per request), KEY_mean_kib (body KiB per request) and
+# KEY_in_flight (requests in the model at once, on average over the step:
+# each one's round trip, wait, upstream time and bodies' link time, summed,
+# over the step's span).
 model_snapshot() { curl -sf "$model_url/.model/stats"; }
-model_begin() { model_snapshot >"$work/model-0.json"; }
+model_begin() { model_snapshot >"$work/model-0.json"; trace_l0=$(wc -l <"$trace"); }
 model_end() { # KEY
   model_snapshot >"$work/model-1.json"
-  python3 - "$work/model-0.json" "$work/model-1.json" "$1" >>"$res" <<'PY'
+  python3 - "$work/model-0.json" "$work/model-1.json" "$1" "$trace" "$trace_l0" "$work/model-profile.json" >>"$res" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
+key = sys.argv[3]
 for k in ("requests", "busy", "queued", "refused_connections"):
-    print(f"{sys.argv[3]}_{k} {b[k] - a[k]}")
-print(f"{sys.argv[3]}_queue_wait_s {b['queue_wait_s'] - a['queue_wait_s']:.3f}")
+    print(f"{key}_{k} {b[k] - a[k]}")
+print(f"{key}_queue_wait_s {b['queue_wait_s'] - a['queue_wait_s']:.3f}")
+profile = json.load(open(sys.argv[6]))
+rtt, link = profile["rtt_ms"], profile["link_bytes_per_s"]
+lines = open(sys.argv[4]).read().splitlines()[int(sys.argv[5]):]
+rows = [l.split("\t") for l in lines if l and not l.startswith("t_ms")]
+if rows:
+    busy_time = 0.0
+    start, end = float("inf"), 0.0
+    ups = []
+    kib = []
+    for t, method, blob, up, down, wait, upstream, status in rows:
+        t, up, down, wait, upstream = float(t), int(up), int(down), float(wait), float(upstream)
+        body_ms = (up + down) / link * 1000 if link else 0.0
+        busy_time += rtt + wait + upstream + body_ms
+        start = min(start, t - rtt / 2)
+        end = max(end, t + wait + upstream + body_ms + rtt / 2)
+        if status != "503":
+            ups.append(upstream)
+            kib.append((up + down) / 1024)
+    print(f"{key}_upstream_ms {sum(ups) / len(ups) if ups else 0:.2f}")
+    print(f"{key}_mean_kib {sum(kib) / len(kib) if kib else 0:.1f}")
+    print(f"{key}_in_flight {busy_time / (end - start) if end > start else 0:.2f}")
 PY
 }
 
@@ -185,6 +214,8 @@ put model_raw_put_4k_p8_iops "$(raw_small small-write "$c-wb/raw-small.bin" 8 10
 model_end model_raw_put_4k_p8
 
 model_snapshot >"$work/model-final.json"
+mkdir -p "$(dirname "$out")"
+cp "$trace" "$(dirname "$out")/model-trace.tsv"
 
 # --- report ------------------------------------------------------------------------
 
@@ -212,6 +243,14 @@ def share(prefix):
 
 def ratio(a, b):
     return round(a / b, 3) if b else None
+
+def mean_of(prefix, what):
+    """the request-weighted mean of KEY_what over the steps under prefix"""
+    steps = [k[:-len("_requests")] for k in r if k.startswith(prefix) and k.endswith("_requests")]
+    n = sum(r[s + "_requests"] for s in steps if s + "_" + what in r)
+    if not n:
+        return None
+    return round(sum(r[s + "_" + what] * r[s + "_requests"] for s in steps if s + "_" + what in r) / n, 1)
 
 def mean_wait_ms(prefix):
     """the mean wait for a cap of the requests of the steps under prefix"""
@@ -248,10 +287,13 @@ for name, v, unit, limit, raw, raw_what, key in rows:
     out_rows.append({"figure": name, "value": v, "unit": unit, "model_limit": limit,
                      "ratio_to_limit": q_limit, "raw": raw, "raw_what": raw_what,
                      "ratio_to_raw": q_raw, "bound": bound, "busy_share": share(key),
-                     "mean_wait_ms": mean_wait_ms(key)})
+                     "mean_wait_ms": mean_wait_ms(key), "upstream_ms": mean_of(key, "upstream_ms"),
+                     "in_flight": mean_of(key, "in_flight"), "mean_kib": mean_of(key, "mean_kib")})
     table.append((name, f"{v:g} {unit}", f"{limit:.4g}", f"{q_limit}", f"{raw:g}", f"{q_raw}",
-                  f"{ratio(v, min(limit, raw))} ({bound})", f"{share(key)}", f"{mean_wait_ms(key)}"))
-head = ("figure", "blobdrive", "model limit", "ratio", "raw pass", "ratio", "vs lower", "503 share", "wait ms")
+                  f"{ratio(v, min(limit, raw))} ({bound})", f"{share(key)}", f"{mean_wait_ms(key)}",
+                  f"{mean_of(key, 'upstream_ms')}", f"{mean_of(key, 'in_flight')}", f"{mean_of(key, 'mean_kib')}"))
+head = ("figure", "blobdrive", "model limit", "ratio", "raw pass", "ratio", "vs lower", "503 share", "wait ms",
+        "azurite ms", "in flight", "KiB/req")
 widths = [max(len(str(x[i])) for x in table + [head]) for i in range(len(head))]
 print(f"service model '{model}': RTT {rtt:g} ms ± {profile['jitter_ms']:g}, per blob {cap_mib:.4g} MiB/s "
       f"and {cap_rps:g} requests/s, burst {profile['burst_ms']:g} ms, queue bound {profile['queue_bound_ms']:g} ms, "
@@ -259,8 +301,9 @@ print(f"service model '{model}': RTT {rtt:g} ms ± {profile['jitter_ms']:g}, per
 for line in [head] + table:
     print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip())
 print()
-print("raw passes through the model (vs its limit; 503 share; mean wait for a cap, ms): " + "; ".join(
-    f"{n} {v:g} {u} ({ratio(v, l)}; {share(k)}; {mean_wait_ms(k)})" for n, v, u, l, k in raws))
+print("raw passes through the model (vs its limit; 503 share; mean wait for a cap, ms; Azurite's ms per request; in flight): "
+      + "; ".join(f"{n} {v:g} {u} ({ratio(v, l)}; {share(k)}; {mean_wait_ms(k)}; {mean_of(k, 'upstream_ms')}; {mean_of(k, 'in_flight')})"
+                  for n, v, u, l, k in raws))
 print("cold reads one by one (MiB/s), each after its raw pass: " + ", ".join(
     f"{r[f'model_seq_read_mibps_{i}']:g} after {r[f'model_get_pass_mibps_{i}']:g}" for i in range(1, rounds + 1)))
 errors = {k: v for k, v in r.items() if k.endswith("_fio_error") and v}

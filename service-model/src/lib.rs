@@ -20,6 +20,7 @@ pub mod pacing;
 pub mod profile;
 pub mod proxy;
 pub mod stats;
+pub mod trace;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,6 +44,16 @@ impl ServiceModel {
         upstream: &str,
         profile: Profile,
     ) -> std::io::Result<ServiceModel> {
+        Self::start_traced(listen, upstream, profile, trace::Trace::off()).await
+    }
+
+    /// As [`Self::start`], recording every request in `trace`.
+    pub async fn start_traced(
+        listen: SocketAddr,
+        upstream: &str,
+        profile: Profile,
+        trace: trace::Trace,
+    ) -> std::io::Result<ServiceModel> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(proxy::Shared {
@@ -50,6 +61,7 @@ impl ServiceModel {
             profile,
             counters: stats::Counters::default(),
             upstream: upstream.to_string(),
+            trace,
         });
         let task = tokio::spawn(proxy::accept_loop(listener, shared.clone()));
         Ok(ServiceModel { addr, shared, task })

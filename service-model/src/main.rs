@@ -3,13 +3,14 @@
 //!
 //!   service-model --profile standard|p10|p30 --upstream HOST:PORT
 //!                 [--listen ADDR:PORT] [--rtt-ms MS] [--jitter-ms MS]
-//!                 [--queue-ms MS]
+//!                 [--queue-ms MS] [--trace FILE]
 //!   service-model --profile NAME --describe
 //!
 //! Prints one JSON line once it listens (`listen`, `profile`), serves until
 //! SIGTERM or SIGINT, then prints its counters as one JSON line. While it
 //! runs, `GET /.model/stats` and `GET /.model/profile` on its port answer
-//! the same. Logs (`tracing`) go to stderr, filtered by
+//! the same. `--trace FILE` records every request, one line each
+//! (`trace.rs`). Logs (`tracing`) go to stderr, filtered by
 //! `SERVICE_MODEL_LOG` (default `info`).
 
 use std::net::SocketAddr;
@@ -23,6 +24,7 @@ struct Args {
     upstream: Option<String>,
     listen: SocketAddr,
     describe: bool,
+    trace: Option<std::path::PathBuf>,
 }
 
 fn millis(v: &str, flag: &str) -> anyhow::Result<Duration> {
@@ -35,7 +37,7 @@ fn millis(v: &str, flag: &str) -> anyhow::Result<Duration> {
 
 fn parse_args() -> anyhow::Result<Args> {
     let mut profile = None;
-    let (mut upstream, mut listen, mut describe) = (None, None, false);
+    let (mut upstream, mut listen, mut describe, mut trace) = (None, None, false, None);
     let (mut rtt, mut jitter, mut queue) = (None, None, None);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -58,6 +60,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--rtt-ms" => rtt = Some(millis(&value, &flag)?),
             "--jitter-ms" => jitter = Some(millis(&value, &flag)?),
             "--queue-ms" => queue = Some(millis(&value, &flag)?),
+            "--trace" => trace = Some(value.into()),
             other => anyhow::bail!("unknown flag {other}"),
         }
     }
@@ -76,6 +79,7 @@ fn parse_args() -> anyhow::Result<Args> {
         upstream,
         listen: listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
         describe,
+        trace,
     })
 }
 
@@ -94,7 +98,12 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let upstream = args.upstream.context("--upstream HOST:PORT is required")?;
-    let model = ServiceModel::start(args.listen, &upstream, args.profile)
+    let trace = match &args.trace {
+        Some(path) => service_model::trace::Trace::to_file(path)
+            .with_context(|| format!("create the trace {}", path.display()))?,
+        None => service_model::trace::Trace::off(),
+    };
+    let model = ServiceModel::start_traced(args.listen, &upstream, args.profile, trace)
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     println!(

@@ -23,6 +23,7 @@ use crate::http::{Conn, Framing, Head};
 use crate::pacing::{Admission, Pacer};
 use crate::profile::Profile;
 use crate::stats::Counters;
+use crate::trace::{Line, Trace};
 
 /// An upstream connection idle for this long is not used again: Azurite
 /// (Node) closes idle connections after 5 s, and a request sent as it
@@ -44,6 +45,8 @@ pub struct Shared {
     pub counters: Counters,
     /// The upstream, `host:port`.
     pub upstream: String,
+    /// Every request, one line each (when asked for).
+    pub trace: Trace,
 }
 
 /// Accepts connections on `listener` for ever, each served on a task of
@@ -169,6 +172,16 @@ async fn serve(client: TcpStream, shared: &Shared) -> io::Result<()> {
         match shared.pacer.admit(blob, charged) {
             Admission::Busy(cap) => {
                 shared.counters.busy(cap);
+                shared.trace.record(&Line {
+                    arrived,
+                    method: &head.line[0],
+                    what: blob.unwrap_or(&target),
+                    up: 0,
+                    down: 0,
+                    waited: Duration::ZERO,
+                    upstream: Duration::ZERO,
+                    status: 503,
+                });
                 tracing::debug!(?cap, %target, "503 ServerBusy");
                 tokio::time::sleep(rtt - rtt / 2).await;
                 let answer = answers::server_busy(cap, head.header("x-ms-version"));
@@ -185,6 +198,7 @@ async fn serve(client: TcpStream, shared: &Shared) -> io::Result<()> {
                     .admitted(at.saturating_duration_since(arrived));
             }
         }
+        let admitted = Instant::now();
         let expect = head.has_token("expect", "100-continue");
         if expect {
             client
@@ -197,6 +211,7 @@ async fn serve(client: TcpStream, shared: &Shared) -> io::Result<()> {
         } else {
             head.raw.clone()
         };
+        let asked = Instant::now();
         let (answer, answer_body) =
             match exchange(&mut upstream, shared, &head, &sent, &body.wire).await {
                 Ok(a) => a,
@@ -213,6 +228,16 @@ async fn serve(client: TcpStream, shared: &Shared) -> io::Result<()> {
         shared
             .counters
             .forwarded(body.payload_bytes, answer_body.payload_bytes);
+        shared.trace.record(&Line {
+            arrived,
+            method: &head.line[0],
+            what: blob.unwrap_or(&target),
+            up: body.payload_bytes,
+            down: answer_body.payload_bytes,
+            waited: admitted.saturating_duration_since(arrived),
+            upstream: asked.elapsed(),
+            status: answer.status(),
+        });
         // The bodies' time on this connection's link, and the answer's way back.
         tokio::time::sleep(link_time(&shared.profile, moved) + (rtt - rtt / 2)).await;
         client.write_all(&[&answer.raw, &answer_body.wire]).await?;
@@ -314,7 +339,11 @@ mod tests {
                 .to_vec(),
         )
         .expect("a head");
-        assert_eq!(expected_bytes(&ranges), 0, "Get Page Ranges is charged its answer");
+        assert_eq!(
+            expected_bytes(&ranges),
+            0,
+            "Get Page Ranges is charged its answer"
+        );
         let put = Head::parse(
             b"PUT /a/c/b?comp=page HTTP/1.1\r\nx-ms-range: bytes=0-511\r\nContent-Length: 512\r\n\r\n"
                 .to_vec(),
