@@ -15,6 +15,7 @@
 //! for `scripts/bench.sh --model`.
 
 pub mod answers;
+pub mod delay;
 pub mod http;
 pub mod pacing;
 pub mod profile;
@@ -62,6 +63,7 @@ impl ServiceModel {
             counters: stats::Counters::default(),
             upstream: upstream.to_string(),
             trace,
+            delays: delay::DelayLine::new(),
         });
         let task = tokio::spawn(proxy::accept_loop(listener, shared.clone()));
         Ok(ServiceModel { addr, shared, task })

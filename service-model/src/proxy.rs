@@ -19,6 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 use crate::answers;
+use crate::delay::DelayLine;
 use crate::http::{Conn, Framing, Head};
 use crate::pacing::{Admission, Pacer};
 use crate::profile::Profile;
@@ -47,6 +48,8 @@ pub struct Shared {
     pub upstream: String,
     /// Every request, one line each (when asked for).
     pub trace: Trace,
+    /// Waits to the tenth of a millisecond.
+    pub delays: DelayLine,
 }
 
 /// Accepts connections on `listener` for ever, each served on a task of
@@ -164,7 +167,7 @@ async fn serve(client: TcpStream, shared: &Shared) -> io::Result<()> {
         shared.counters.request();
         let rtt = draw_rtt(&shared.profile);
         // The request's way to the service.
-        tokio::time::sleep(rtt / 2).await;
+        shared.delays.sleep(rtt / 2).await;
         let blob = blob_of(&target);
         let charged = expected_bytes(&head);
         let arrived = Instant::now();
@@ -183,7 +186,7 @@ async fn serve(client: TcpStream, shared: &Shared) -> io::Result<()> {
                     status: 503,
                 });
                 tracing::debug!(?cap, %target, "503 ServerBusy");
-                tokio::time::sleep(rtt - rtt / 2).await;
+                shared.delays.sleep(rtt - rtt / 2).await;
                 let answer = answers::server_busy(cap, head.header("x-ms-version"));
                 client.write_all(&[&answer]).await?;
                 if let Framing::Length(n) = framing {
@@ -192,7 +195,7 @@ async fn serve(client: TcpStream, shared: &Shared) -> io::Result<()> {
                 return Ok(());
             }
             Admission::StartAt(at) => {
-                tokio::time::sleep_until(at).await;
+                shared.delays.until(at.into_std()).await;
                 shared
                     .counters
                     .admitted(at.saturating_duration_since(arrived));
@@ -239,7 +242,10 @@ async fn serve(client: TcpStream, shared: &Shared) -> io::Result<()> {
             status: answer.status(),
         });
         // The bodies' time on this connection's link, and the answer's way back.
-        tokio::time::sleep(link_time(&shared.profile, moved) + (rtt - rtt / 2)).await;
+        shared
+            .delays
+            .sleep(link_time(&shared.profile, moved) + (rtt - rtt / 2))
+            .await;
         client.write_all(&[&answer.raw, &answer_body.wire]).await?;
         let until_close = answer.response_body(&head.line[0])? == Framing::UntilClose;
         if until_close || head.has_token("connection", "close") {
