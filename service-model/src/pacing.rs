@@ -176,7 +176,12 @@ impl Pacer {
     /// that moves `bytes` of body: when it may start, or 503 when that is
     /// more than the queue bound away.
     pub fn admit(&self, blob: Option<&str>, bytes: u64) -> Admission {
-        let now = Instant::now();
+        self.admit_at(blob, bytes, Instant::now())
+    }
+
+    /// As [`Self::admit`], with the clock read by the caller (`now`), so
+    /// the caller can tell a request that waits from one that does not.
+    pub fn admit_at(&self, blob: Option<&str>, bytes: u64, now: Instant) -> Admission {
         let mut state = self.state.lock().expect("pacer lock: no panic holds it");
         let State { account, blobs } = &mut *state;
         if blobs.len() > BLOBS_KEPT {

@@ -172,7 +172,7 @@ async fn serve(client: TcpStream, shared: &Shared) -> io::Result<()> {
         let charged = expected_bytes(&head);
         let arrived = Instant::now();
         let framing = head.request_body()?;
-        match shared.pacer.admit(blob, charged) {
+        match shared.pacer.admit_at(blob, charged, arrived) {
             Admission::Busy(cap) => {
                 shared.counters.busy(cap);
                 shared.trace.record(&Line {
