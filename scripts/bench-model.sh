@@ -16,6 +16,8 @@
 #                Get pass over the same blob (vs the byte cap)
 #   rand read    fio 4 KiB randread qd32 on a drive file of a namespace mount,
 #                cold (vs the request cap)
+#   fdatasync    fio 4 KiB random overwrites of that file in ext4,
+#                fdatasync after each, qd1 (vs one round trip each)
 #   fsync loop   fio 4 KiB randwrite, O_DIRECT, fsync after each, qd1, on
 #                the same drive file (vs one round trip each)
 #   drain        a burst of random 4 KiB writes with --flush-delay 1h, then
@@ -164,6 +166,17 @@ done
 put model_seq_read_mibps "$(mibps $((seq_mib * model_read_rounds)) "$read_s")"
 put model_get_pass_mibps "$(mibps "$pass_mib" "$pass_s")"
 
+# Overwrites of blocks the file already holds, each followed by fdatasync:
+# no allocation and no size change, so ext4 has no metadata to commit and
+# each fdatasync should cost the drive one flush of one dirty run.
+say "fdatasync loop: 4 KiB overwrites of the written file in ext4, fdatasync after each, qd1, ${fio_seconds}s"
+"$bin" mount "$c/seq.vhd" "$work/seq" >/dev/null
+model_begin
+put model_fdatasync_iops "$(fio_run model-fdatasync "$work/seq/file" randwrite "$seq_mib" --direct=0 --ioengine=psync --iodepth=1 --fdatasync=1)"
+model_end model_fdatasync
+put model_fdatasync_fio_error "$(fio_error model-fdatasync)"
+unmount "$work/seq"
+
 # --- random 4 KiB on a drive file of a namespace mount ------------------------------
 
 say "random 4 KiB: a $fio_mib MiB region written, then raw Gets and fio randread qd32 (cold), ${fio_seconds}s each"
@@ -270,6 +283,8 @@ rows = [
      r["model_raw_get_4k_iops"], "raw 4 KiB Gets, p32", "model_rand_read"),
     ("4k O_DIRECT write + fsync, qd1", r["model_fsync_iops"], "IOPS", 1000.0 / rtt,
      r["model_raw_put_4k_p1_iops"], "raw 4 KiB Puts, p1", "model_fsync"),
+    ("4k overwrite + fdatasync (ext4), qd1", r["model_fdatasync_iops"], "IOPS", 1000.0 / rtt,
+     r["model_raw_put_4k_p1_iops"], "raw 4 KiB Puts, p1", "model_fdatasync"),
     ("drain: fsync after the burst", r["model_drain_put_per_s"], "Put Page/s", cap_rps,
      r["model_raw_put_4k_p8_iops"], "raw 4 KiB Puts, p8", "model_drain"),
 ]
