@@ -288,6 +288,16 @@ rows = [
     ("drain: fsync after the burst", r["model_drain_put_per_s"], "Put Page/s", cap_rps,
      r["model_raw_put_4k_p8_iops"], "raw 4 KiB Puts, p8", "model_drain"),
 ]
+# Issue 30's targets, by profile and row: (least ratio, against what):
+# "lower" is the lower of the model's limit and the raw pass, "limit" the
+# model's limit. A --quick run shows them and judges none (its size
+# settles none of them).
+targets = {
+    "standard": {"model_seq_write": (0.9, "lower"), "model_seq_read_": (0.9, "lower"),
+                 "model_rand_read": (0.9, "lower"), "model_fsync": (0.8, "limit"),
+                 "model_drain": (0.9, "lower")},
+    "p30": {"model_seq_read_": (0.9, "lower"), "model_rand_read": (0.8, "lower")},
+}.get(model, {})
 raws = [
     ("raw 4 MiB Put Pages", r["model_put_pass_mibps"], "MiB/s", cap_mib, "model_put_pass"),
     ("raw 4 MiB Gets", r["model_get_pass_mibps"], "MiB/s", cap_mib, "model_get_pass_"),
@@ -304,11 +314,19 @@ for name, v, unit, limit, raw, raw_what, key in rows:
                      "ratio_to_raw": q_raw, "bound": bound, "busy_share": share(key),
                      "mean_wait_ms": mean_wait_ms(key), "upstream_ms": mean_of(key, "upstream_ms"),
                      "in_flight": mean_of(key, "in_flight"), "mean_kib": mean_of(key, "mean_kib")})
+    target, met = "-", None
+    if key in targets:
+        least, basis = targets[key]
+        got = ratio(v, min(limit, raw)) if basis == "lower" else q_limit
+        target = f">= {least} of {basis}"
+        met = None if quick or got is None else got >= least
+    out_rows[-1].update({"target": target, "met": met})
     table.append((name, f"{v:g} {unit}", f"{limit:.4g}", f"{q_limit}", f"{raw:g}", f"{q_raw}",
                   f"{ratio(v, min(limit, raw))} ({bound})", f"{share(key)}", f"{mean_wait_ms(key)}",
-                  f"{mean_of(key, 'upstream_ms')}", f"{mean_of(key, 'in_flight')}", f"{mean_of(key, 'mean_kib')}"))
+                  f"{mean_of(key, 'upstream_ms')}", f"{mean_of(key, 'in_flight')}", f"{mean_of(key, 'mean_kib')}",
+                  target, "-" if met is None else ("met" if met else "MISSED")))
 head = ("figure", "blobdrive", "model limit", "ratio", "raw pass", "ratio", "vs lower", "503 share", "wait ms",
-        "azurite ms", "in flight", "KiB/req")
+        "azurite ms", "in flight", "KiB/req", "target", "")
 widths = [max(len(str(x[i])) for x in table + [head]) for i in range(len(head))]
 print(f"service model '{model}': RTT {rtt:g} ms ± {profile['jitter_ms']:g}, per blob {cap_mib:.4g} MiB/s "
       f"and {cap_rps:g} requests/s, burst {profile['burst_ms']:g} ms, queue bound {profile['queue_bound_ms']:g} ms, "
@@ -325,9 +343,13 @@ errors = {k: v for k, v in r.items() if k.endswith("_fio_error") and v}
 if errors:
     print("fio failed (errno): " + ", ".join(f"{k[len('model_'):-len('_fio_error')]} {v:g}" for k, v in errors.items()))
 req, busy = final["requests"], final["busy"]
+if quick and targets:
+    print("--quick: the targets are shown, not judged (one short run settles none of them)")
 print(f"the whole run through the model: {req} requests, {busy} answered 503 ({busy / req if req else 0:.4f}), "
       f"{final['queued']} waited for a cap (longest {final['max_queue_wait_s']:.3f} s), "
-      f"{final['refused_connections']} connections refused, {final['upstream_errors']} upstream errors")
+      f"{final['refused_connections']} connections refused, {final['upstream_errors']} upstream errors"
+      + ("" if model != "standard" else
+         f"; target under 1% answered 503: {'not judged (--quick)' if quick else ('met' if busy < 0.01 * req else 'MISSED')}"))
 json.dump({"quick": quick, "model": model, "profile": profile, "raw": r, "rows": out_rows,
            "model_stats": final}, open(sys.argv[2], "w"), indent=2)
 print(f"JSON: {sys.argv[2]}")
