@@ -7,6 +7,8 @@
 //!   cargo run --release --example ceiling -- --read C/B [--seconds S] [--blob-mib N]
 //!   cargo run --release --example ceiling -- --pass C/B --parallelism P
 //!   cargo run --release --example ceiling -- --put-pass C/B --parallelism P [--blob-mib N]
+//!   cargo run --release --example ceiling -- --small-read C/B --parallelism P [--seconds S] [--blob-mib N]
+//!   cargo run --release --example ceiling -- --small-write C/B --parallelism P [--seconds S] [--blob-mib N]
 //!
 //! Prints one JSON object: for each operation the best rate and the parallelism
 //! that gave it, plus the 4 KiB rate at queue depth 32 (what fio uses), so the
@@ -23,6 +25,14 @@
 //! random bytes, every 4 MiB slot once, in order, with `P` Put Pages in
 //! flight, prints its MiB/s and deletes the blob: the raw client doing what a
 //! sequential write or an upload does, timed just before it.
+//! With `--small-read C/B`, 4 KiB Gets at random 4 KiB slots of the first
+//! `--blob-mib` of an existing blob, `P` in flight, for `--seconds`: the raw
+//! client doing what a cold random read at queue depth `P` does (the
+//! bench's service-model steps time it through the model). With
+//! `--small-write C/B`, a new page blob of `--blob-mib` takes 4 KiB Put
+//! Pages at random 4 KiB slots, `P` in flight, for `--seconds`, and is
+//! deleted: what a drain of scattered writes (or, at `P` 1, a write and
+//! fsync loop) costs the raw client.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -65,7 +75,11 @@ struct Args {
     pass: Option<String>,
     /// A new blob to write once, every slot, then delete (`--put-pass`).
     put_pass: Option<String>,
-    /// Requests in flight for `--pass` and `--put-pass`.
+    /// An existing blob to read 4 KiB at random from (`--small-read`).
+    small_read: Option<String>,
+    /// A new blob to write 4 KiB at random to, then delete (`--small-write`).
+    small_write: Option<String>,
+    /// Requests in flight for `--pass`, `--put-pass` and the small modes.
     parallelism: usize,
 }
 
@@ -76,6 +90,8 @@ fn parse_args() -> anyhow::Result<Args> {
         read: None,
         pass: None,
         put_pass: None,
+        small_read: None,
+        small_write: None,
         parallelism: 4,
     };
     let mut it = std::env::args().skip(1);
@@ -87,6 +103,8 @@ fn parse_args() -> anyhow::Result<Args> {
             "--read" => args.read = Some(value),
             "--pass" => args.pass = Some(value),
             "--put-pass" => args.put_pass = Some(value),
+            "--small-read" => args.small_read = Some(value),
+            "--small-write" => args.small_write = Some(value),
             "--parallelism" => {
                 args.parallelism = value.parse().context("--parallelism")?;
                 anyhow::ensure!(args.parallelism > 0, "--parallelism must be at least 1");
@@ -324,6 +342,43 @@ async fn main() -> anyhow::Result<()> {
         let _ = client.delete_blob(&path, true, None).await;
         let (puts, took) = result?;
         print_pass(args.blob_bytes, ("puts", puts), took, args.parallelism);
+        return Ok(());
+    }
+    let small = match (&args.small_read, &args.small_write) {
+        (Some(t), _) => Some((t, Op::Get4K)),
+        (None, Some(t)) => Some((t, Op::Put4K)),
+        (None, None) => None,
+    };
+    if let Some((target, op)) = small {
+        let path =
+            BlobPath::parse(target).context("--small-read/--small-write want CONTAINER/BLOB")?;
+        if matches!(op, Op::Put4K) {
+            let _ = client.delete_blob(&path, true, None).await;
+            client.create_page_blob(&path, args.blob_bytes).await?;
+        }
+        let result = measure(
+            &client,
+            &path,
+            op,
+            args.parallelism,
+            args.seconds,
+            args.blob_bytes,
+        )
+        .await;
+        if matches!(op, Op::Put4K) {
+            let _ = client.delete_blob(&path, true, None).await;
+        }
+        let (done, took) = result?;
+        let iops = done as f64 / took.as_secs_f64();
+        println!(
+            "{}",
+            serde_json::json!({
+                "iops": (iops * 10.0).round() / 10.0,
+                "requests": done,
+                "seconds": (took.as_secs_f64() * 1000.0).round() / 1000.0,
+                "parallelism": args.parallelism,
+            })
+        );
         return Ok(());
     }
     if let Some(target) = &args.read {

@@ -7,6 +7,10 @@
 #
 #   sudo scripts/bench.sh            full run (1 GiB sequential, 4 GiB RSS run)
 #   sudo scripts/bench.sh --quick    smoke run (256 MiB, 512 MiB RSS run)
+#   sudo scripts/bench.sh --model standard|p10|p30 [--quick]
+#                                    the workloads through the service model
+#                                    (service-model/, scripts/bench-model.sh)
+#                                    instead of the default run
 #
 # Environment:
 #   BENCH_GIB               sequential write/read size in GiB (default 1)
@@ -19,6 +23,7 @@
 #   BENCH_STALL_RW          fio's --rw for the writes under those kills (default write)
 #   BENCH_STALL_IOPS        their rate, writes/s (default 1000; 0: unthrottled)
 #   BLOBDRIVE_AZURITE_PORT  port of the Azurite this script starts (default 10090)
+#   BENCH_MODEL_PORT        port of the service model (--model; default Azurite's + 1)
 #   BENCH_OUT               where the JSON goes
 #
 # Not a test: numbers on a shared machine are noisy, which is why every
@@ -29,8 +34,22 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-quick=0
-[ "${1:-}" = --quick ] && quick=1
+quick=0 model=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) quick=1 ;;
+    --model)
+      model=${2:-}
+      case $model in
+        standard | p10 | p30) ;;
+        *) echo "bench: --model wants standard, p10 or p30" >&2; exit 2 ;;
+      esac
+      shift
+      ;;
+    *) echo "bench: unknown argument $1 (--quick, --model standard|p10|p30)" >&2; exit 2 ;;
+  esac
+  shift
+done
 if [ "$quick" = 1 ]; then
   seq_mib=256 rss_mib=512 fio_seconds=${BENCH_SECONDS:-4} ceil_seconds=${BENCH_CEILING_SECONDS:-1}
   ceil_mib=256
@@ -66,6 +85,7 @@ work=$(mktemp -d /tmp/blobdrive-bench.XXXXXX)
 shm=$(mktemp -d /dev/shm/blobdrive-bench.XXXXXX)
 mounted=()   # directories to unmount, in order
 fio_pid=     # a fio running in the background (the takeover step)
+model_pid=   # the service model (--model), stopped after the unmounts
 azurite_started=0
 res=$work/results   # "key value" lines, turned into JSON at the end
 : >"$res"
@@ -84,6 +104,11 @@ cleanup() {
       "$bin" unmount "$d" >/dev/null 2>&1 || umount -l "$d" 2>/dev/null
     fi
   done
+  # The model goes after the unmounts: their last flushes pass through it.
+  if [ -n "$model_pid" ] && kill -0 "$model_pid" 2>/dev/null; then
+    kill "$model_pid"
+    wait "$model_pid" 2>/dev/null
+  fi
   [ "$azurite_started" = 1 ] && scripts/azurite.sh stop >/dev/null 2>&1
   # What was measured before a failure stays readable.
   mkdir -p "$(dirname "$out")" && cp "$res" "$(dirname "$out")/results.txt" 2>/dev/null
@@ -141,6 +166,7 @@ print(round(j["read"]["iops"] + j["write"]["iops"]))' "$work/fio-$name.json"
 
 say "building release"
 cargo build --release --quiet --bin blobdrive --example ceiling
+[ -n "$model" ] && cargo build --release --quiet -p service-model
 scripts/azurite.sh install
 if scripts/azurite.sh status 2>/dev/null; then
   say "something already listens on $port; set BLOBDRIVE_AZURITE_PORT to a free port"
@@ -214,6 +240,14 @@ daemon_cpu_end() { # KEY MIB
   dm_holder_ticks=$((h1 - dm_h0))
   put "$1" "$(per_gib "$dm_c0" "$((c1 + dm_holder_ticks))" "$2")"
 }
+
+# With --model, the workloads through the service model instead (its own
+# steps and report), then the end of the run.
+if [ -n "$model" ]; then
+  # shellcheck source=scripts/bench-model.sh
+  source scripts/bench-model.sh
+  exit 0
+fi
 
 # --- ceiling -------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ prefix=${PREFIX:-/usr/local}
 dest=${DESTDIR:-}
 
 cd "$root"
-cargo build --release --locked
+cargo build --release --locked -p blobdrive
 install -D -m 0755 target/release/blobdrive "$dest$prefix/bin/blobdrive"
 install -d "$dest/sbin"
 ln -sf "$prefix/bin/blobdrive" "$dest/sbin/mount.blobdrive"
