@@ -20,6 +20,7 @@ pub mod drive;
 pub mod fs;
 pub mod lifecycle;
 pub mod metrics;
+pub mod nbd;
 pub mod partition;
 pub mod private_dir;
 pub mod recovery;

@@ -8,6 +8,7 @@
 //! accepted before it is durable; dirty data is never dropped, even when the
 //! lease is lost.
 
+mod allocation;
 pub mod blob_store;
 mod cache;
 mod chunk;
@@ -34,6 +35,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 
+pub use allocation::Allocation;
 pub use blob_store::BlobPageStore;
 pub use counters::Counters;
 pub use disk_cache::DiskCacheOptions;
@@ -369,6 +371,13 @@ impl Drive {
                 }
             });
         }
+    }
+
+    /// Which of `pages` may hold data: the sparse map merged with the pages
+    /// written and not yet flushed, as consecutive runs in order (clipped to
+    /// the data area). A run with `data: false` reads as zeros.
+    pub fn allocation(&self, pages: PageRange) -> Vec<Allocation> {
+        self.inner.allocation(pages)
     }
 
     /// Write `data` at `offset_bytes` (any alignment). The data is in the

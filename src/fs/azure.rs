@@ -24,12 +24,16 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 
-use super::backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, FsError, FsResult};
+use super::backend::{
+    Catalog, Device, DirEntry, EntryKind, EntryPath, Extent, FsError, FsResult,
+};
 use super::rescue::{Rescuable, Rescue, Saved};
 use super::unlocks::{Unlocked, Unlocker};
 use crate::blob::{self, BlobClient, BlobItem, BlobPath, BlobType, ListBlobsOptions};
 use crate::crypt::{DataKey, KeySlots, UserKey};
-use crate::drive::{BlobPageStore, Drive, DriveOptions, EncryptedStore, Mode, PageStore};
+use crate::drive::{
+    BlobPageStore, Drive, DriveOptions, EncryptedStore, Mode, PageRange, PageStore,
+};
 use crate::units::{ByteRange, VHD_FOOTER_BYTES};
 use crate::vhd::Footer;
 
@@ -477,6 +481,28 @@ impl Device for DriveDevice {
             .await
             .map(|saved| saved.map(|s| s.file))
             .map_err(|e| FsError::io(format!("saving a recovery file failed: {e}")))
+    }
+
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> Vec<Extent> {
+        let end = offset_bytes
+            .saturating_add(len_bytes)
+            .min(self.drive.size_bytes());
+        if offset_bytes >= end {
+            return Vec::new();
+        }
+        let pages = PageRange::covering(ByteRange::new(offset_bytes, end));
+        self.drive
+            .allocation(pages)
+            .into_iter()
+            .map(|run| {
+                let bytes = run.pages.bytes();
+                let (start, stop) = (bytes.start.max(offset_bytes), bytes.end.min(end));
+                Extent {
+                    len_bytes: stop - start,
+                    data: run.data,
+                }
+            })
+            .collect()
     }
 
     fn stats(&self) -> serde_json::Value {

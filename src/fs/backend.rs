@@ -116,6 +116,30 @@ pub trait Device: Send + Sync {
     }
     /// Live counters for `blobdrive stats` (the drive engine's `Counters`).
     fn stats(&self) -> serde_json::Value;
+    /// Which parts of `[offset_bytes, offset_bytes + len_bytes)` (clipped at
+    /// the end of the disk) may hold data, as consecutive runs in order; a
+    /// run with `data: false` reads as zeros and stores nothing. The
+    /// default says everything is data, which is always true.
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> Vec<Extent> {
+        let len_bytes = len_bytes.min(self.size_bytes().saturating_sub(offset_bytes));
+        if len_bytes == 0 {
+            return Vec::new();
+        }
+        vec![Extent {
+            len_bytes,
+            data: true,
+        }]
+    }
+}
+
+/// One run of a disk's allocation map (see [`Device::allocation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// Length of the run in bytes.
+    pub len_bytes: u64,
+    /// True when the run may hold data; false when it reads as zeros and
+    /// the blob stores nothing for it.
+    pub data: bool,
 }
 
 /// What a listed name is.
