@@ -1,0 +1,287 @@
+//! `blobdrive serve C/B... --nbd unix:PATH|tcp:HOST:PORT`: export drives
+//! over NBD, in the foreground, until SIGTERM or SIGINT.
+//!
+//! Each drive is opened through `fs::azure::AzureCatalog`, as an attach
+//! opens it: a read-write export holds the lease (and is refused while the
+//! drive is attached elsewhere), its lease is watched and its unflushed pages
+//! go to a recovery file when they cannot reach the blob; a read-only or
+//! snapshot export holds none. At the end the listener goes first, then the
+//! requests in flight are answered, then every drive is closed (flushed,
+//! lease released); a close that fails makes the exit non-zero.
+//!
+//! Output: a line per export once it is served (its NBD URI), and with
+//! `--json` one JSON object per line instead: `{"event":"serving",...}` when
+//! ready, `{"event":"stopped",...}` with each export's counters at the end.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::anyhow;
+use clap::Args;
+use serde::Serialize;
+
+use super::{values, CmdResult, CodedError, Context};
+use crate::blob::{BlobClient, BlobPath};
+use crate::drive::disk_cache::DEFAULT_CACHE_DIR;
+use crate::drive::{DiskCacheOptions, DriveOptions};
+use crate::fs::azure::AzureCatalog;
+use crate::fs::{Catalog, Device, EntryPath};
+use crate::nbd::{Endpoint, Export, Exports, Limits, Listener};
+
+/// Disk tier size when only --cache-dir is given.
+const DEFAULT_DISK_CACHE_BYTES: u64 = 10 << 30;
+
+/// Arguments of `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The drives to export (`C/B` or a blob URL); each is an export named
+    /// `C/B` (`C/B@TIME` for a snapshot).
+    #[arg(value_name = "DRIVE", required = true, num_args = 1..)]
+    pub drives: Vec<String>,
+    /// Where to listen: `unix:PATH` (a socket of mode 0600; only root and
+    /// this user may connect) or `tcp:HOST:PORT` (loopback unless
+    /// --allow-remote; every local user can connect to it).
+    #[arg(long, value_name = "unix:PATH|tcp:HOST:PORT")]
+    pub nbd: String,
+    /// Let --nbd tcp: bind an address other than loopback (NBD has no
+    /// authentication: anyone who reaches the port reads and writes).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Export read-only (no lease; any number of hosts may do this).
+    #[arg(long, short = 'r')]
+    pub read_only: bool,
+    /// Export this snapshot (always read-only); with one drive only.
+    #[arg(long, value_name = "TIME")]
+    pub snapshot: Option<String>,
+    /// Memory for each drive's data: the page cache plus the copies that
+    /// requests in flight hold.
+    #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = values::size)]
+    pub cache_size: u64,
+    /// Memory written data may hold before writers wait for the flush
+    /// (default: a quarter of --cache-size).
+    #[arg(long, value_name = "SIZE", value_parser = values::size)]
+    pub max_dirty: Option<u64>,
+    /// How far ahead sequential reads fetch from the blob.
+    #[arg(long, value_name = "SIZE", default_value = "32M", value_parser = values::size)]
+    pub read_ahead: u64,
+    /// How long written data may stay only in memory before the background
+    /// flush sends it (NBD_CMD_FLUSH and FUA writes always send it at once).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = values::duration)]
+    pub flush_delay: std::time::Duration,
+    /// Keep clean pages on local disk in DIR too (turns the disk tier on).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Disk space for one drive's disk tier (turns it on; default 10G).
+    #[arg(long, value_name = "SIZE", value_parser = values::size)]
+    pub disk_cache_size: Option<u64>,
+    /// Connections served at once; more are closed at accept.
+    #[arg(long, value_name = "N", default_value_t = crate::nbd::listen::DEFAULT_MAX_CONNECTIONS as u32,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_connections: u32,
+    /// One JSON object per line: when serving, and at the end with the
+    /// counters of each export.
+    #[arg(long)]
+    pub json: bool,
+    /// The key of encrypted drives.
+    #[command(flatten)]
+    pub key: super::key::KeyFlags,
+}
+
+impl ServeArgs {
+    /// The drive engine's settings these flags ask for.
+    fn drive_options(&self) -> DriveOptions {
+        let disk_tier = self.cache_dir.is_some() || self.disk_cache_size.is_some();
+        DriveOptions {
+            cache_bytes: self.cache_size,
+            max_dirty_bytes: self.max_dirty,
+            read_ahead_bytes: self.read_ahead,
+            flush_delay: self.flush_delay,
+            disk_cache: disk_tier.then(|| DiskCacheOptions {
+                dir: self
+                    .cache_dir
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_CACHE_DIR.into()),
+                max_bytes: self.disk_cache_size.unwrap_or(DEFAULT_DISK_CACHE_BYTES),
+            }),
+            ..DriveOptions::default()
+        }
+    }
+}
+
+/// One export as `--json` shows it.
+#[derive(Debug, Serialize)]
+struct ExportLine {
+    name: String,
+    uri: String,
+    size_bytes: u64,
+    read_only: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    counters: Option<crate::nbd::export::CountersSnapshot>,
+}
+
+#[derive(Debug, Serialize)]
+struct EventLine<'a> {
+    event: &'a str,
+    endpoint: String,
+    exports: Vec<ExportLine>,
+}
+
+/// Run `serve`.
+pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
+    let endpoint =
+        Endpoint::parse(&args.nbd, args.allow_remote).map_err(CodedError::usage)?;
+    if args.snapshot.is_some() && args.drives.len() > 1 {
+        return Err(CodedError::usage(
+            "--snapshot names one time: give one drive with it (or a URL with ?snapshot= per drive)",
+        )
+        .into());
+    }
+    let mut paths = Vec::new();
+    for operand in &args.drives {
+        let path = super::drives::parse_blob(operand, args.snapshot.as_deref())?;
+        if paths.iter().any(|(p, _): &(BlobPath, String)| p == &path) {
+            return Err(CodedError::usage(format!("{path} is given twice")).into());
+        }
+        paths.push((path, operand.clone()));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(serve(ctx, args, endpoint, paths))
+}
+
+async fn serve(
+    ctx: &Context,
+    args: &ServeArgs,
+    endpoint: Endpoint,
+    paths: Vec<(BlobPath, String)>,
+) -> CmdResult {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut exports: Vec<Arc<Export>> = Vec::new();
+    for (path, operand) in &paths {
+        match open_export(ctx, args, path, operand).await {
+            Ok(export) => exports.push(Arc::new(export)),
+            Err(err) => {
+                close_all(&exports).await;
+                return Err(err);
+            }
+        }
+    }
+    let listener = match Listener::bind(&endpoint) {
+        Ok(l) => l,
+        Err(err) => {
+            close_all(&exports).await;
+            return Err(err);
+        }
+    };
+    let lines = |event: &'static str, counters: bool| EventLine {
+        event,
+        endpoint: listener.address(),
+        exports: exports
+            .iter()
+            .map(|e| ExportLine {
+                name: e.name.clone(),
+                uri: listener.uri(&e.name),
+                size_bytes: e.device.size_bytes(),
+                read_only: e.read_only,
+                counters: counters.then(|| e.counters.snapshot()),
+            })
+            .collect(),
+    };
+    let ready = lines("serving", false);
+    if args.json {
+        print_line(&serde_json::to_string(&ready)?);
+    } else {
+        for e in &ready.exports {
+            let mode = if e.read_only { "read-only" } else { "read-write" };
+            print_line(&format!(
+                "serving {} ({mode}, {}) at {}",
+                e.name,
+                crate::units::format_size(e.size_bytes),
+                e.uri
+            ));
+        }
+    }
+    tracing::info!(endpoint = %listener.address(), exports = exports.len(), "NBD server ready");
+    let limits = Limits {
+        max_connections: args.max_connections as usize,
+        ..Limits::default()
+    };
+    let shutdown = async {
+        tokio::select! {
+            _ = sigterm.recv() => tracing::info!("SIGTERM: stopping the NBD server"),
+            _ = sigint.recv() => tracing::info!("SIGINT: stopping the NBD server"),
+        }
+    };
+    let shared = Arc::new(Exports::new(exports.clone()));
+    crate::nbd::serve(&listener, shared, limits, shutdown).await;
+    let stopped = lines("stopped", true);
+    drop(listener);
+    let failures = close_all(&exports).await;
+    if args.json {
+        print_line(&serde_json::to_string(&stopped)?);
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow!(failures.join("; ")))
+    }
+}
+
+/// Opens `path` as an attach would, for an export.
+async fn open_export(
+    ctx: &Context,
+    args: &ServeArgs,
+    path: &BlobPath,
+    operand: &str,
+) -> anyhow::Result<Export> {
+    let account = ctx.account_for(operand)?;
+    let client = BlobClient::new(account)?;
+    let read_only = args.read_only || path.snapshot.is_some();
+    // A missing drive, or a blob that is not one, is said in one line first.
+    super::mount::drive_size(&client, path).await?;
+    if !read_only {
+        super::mount::require_write(&client, path).await?;
+    }
+    let key = super::key::unlock(&client, path, &args.key).await?;
+    let options = DriveOptions {
+        target: path.to_string(),
+        ..args.drive_options()
+    };
+    let catalog = AzureCatalog::new(client, options).with_data_key(key);
+    let entry = EntryPath {
+        container: path.container.clone(),
+        blob: path.name.clone(),
+        snapshot: path.snapshot.clone(),
+    };
+    let device: Arc<dyn Device> = catalog
+        .open(&entry, !read_only)
+        .await
+        .map_err(|e| anyhow!("cannot export {path}: {}", e.message))?;
+    let name = match &path.snapshot {
+        Some(t) => format!("{}/{}@{t}", path.container, path.name),
+        None => format!("{}/{}", path.container, path.name),
+    };
+    Ok(Export::new(name, device, read_only))
+}
+
+/// Closes every export's drive (flush, lease released); returns the errors.
+async fn close_all(exports: &[Arc<Export>]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for export in exports {
+        if let Err(e) = export.device.close().await {
+            failures.push(format!("closing {}: {}", export.name, e.message));
+        }
+    }
+    failures
+}
+
+fn print_line(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
