@@ -33,7 +33,10 @@ fn clients_present(test: &str) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let why = format!("{} not installed (qemu-utils, libnbd-bin, fio)", missing.join(", "));
+    let why = format!(
+        "{} not installed (qemu-utils, libnbd-bin, fio)",
+        missing.join(", ")
+    );
     if std::env::var(system::REQUIRE_ENV).as_deref() == Ok("1") {
         panic!("{test}: cannot run ({why}) and {}=1", system::REQUIRE_ENV);
     }
@@ -222,7 +225,10 @@ from azure.storage.blob import BlobClient
 b = BlobClient.from_connection_string(os.environ["CS"], sys.argv[1], sys.argv[2])
 print(b.download_blob(offset=int(sys.argv[3]), length=int(sys.argv[4])).readall().hex())
 "#;
-    let hex = common::python(PY, &[container, blob, &offset.to_string(), &len.to_string()]);
+    let hex = common::python(
+        PY,
+        &[container, blob, &offset.to_string(), &len.to_string()],
+    );
     (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
@@ -255,18 +261,35 @@ async fn qemu_writes_match_a_download_and_read_back_through_a_mount_after_the_ex
     tool(
         "qemu-io",
         &[
-            "-f", "raw",
-            "-c", "write -P 0xab 1M 64k",
-            "-c", "write -P 0xcd 10M 1M",
-            "-c", "write -z 10M 4k",
-            "-c", "discard 1M 4k",
-            "-c", "flush",
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0xab 1M 64k",
+            "-c",
+            "write -P 0xcd 10M 1M",
+            "-c",
+            "write -z 10M 4k",
+            "-c",
+            "discard 1M 4k",
+            "-c",
+            "flush",
             &uri,
         ],
     );
     let local = sb.root.path().join("download.raw");
     sb.blobdrive_ok(&["download", &drive, &local.to_string_lossy(), "--raw"]);
-    tool("qemu-img", &["compare", "-f", "raw", "-F", "raw", &uri, &local.to_string_lossy()]);
+    tool(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            &uri,
+            &local.to_string_lossy(),
+        ],
+    );
     let (status, stopped) = served.stop();
     assert!(status.success(), "serve exits 0 after SIGTERM");
     let counters = &stopped["exports"][0]["counters"];
@@ -275,9 +298,19 @@ async fn qemu_writes_match_a_download_and_read_back_through_a_mount_after_the_ex
     let mount = sb.mount("ns", Some(&g.name), &["--read-only"]);
     let file = mount.path("disk.vhd");
     assert_eq!(read_file_at(&file, MIB, 4096), vec![0u8; 4096], "discarded");
-    assert_eq!(read_file_at(&file, MIB + 4096, 60 * 1024), vec![0xab; 60 * 1024]);
-    assert_eq!(read_file_at(&file, 10 * MIB, 4096), vec![0u8; 4096], "zeroed");
-    assert_eq!(read_file_at(&file, 10 * MIB + 4096, 1020 * 1024), vec![0xcd; 1020 * 1024]);
+    assert_eq!(
+        read_file_at(&file, MIB + 4096, 60 * 1024),
+        vec![0xab; 60 * 1024]
+    );
+    assert_eq!(
+        read_file_at(&file, 10 * MIB, 4096),
+        vec![0u8; 4096],
+        "zeroed"
+    );
+    assert_eq!(
+        read_file_at(&file, 10 * MIB + 4096, 1020 * 1024),
+        vec![0xcd; 1020 * 1024]
+    );
     mount.unmount();
 }
 
@@ -333,7 +366,17 @@ async fn nbdcopy_of_a_sparse_8_gib_drive_reads_only_its_data() {
     let uri = writer.uri(&drive);
     tool(
         "qemu-io",
-        &["-f", "raw", "-c", "write -P 0x11 0 1M", "-c", "write -P 0x22 5G 2M", "-c", "flush", &uri],
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x11 0 1M",
+            "-c",
+            "write -P 0x22 5G 2M",
+            "-c",
+            "flush",
+            &uri,
+        ],
     );
     assert!(writer.stop().0.success());
     let data_bytes = 3 * MIB;
@@ -342,14 +385,22 @@ async fn nbdcopy_of_a_sparse_8_gib_drive_reads_only_its_data() {
     tool("nbdcopy", &[&reader.uri(&drive), &local.to_string_lossy()]);
     let (status, stopped) = reader.stop();
     assert!(status.success());
-    let read = stopped["exports"][0]["counters"]["read_bytes"].as_u64().unwrap();
+    let read = stopped["exports"][0]["counters"]["read_bytes"]
+        .as_u64()
+        .unwrap();
     assert!(
         read <= data_bytes + MIB,
         "nbdcopy asked for {read} bytes of a drive holding {data_bytes}"
     );
     assert_eq!(std::fs::metadata(&local).unwrap().len(), 8 << 30);
-    assert_eq!(read_file_at(&local, 0, MIB as usize), vec![0x11; MIB as usize]);
-    assert_eq!(read_file_at(&local, 5 << 30, 2 * MIB as usize), vec![0x22; 2 * MIB as usize]);
+    assert_eq!(
+        read_file_at(&local, 0, MIB as usize),
+        vec![0x11; MIB as usize]
+    );
+    assert_eq!(
+        read_file_at(&local, 5 << 30, 2 * MIB as usize),
+        vec![0x22; 2 * MIB as usize]
+    );
     assert_eq!(read_file_at(&local, 3 << 30, 4096), vec![0; 4096]);
 }
 
@@ -366,6 +417,15 @@ async fn a_second_read_write_export_of_a_drive_in_use_is_refused_in_one_line() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains("in use elsewhere"), "{stderr}");
+    // A socket another server listens on is not taken over.
+    let taken = format!("unix:{}", first.socket.display());
+    let out = sb.blobdrive(&["serve", &drive, "--read-only", "--nbd", &taken]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("another server is listening there"),
+        "{stderr}"
+    );
     // Read-only exports hold no lease: any number may run beside it.
     let ro = Served::start(&sb, "c", &[&drive], &["--read-only"]);
     assert_eq!(ro.ready["exports"][0]["read_only"], true);
@@ -386,7 +446,15 @@ async fn a_snapshot_export_is_read_only_and_refuses_writes_with_eperm() {
     let writer = Served::start(&sb, "w", &[&drive], &[]);
     tool(
         "qemu-io",
-        &["-f", "raw", "-c", "write -P 0x77 0 64k", "-c", "flush", &writer.uri(&drive)],
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x77 0 64k",
+            "-c",
+            "flush",
+            &writer.uri(&drive),
+        ],
     );
     let time = sb.blobdrive_ok(&["snapshot", &drive]).trim().to_string();
     let snap = Served::start(&sb, "s", &[&drive], &["--snapshot", &time]);
@@ -414,7 +482,11 @@ async fn a_write_on_one_connection_flushed_on_another_survives_a_kill() {
     let served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
     let mut a = nbd_support::Client::connect(&served.socket);
     let (_, flags) = a.go_structured(&drive);
-    assert_ne!(flags & NBD_FLAG_CAN_MULTI_CONN, 0, "multi-conn is announced");
+    assert_ne!(
+        flags & NBD_FLAG_CAN_MULTI_CONN,
+        0,
+        "multi-conn is announced"
+    );
     let mut b = nbd_support::Client::connect(&served.socket);
     b.go_structured(&drive);
     let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();

@@ -106,7 +106,10 @@ fn options_out_of_order_or_unknown_are_refused_and_negotiation_goes_on() {
     let r = c.ask(NBD_OPT_EXTENDED_HEADERS, &[]);
     assert_eq!(r.last().unwrap().reply, NBD_REP_ERR_UNSUP);
     // A metadata context before structured replies: out of order.
-    let r = c.ask(NBD_OPT_SET_META_CONTEXT, &meta_data("c/rw", &[BASE_ALLOCATION]));
+    let r = c.ask(
+        NBD_OPT_SET_META_CONTEXT,
+        &meta_data("c/rw", &[BASE_ALLOCATION]),
+    );
     assert_eq!(r.last().unwrap().reply, NBD_REP_ERR_INVALID);
     // An option no one defined.
     let r = c.ask(0x4242, b"anything");
@@ -158,7 +161,10 @@ fn bad_requests_get_the_specifications_errors_and_the_connection_stays() {
         over.error
     );
     let unaligned = c.call(NBD_CMD_READ, 0, 100, 512, &[]);
-    assert_eq!(unaligned.error, NBD_EINVAL, "an unaligned read after GO asked for block sizes");
+    assert_eq!(
+        unaligned.error, NBD_EINVAL,
+        "an unaligned read after GO asked for block sizes"
+    );
     let unknown = c.call(99, 0, 0, 512, &[]);
     assert_eq!(unknown.error, NBD_EINVAL, "an unknown command");
     // Still in frame: a good request works, and nothing was written.
@@ -174,7 +180,11 @@ fn a_read_only_export_refuses_writes_with_eperm() {
     let (_, flags) = c.go_structured("c/ro");
     assert_ne!(flags & NBD_FLAG_READ_ONLY, 0);
     for command in [NBD_CMD_WRITE, NBD_CMD_TRIM, NBD_CMD_WRITE_ZEROES] {
-        let payload = if command == NBD_CMD_WRITE { vec![1u8; 512] } else { vec![] };
+        let payload = if command == NBD_CMD_WRITE {
+            vec![1u8; 512]
+        } else {
+            vec![]
+        };
         let a = c.call(command, 0, 0, 512, &payload);
         assert_eq!(a.error, NBD_EPERM, "command {command}");
     }
@@ -189,7 +199,10 @@ fn a_bad_magic_closes_only_its_connection() {
     let mut c = server.client();
     c.go_structured("c/rw");
     c.send(&[0xde; REQUEST_BYTES]);
-    assert!(c.closed_by_server(), "a framing error closes the connection");
+    assert!(
+        c.closed_by_server(),
+        "a framing error closes the connection"
+    );
     let a = other.call(NBD_CMD_WRITE, 0, 0, 512, &[3u8; 512]);
     assert_eq!(a.error, 0, "the other connection is unaffected");
 }
@@ -211,7 +224,10 @@ fn block_status_reports_the_devices_allocation_and_needs_a_context() {
     plain.ask(NBD_OPT_STRUCTURED_REPLY, &[]);
     plain.structured = true;
     plain.go("c/rw");
-    assert_eq!(plain.call(NBD_CMD_BLOCK_STATUS, 0, 0, 4096, &[]).error, NBD_EINVAL);
+    assert_eq!(
+        plain.call(NBD_CMD_BLOCK_STATUS, 0, 0, 4096, &[]).error,
+        NBD_EINVAL
+    );
 }
 
 #[test]
@@ -264,8 +280,14 @@ fn any_option() -> impl Strategy<Value = (u32, Vec<u8>)> {
     let known = prop_oneof![
         Just((NBD_OPT_STRUCTURED_REPLY, vec![])),
         Just((NBD_OPT_LIST, vec![])),
-        Just((NBD_OPT_INFO, go_data("c/rw", &[NBD_INFO_BLOCK_SIZE, NBD_INFO_NAME]))),
-        Just((NBD_OPT_SET_META_CONTEXT, meta_data("c/rw", &[BASE_ALLOCATION]))),
+        Just((
+            NBD_OPT_INFO,
+            go_data("c/rw", &[NBD_INFO_BLOCK_SIZE, NBD_INFO_NAME])
+        )),
+        Just((
+            NBD_OPT_SET_META_CONTEXT,
+            meta_data("c/rw", &[BASE_ALLOCATION])
+        )),
         Just((NBD_OPT_LIST_META_CONTEXT, meta_data("", &[]))),
         Just((NBD_OPT_LIST_META_CONTEXT, meta_data("c/ro", &["base:"]))),
         Just((NBD_OPT_EXTENDED_HEADERS, vec![])),

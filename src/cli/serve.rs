@@ -128,8 +128,7 @@ struct EventLine<'a> {
 
 /// Run `serve`.
 pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
-    let endpoint =
-        Endpoint::parse(&args.nbd, args.allow_remote).map_err(CodedError::usage)?;
+    let endpoint = Endpoint::parse(&args.nbd, args.allow_remote).map_err(CodedError::usage)?;
     if args.snapshot.is_some() && args.drives.len() > 1 {
         return Err(CodedError::usage(
             "--snapshot names one time: give one drive with it (or a URL with ?snapshot= per drive)",
@@ -196,7 +195,11 @@ async fn serve(
         print_line(&serde_json::to_string(&ready)?);
     } else {
         for e in &ready.exports {
-            let mode = if e.read_only { "read-only" } else { "read-write" };
+            let mode = if e.read_only {
+                "read-only"
+            } else {
+                "read-write"
+            };
             print_line(&format!(
                 "serving {} ({mode}, {}) at {}",
                 e.name,

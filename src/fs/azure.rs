@@ -24,9 +24,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 
-use super::backend::{
-    Catalog, Device, DirEntry, EntryKind, EntryPath, Extent, FsError, FsResult,
-};
+use super::backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, Extent, FsError, FsResult};
 use super::rescue::{Rescuable, Rescue, Saved};
 use super::unlocks::{Unlocked, Unlocker};
 use crate::blob::{self, BlobClient, BlobItem, BlobPath, BlobType, ListBlobsOptions};

@@ -39,8 +39,6 @@ pub mod unlocks;
 pub mod wire;
 pub mod write_log;
 
-pub use backend::{
-    Catalog, Device, DirEntry, EntryKind, EntryPath, Extent, FsError, FsResult,
-};
+pub use backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, Extent, FsError, FsResult};
 pub use core::{FsConfig, FsCore};
 pub use fuse::BlobFs;

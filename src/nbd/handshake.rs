@@ -297,9 +297,11 @@ impl State {
                 Step::Reply(out)
             }
             NBD_OPT_STARTTLS => refuse(option, NBD_REP_ERR_UNSUP, "TLS is not offered"),
-            NBD_OPT_EXTENDED_HEADERS => {
-                refuse(option, NBD_REP_ERR_UNSUP, "extended headers are not offered")
-            }
+            NBD_OPT_EXTENDED_HEADERS => refuse(
+                option,
+                NBD_REP_ERR_UNSUP,
+                "extended headers are not offered",
+            ),
             _ => refuse(option, NBD_REP_ERR_UNSUP, "unknown option"),
         }
     }

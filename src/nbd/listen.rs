@@ -47,9 +47,7 @@ impl Endpoint {
             return Ok(Endpoint::Unix(PathBuf::from(path)));
         }
         let Some(addr) = text.strip_prefix("tcp:") else {
-            return Err(format!(
-                "--nbd {text}: give unix:PATH or tcp:HOST:PORT"
-            ));
+            return Err(format!("--nbd {text}: give unix:PATH or tcp:HOST:PORT"));
         };
         let resolved: Vec<SocketAddr> = addr
             .to_socket_addrs()
@@ -83,9 +81,8 @@ impl Listener {
         match endpoint {
             Endpoint::Unix(path) => {
                 remove_stale_socket(path)?;
-                let listener = UnixListener::bind(path).map_err(|e| {
-                    anyhow::anyhow!("cannot listen on {}: {e}", path.display())
-                })?;
+                let listener = UnixListener::bind(path)
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
                 std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
                 Ok(Listener::Unix(listener, path.clone()))
             }
@@ -273,8 +270,7 @@ async fn connection(
     stop: watch::Receiver<bool>,
 ) {
     let negotiated =
-        match tokio::time::timeout(limits.handshake_timeout, negotiate(&mut stream, exports))
-            .await
+        match tokio::time::timeout(limits.handshake_timeout, negotiate(&mut stream, exports)).await
         {
             Ok(Ok(Some(n))) => n,
             Ok(Ok(None)) => {

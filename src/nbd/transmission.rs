@@ -63,7 +63,11 @@ pub enum ConnectionEnd {
 /// Serves requests on `stream` until the client disconnects, the framing
 /// breaks, or `stop` turns true; returns after every request read has been
 /// answered.
-pub async fn serve<S>(stream: S, session: Negotiated, mut stop: watch::Receiver<bool>) -> ConnectionEnd
+pub async fn serve<S>(
+    stream: S,
+    session: Negotiated,
+    mut stop: watch::Receiver<bool>,
+) -> ConnectionEnd
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -172,7 +176,9 @@ fn refused(request: &Request, error: u32, why: String) -> Reply {
 fn check(session: &Negotiated, request: &Request) -> Result<(), Reply> {
     let export = &session.export;
     let size = export.device.size_bytes();
-    let end = request.offset_bytes.checked_add(u64::from(request.len_bytes));
+    let end = request
+        .offset_bytes
+        .checked_add(u64::from(request.len_bytes));
     let writes = matches!(
         request.command,
         NBD_CMD_WRITE | NBD_CMD_TRIM | NBD_CMD_WRITE_ZEROES

@@ -84,7 +84,9 @@ impl Client {
         let reply = u32::from_be_bytes(head[12..16].try_into().unwrap());
         let len = u32::from_be_bytes(head[16..20].try_into().unwrap());
         let mut data = vec![0u8; len as usize];
-        self.stream.read_exact(&mut data).expect("option reply data");
+        self.stream
+            .read_exact(&mut data)
+            .expect("option reply data");
         OptionReply {
             option,
             reply,
@@ -113,7 +115,10 @@ impl Client {
         let acks = self.ask(NBD_OPT_STRUCTURED_REPLY, &[]);
         assert_eq!(acks.last().unwrap().reply, NBD_REP_ACK);
         self.structured = true;
-        let replies = self.ask(NBD_OPT_SET_META_CONTEXT, &meta_data(export, &[BASE_ALLOCATION]));
+        let replies = self.ask(
+            NBD_OPT_SET_META_CONTEXT,
+            &meta_data(export, &[BASE_ALLOCATION]),
+        );
         assert_eq!(replies.last().unwrap().reply, NBD_REP_ACK, "{replies:?}");
         self.go(export)
     }
@@ -175,7 +180,9 @@ impl Client {
         let mut data = Vec::new();
         loop {
             let mut head = [0u8; 20];
-            self.stream.read_exact(&mut head).expect("structured reply chunk");
+            self.stream
+                .read_exact(&mut head)
+                .expect("structured reply chunk");
             assert_eq!(&head[..4], &NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
             let flags = u16::from_be_bytes(head[4..6].try_into().unwrap());
             let kind = u16::from_be_bytes(head[6..8].try_into().unwrap());
@@ -207,7 +214,11 @@ impl Client {
         payload: &[u8],
     ) -> Answer {
         let cookie = self.request(command, flags, offset_bytes, len_bytes, payload);
-        let read_len = if command == NBD_CMD_READ { len_bytes } else { 0 };
+        let read_len = if command == NBD_CMD_READ {
+            len_bytes
+        } else {
+            0
+        };
         self.answer(cookie, read_len)
     }
 
