@@ -10,11 +10,13 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
@@ -232,11 +234,75 @@ struct Peer {
     name: String,
 }
 
-/// A stream of either kind.
-trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
+/// An accepted connection of either kind.
+enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
 
-async fn accept(listener: &Listener) -> std::io::Result<(Box<dyn Stream>, Peer)> {
+/// The two halves of a connection, each usable on its own without a lock
+/// between them (`into_split`), boxed.
+type Halves = (
+    Box<dyn AsyncRead + Unpin + Send>,
+    Box<dyn AsyncWrite + Unpin + Send>,
+);
+
+impl Stream {
+    fn into_halves(self) -> Halves {
+        match self {
+            Stream::Unix(s) => {
+                let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Stream::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<(Stream, Peer)> {
     match listener {
         Listener::Unix(l, _) => {
             let (s, _) = l.accept().await?;
@@ -245,13 +311,13 @@ async fn accept(listener: &Listener) -> std::io::Result<(Box<dyn Stream>, Peer)>
                 uid: Some(cred.uid()),
                 name: format!("pid {}", cred.pid().unwrap_or(0)),
             };
-            Ok((Box::new(s), peer))
+            Ok((Stream::Unix(s), peer))
         }
         Listener::Tcp(l) => {
             let (s, addr) = l.accept().await?;
             let _ = s.set_nodelay(true);
             Ok((
-                Box::new(s),
+                Stream::Tcp(s),
                 Peer {
                     uid: None,
                     name: addr.to_string(),
@@ -262,7 +328,7 @@ async fn accept(listener: &Listener) -> std::io::Result<(Box<dyn Stream>, Peer)>
 }
 
 async fn connection(
-    mut stream: Box<dyn Stream>,
+    mut stream: Stream,
     id: u64,
     peer: &str,
     exports: &Exports,
@@ -300,7 +366,8 @@ async fn connection(
         allocation = negotiated.allocation_context.is_some(),
         "NBD client connected"
     );
-    let end = transmission::serve(stream, negotiated, stop).await;
+    let (reader, writer) = stream.into_halves();
+    let end = transmission::serve(reader, writer, negotiated, stop).await;
     match end {
         transmission::ConnectionEnd::Broken(why) => {
             tracing::warn!(connection = id, peer, export = %export, "NBD connection closed: {why}")

@@ -35,6 +35,11 @@ pub const MAX_IN_FLIGHT_BYTES: u32 = 64 * 1024 * 1024;
 const BUDGET_UNIT: u32 = 4096;
 /// Most block status descriptors in one reply (the specification's bound).
 const MAX_DESCRIPTORS: usize = 1 << 20;
+/// The read buffer of a connection.
+const READ_BUFFER_BYTES: usize = 256 * 1024;
+/// A reply up to this size goes out in one write (header and data copied
+/// together); a larger one in two, without the copy.
+const COALESCE_BYTES: usize = 64 * 1024;
 /// Largest NO_HOLE zero write sent to the engine at once.
 const ZERO_WRITE_BYTES: u64 = 1024 * 1024;
 
@@ -63,15 +68,19 @@ pub enum ConnectionEnd {
 /// Serves requests on `stream` until the client disconnects, the framing
 /// breaks, or `stop` turns true; returns after every request read has been
 /// answered.
-pub async fn serve<S>(
-    stream: S,
+pub async fn serve<R, W>(
+    reader: R,
+    writer: W,
     session: Negotiated,
     mut stop: watch::Receiver<bool>,
 ) -> ConnectionEnd
 where
-    S: AsyncRead + AsyncWrite + Send + 'static,
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut reader, writer) = tokio::io::split(stream);
+    // Buffered: a request header is 28 bytes, and reading each with its own
+    // system call would cost more than serving it from the cache.
+    let mut reader = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     let writer = Arc::new(Mutex::new(writer));
     let session = Arc::new(session);
     let budget = Arc::new(Semaphore::new((MAX_IN_FLIGHT_BYTES / BUDGET_UNIT) as usize));
@@ -131,6 +140,7 @@ where
         tasks.spawn(async move {
             let reply = answer(&session, &request, payload).await;
             let bytes = encode(&session, &request, reply);
+            let bytes = coalesce(bytes);
             let mut w = writer.lock().await;
             let sent = async {
                 for part in bytes {
@@ -148,6 +158,20 @@ where
     while tasks.join_next().await.is_some() {}
     let _ = writer.lock().await.shutdown().await;
     end
+}
+
+/// Joins the parts of a small reply into one buffer, so it leaves in one
+/// system call.
+fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
+    let total: usize = parts.iter().map(Bytes::len).sum();
+    if parts.len() < 2 || total > COALESCE_BYTES {
+        return parts;
+    }
+    let mut one = BytesMut::with_capacity(total);
+    for p in &parts {
+        one.put_slice(p);
+    }
+    vec![one.freeze()]
 }
 
 /// The error a device failure is answered with.
