@@ -59,11 +59,23 @@ impl Served {
     /// its ready line.
     fn start(sandbox: &Sandbox, name: &str, drives: &[&str], extra: &[&str]) -> Served {
         let socket = sandbox.root.path().join(format!("{name}.sock"));
-        let stderr = sandbox.root.path().join(format!("{name}.log"));
         let nbd = format!("unix:{}", socket.display());
+        Served::start_at(sandbox, name, drives, &nbd, extra)
+    }
+
+    /// Starts `serve DRIVES --nbd NBD --json EXTRA`.
+    fn start_at(
+        sandbox: &Sandbox,
+        name: &str,
+        drives: &[&str],
+        nbd: &str,
+        extra: &[&str],
+    ) -> Served {
+        let socket = PathBuf::from(nbd.strip_prefix("unix:").unwrap_or_default());
+        let stderr = sandbox.root.path().join(format!("{name}.log"));
         let mut args = vec!["serve"];
         args.extend(drives);
-        args.extend(["--nbd", &nbd, "--json", "-v"]);
+        args.extend(["--nbd", nbd, "--json", "-v"]);
         args.extend(extra);
         let child = sandbox
             .command(&args)
@@ -529,4 +541,41 @@ async fn fio_nbd_engine_random_read_write_verifies() {
     let (status, stopped) = served.stop();
     assert!(status.success(), "serve stops cleanly");
     assert_eq!(stopped["exports"][0]["counters"]["errors"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tcp_export_on_loopback_serves_the_same_drive() {
+    let test = "a_tcp_export_on_loopback_serves_the_same_drive";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-tcp").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    // Port 0: the system picks one, and the ready line says which.
+    let served = Served::start_at(&sb, "t", &[&drive], "tcp:127.0.0.1:0", &[]);
+    let endpoint = served.ready["endpoint"].as_str().unwrap().to_string();
+    let addr = endpoint.strip_prefix("tcp:").expect("a tcp endpoint");
+    let uri = served.ready["exports"][0]["uri"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(uri, format!("nbd://{addr}/{drive}"));
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x42 4k 4k",
+            "-c",
+            "read -P 0x42 4k 4k",
+            &uri,
+        ],
+    );
+    let size = tool("nbdinfo", &["--size", &uri]);
+    assert_eq!(size.trim(), (16 * MIB).to_string());
+    assert!(served.stop().0.success());
+    assert_eq!(sdk_read(&g.name, "disk.vhd", 4096, 4096), vec![0x42; 4096]);
 }
