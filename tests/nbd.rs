@@ -360,6 +360,34 @@ async fn nbdinfo_map_lists_the_written_extents_as_data_before_and_after_the_flus
         written,
         "the blob's page ranges are the map's data extents"
     );
+    // qemu's write-zeroes: without -u it sends NO_HOLE (the zeros stay
+    // allocated), with -u it lets the server punch a hole (Clear Pages).
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -z 20M 64k",
+            "-c",
+            "write -z -u 30M 64k",
+            "-c",
+            "write -z -u 40M 4k",
+            &uri,
+        ],
+    );
+    let after = vec![
+        (MIB, 64 * 1024),
+        (5 * MIB, 4096),
+        (20 * MIB, 64 * 1024),
+        (40 * MIB + 4096, 3 * MIB - 4096),
+    ];
+    assert_eq!(
+        data_extents(&uri),
+        after,
+        "NO_HOLE zeros stay data, trims are holes"
+    );
+    assert_eq!(sdk_page_ranges(&g.name, "disk.vhd", 64 * MIB), after);
     let (status, _) = served.stop();
     assert!(status.success());
 }

@@ -156,4 +156,33 @@ mod tests {
         );
         drive.close().await.unwrap();
     }
+
+    #[tokio::test]
+    async fn zeros_written_to_stay_allocated_survive_the_flush_and_plain_zeros_do_not() {
+        let data_bytes = 16u64 << 20;
+        let store = MemoryStore::new(data_bytes + crate::units::VHD_FOOTER_BYTES);
+        store.poke(
+            data_bytes,
+            &crate::vhd::Footer::new_fixed(data_bytes).to_bytes(),
+        );
+        let drive = drive_of(Arc::new(store)).await;
+        let all = PageRange::new(0, data_bytes / PAGE_SIZE);
+        drive.write_zeroes_allocated(1 << 20, 8192).await.unwrap();
+        drive.write_at(2 << 20, &[0u8; 8192]).await.unwrap();
+        drive.flush().await.unwrap();
+        let data: Vec<PageRange> = drive
+            .allocation(all)
+            .into_iter()
+            .filter(|a| a.data)
+            .map(|a| a.pages)
+            .collect();
+        let kept = PageRange::new((1 << 20) / PAGE_SIZE, ((1 << 20) + 8192) / PAGE_SIZE);
+        assert_eq!(data, vec![kept], "only the kept zeros are allocated");
+        assert_eq!(drive.read_at(1 << 20, 8192).await.unwrap(), vec![0u8; 8192]);
+        // A plain write over them drops the mark: zeros become a clear.
+        drive.write_at(1 << 20, &[0u8; 8192]).await.unwrap();
+        drive.flush().await.unwrap();
+        assert!(drive.allocation(all).iter().all(|a| !a.data));
+        drive.close().await.unwrap();
+    }
 }

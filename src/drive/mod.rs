@@ -386,6 +386,25 @@ impl Drive {
         self.inner.write_at(offset_bytes, data).await
     }
 
+    /// Write `len_bytes` of zeros at `offset_bytes` that stay allocated in
+    /// the blob (NBD's WRITE_ZEROES with NO_HOLE): the flush sends the
+    /// whole pages as data (Put Page of zeros) rather than clearing them, so
+    /// the sparse map keeps them. [`Drive::discard`] is the one that frees.
+    pub async fn write_zeroes_allocated(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
+        const STEP: u64 = 1024 * 1024;
+        let zeros = vec![0u8; STEP.min(len_bytes) as usize];
+        let mut at = offset_bytes;
+        let end = offset_bytes.saturating_add(len_bytes);
+        while at < end {
+            let n = STEP.min(end - at);
+            self.inner
+                .write_at_as(at, &zeros[..n as usize], true)
+                .await?;
+            at += n;
+        }
+        Ok(())
+    }
+
     /// Zero `len_bytes` at `offset_bytes`: pages fully inside are cleared in
     /// the blob before this returns; partial edge pages are zero-filled
     /// (written). Concurrent writes to the same range are not ordered with it.

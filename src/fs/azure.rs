@@ -420,6 +420,13 @@ impl Device for DriveDevice {
             .map_err(drive_error)
     }
 
+    async fn write_zeroes_allocated(&self, offset_bytes: u64, len_bytes: u64) -> FsResult<()> {
+        self.drive
+            .write_zeroes_allocated(offset_bytes, len_bytes)
+            .await
+            .map_err(drive_error)
+    }
+
     async fn flush(&self) -> FsResult<()> {
         self.drive.flush().await.map_err(drive_error)
     }

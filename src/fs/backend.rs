@@ -91,6 +91,21 @@ pub trait Device: Send + Sync {
     async fn write_at(&self, offset_bytes: u64, data: &[u8]) -> FsResult<()>;
     /// Makes the range read as zeros and frees its storage (Clear Pages).
     async fn discard(&self, offset_bytes: u64, len_bytes: u64) -> FsResult<()>;
+    /// Writes `len_bytes` of zeros at `offset_bytes` that stay allocated
+    /// (not a hole) once flushed. The default writes zeros, which a device
+    /// that stores zero pages as holes may free: the drive overrides it.
+    async fn write_zeroes_allocated(&self, offset_bytes: u64, len_bytes: u64) -> FsResult<()> {
+        const STEP: u64 = 1024 * 1024;
+        let zeros = vec![0u8; STEP.min(len_bytes) as usize];
+        let mut at = offset_bytes;
+        let end = offset_bytes.saturating_add(len_bytes);
+        while at < end {
+            let n = STEP.min(end - at);
+            self.write_at(at, &zeros[..n as usize]).await?;
+            at += n;
+        }
+        Ok(())
+    }
     /// Returns when every write accepted before the call is durable in the blob.
     async fn flush(&self) -> FsResult<()>;
     /// Flushes, then releases what the open took (the lease of a writable open).

@@ -40,8 +40,6 @@ const READ_BUFFER_BYTES: usize = 256 * 1024;
 /// A reply up to this size goes out in one write (header and data copied
 /// together); a larger one in two, without the copy.
 const COALESCE_BYTES: usize = 64 * 1024;
-/// Largest NO_HOLE zero write sent to the engine at once.
-const ZERO_WRITE_BYTES: u64 = 1024 * 1024;
 
 /// What a request is answered with.
 enum Reply {
@@ -330,13 +328,7 @@ async fn perform(
             let keep = request.command == NBD_CMD_WRITE_ZEROES
                 && request.flags & NBD_CMD_FLAG_NO_HOLE != 0;
             if keep {
-                let zeros = vec![0u8; ZERO_WRITE_BYTES.min(len) as usize];
-                let mut at = offset;
-                while at < offset + len {
-                    let n = ZERO_WRITE_BYTES.min(offset + len - at);
-                    device.write_at(at, &zeros[..n as usize]).await?;
-                    at += n;
-                }
+                device.write_zeroes_allocated(offset, len).await?;
             } else {
                 device.discard(offset, len).await?;
             }
