@@ -478,7 +478,7 @@ say "NBD vs loop on FUSE: sequential 1 MiB and random 4 KiB fio, ${fio_seconds}s
 nbd_sock=$work/nbd.sock
 nbd_uri="nbd+unix:///$c-nbd/nbd.vhd?socket=$nbd_sock"
 serve_start() {
-  "$bin" serve "$c-nbd/nbd.vhd" --nbd "unix:$nbd_sock" >/dev/null 2>>"$work/serve.log" &
+  "$bin" serve "$c-nbd/nbd.vhd" --nbd "unix:$nbd_sock" --foreground >/dev/null 2>>"$work/serve.log" &
   serve_pid=$!
   local i
   for ((i = 0; i < 200; i++)); do

@@ -44,7 +44,7 @@ fn clients_present(test: &str) -> bool {
     false
 }
 
-/// A `blobdrive serve ... --json` process, stopped on drop.
+/// A `blobdrive serve ... --json --foreground` process, stopped on drop.
 struct Served {
     child: Option<Child>,
     socket: PathBuf,
@@ -75,7 +75,7 @@ impl Served {
         let stderr = sandbox.root.path().join(format!("{name}.log"));
         let mut args = vec!["serve"];
         args.extend(drives);
-        args.extend(["--nbd", nbd, "--json", "-v"]);
+        args.extend(["--nbd", nbd, "--json", "--foreground", "-v"]);
         args.extend(extra);
         let child = sandbox
             .command(&args)
@@ -606,4 +606,62 @@ async fn a_tcp_export_on_loopback_serves_the_same_drive() {
     assert_eq!(size.trim(), (16 * MIB).to_string());
     assert!(served.stop().0.success());
     assert_eq!(sdk_read(&g.name, "disk.vhd", 4096, 4096), vec![0x42; 4096]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_server_returns_once_it_serves_and_releases_the_lease_at_sigterm() {
+    let test = "a_background_server_returns_once_it_serves_and_releases_the_lease_at_sigterm";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-bg").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let socket = sb.root.path().join("bg.sock");
+    let log = sb.root.path().join("bg.log");
+    let nbd = format!("unix:{}", socket.display());
+    let out = sb.blobdrive_ok(&[
+        "serve",
+        &drive,
+        "--nbd",
+        &nbd,
+        "--json",
+        "--log-file",
+        &log.to_string_lossy(),
+        "-v",
+    ]);
+    let ready: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    let pid = ready["pid"].as_i64().expect("the daemon's pid") as i32;
+    // Stopped even if the test fails from here on.
+    struct Daemon(i32);
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            if process_alive(self.0) {
+                send_signal(self.0, libc::SIGKILL);
+            }
+        }
+    }
+    let daemon = Daemon(pid);
+    assert!(
+        process_alive(pid),
+        "the daemon serves after the command returned"
+    );
+    let uri = ready["exports"][0]["uri"].as_str().unwrap().to_string();
+    tool("qemu-io", &["-f", "raw", "-c", "write -P 0x33 0 64k", &uri]);
+    send_signal(pid, libc::SIGTERM);
+    let start = Instant::now();
+    while process_alive(pid) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(daemon);
+    assert!(!socket.exists(), "the socket is removed");
+    assert_eq!(sdk_read(&g.name, "disk.vhd", 0, 4096), vec![0x33; 4096]);
+    // The lease went with it: a read-write export starts again.
+    let again = Served::start(&sb, "again", &[&drive], &[]);
+    assert!(again.stop().0.success());
 }

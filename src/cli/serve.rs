@@ -1,5 +1,7 @@
 //! `blobdrive serve C/B... --nbd unix:PATH|tcp:HOST:PORT`: export drives
-//! over NBD, in the foreground, until SIGTERM or SIGINT.
+//! over NBD until SIGTERM or SIGINT, as a background daemon (like a mount:
+//! the command returns once the exports are served, or fails with the
+//! daemon's line) or with `--foreground` in this process.
 //!
 //! Each drive is opened through `fs::azure::AzureCatalog`, as an attach
 //! opens it: a read-write export holds the lease (and is refused while the
@@ -22,6 +24,7 @@ use serde::Serialize;
 
 use super::{values, CmdResult, CodedError, Context};
 use crate::blob::{BlobClient, BlobPath};
+use crate::daemon::Background;
 use crate::drive::disk_cache::DEFAULT_CACHE_DIR;
 use crate::drive::{DiskCacheOptions, DriveOptions};
 use crate::fs::azure::AzureCatalog;
@@ -78,10 +81,18 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = crate::nbd::listen::DEFAULT_MAX_CONNECTIONS as u32,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_connections: u32,
-    /// One JSON object per line: when serving, and at the end with the
-    /// counters of each export.
+    /// One JSON object per line: when serving, and (in the foreground) at
+    /// the end with the counters of each export.
     #[arg(long)]
     pub json: bool,
+    /// Stay in the foreground instead of detaching (stops on SIGTERM or
+    /// Ctrl-C).
+    #[arg(long, short = 'f')]
+    pub foreground: bool,
+    /// Where a background server writes its log (default: nowhere; -v sets
+    /// the level).
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
     /// The key of encrypted drives.
     #[command(flatten)]
     pub key: super::key::KeyFlags,
@@ -122,6 +133,8 @@ struct ExportLine {
 #[derive(Debug, Serialize)]
 struct EventLine<'a> {
     event: &'a str,
+    /// The serving process (SIGTERM stops it).
+    pid: u32,
     endpoint: String,
     exports: Vec<ExportLine>,
 }
@@ -143,11 +156,45 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
         }
         paths.push((path, operand.clone()));
     }
+    if args.foreground {
+        return serve_here(ctx, args, endpoint, paths, &mut |lines| print!("{lines}"));
+    }
+    // Like a mount: the daemon opens the drives and listens, and this
+    // process returns once it serves (printing what it printed) or fails
+    // (with its line).
+    match crate::daemon::fork_background(args.log_file.as_deref())? {
+        Background::Parent(Ok(lines)) => {
+            print!("{lines}");
+            Ok(())
+        }
+        Background::Parent(Err(err)) => Err(err),
+        Background::Child(mut readiness) => {
+            let result = serve_here(ctx, args, endpoint, paths, &mut |lines| {
+                readiness.ready_with(lines)
+            });
+            if let Err(err) = &result {
+                // Before it was ready, the parent prints the line.
+                readiness.failed(&format!("{err:#}"));
+            }
+            result
+        }
+    }
+}
+
+/// Serves in this process until a stop signal; `announce` gets the lines
+/// to show once the exports are served.
+fn serve_here(
+    ctx: &Context,
+    args: &ServeArgs,
+    endpoint: Endpoint,
+    paths: Vec<(BlobPath, String)>,
+    announce: &mut dyn FnMut(&str),
+) -> CmdResult {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| anyhow!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(serve(ctx, args, endpoint, paths))
+    runtime.block_on(serve(ctx, args, endpoint, paths, announce))
 }
 
 async fn serve(
@@ -155,6 +202,7 @@ async fn serve(
     args: &ServeArgs,
     endpoint: Endpoint,
     paths: Vec<(BlobPath, String)>,
+    announce: &mut dyn FnMut(&str),
 ) -> CmdResult {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -178,6 +226,7 @@ async fn serve(
     };
     let lines = |event: &'static str, counters: bool| EventLine {
         event,
+        pid: std::process::id(),
         endpoint: listener.address(),
         exports: exports
             .iter()
@@ -191,8 +240,9 @@ async fn serve(
             .collect(),
     };
     let ready = lines("serving", false);
+    let mut text = String::new();
     if args.json {
-        print_line(&serde_json::to_string(&ready)?);
+        text = serde_json::to_string(&ready)? + "\n";
     } else {
         for e in &ready.exports {
             let mode = if e.read_only {
@@ -200,14 +250,17 @@ async fn serve(
             } else {
                 "read-write"
             };
-            print_line(&format!(
-                "serving {} ({mode}, {}) at {}",
+            text += &format!(
+                "serving {} ({mode}, {}) at {} (pid {})\n",
                 e.name,
                 crate::units::format_size(e.size_bytes),
-                e.uri
-            ));
+                e.uri,
+                ready.pid
+            );
         }
     }
+    announce(&text);
+    flush_stdout();
     tracing::info!(endpoint = %listener.address(), exports = exports.len(), "NBD server ready");
     let limits = Limits {
         max_connections: args.max_connections as usize,
@@ -225,7 +278,8 @@ async fn serve(
     drop(listener);
     let failures = close_all(&exports).await;
     if args.json {
-        print_line(&serde_json::to_string(&stopped)?);
+        println!("{}", serde_json::to_string(&stopped)?);
+        flush_stdout();
     }
     if failures.is_empty() {
         Ok(())
@@ -282,9 +336,7 @@ async fn close_all(exports: &[Arc<Export>]) -> Vec<String> {
     failures
 }
 
-fn print_line(line: &str) {
+fn flush_stdout() {
     use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
+    let _ = std::io::stdout().flush();
 }
