@@ -156,8 +156,18 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
         }
         paths.push((path, operand.clone()));
     }
+    // Checked here, in the user's terminal, before anything is forked: a
+    // missing drive, a read-only credential or a wrong key is one line, and
+    // a passphrase can be typed.
+    let drives = super::drives::block_on_value(async {
+        let mut checked = Vec::new();
+        for (path, operand) in &paths {
+            checked.push(check_drive(ctx, args, path, operand).await?);
+        }
+        Ok(checked)
+    })?;
     if args.foreground {
-        return serve_here(ctx, args, endpoint, paths, &mut |lines| print!("{lines}"));
+        return serve_here(args, endpoint, drives, &mut |lines| print!("{lines}"));
     }
     // Like a mount: the daemon opens the drives and listens, and this
     // process returns once it serves (printing what it printed) or fails
@@ -169,7 +179,7 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
         }
         Background::Parent(Err(err)) => Err(err),
         Background::Child(mut readiness) => {
-            let result = serve_here(ctx, args, endpoint, paths, &mut |lines| {
+            let result = serve_here(args, endpoint, drives, &mut |lines| {
                 readiness.ready_with(lines)
             });
             if let Err(err) = &result {
@@ -184,32 +194,30 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
 /// Serves in this process until a stop signal; `announce` gets the lines
 /// to show once the exports are served.
 fn serve_here(
-    ctx: &Context,
     args: &ServeArgs,
     endpoint: Endpoint,
-    paths: Vec<(BlobPath, String)>,
+    drives: Vec<Checked>,
     announce: &mut dyn FnMut(&str),
 ) -> CmdResult {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| anyhow!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(serve(ctx, args, endpoint, paths, announce))
+    runtime.block_on(serve(args, endpoint, drives, announce))
 }
 
 async fn serve(
-    ctx: &Context,
     args: &ServeArgs,
     endpoint: Endpoint,
-    paths: Vec<(BlobPath, String)>,
+    drives: Vec<Checked>,
     announce: &mut dyn FnMut(&str),
 ) -> CmdResult {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut exports: Vec<Arc<Export>> = Vec::new();
-    for (path, operand) in &paths {
-        match open_export(ctx, args, path, operand).await {
+    for drive in &drives {
+        match open_export(args, drive).await {
             Ok(export) => exports.push(Arc::new(export)),
             Err(err) => {
                 close_all(&exports).await;
@@ -288,15 +296,25 @@ async fn serve(
     }
 }
 
-/// Opens `path` as an attach would, for an export.
-async fn open_export(
+/// A drive checked before anything is served or forked: it exists, is a
+/// drive, may be written when exported read-write, and its key opens it.
+struct Checked {
+    path: BlobPath,
+    account: crate::blob::Account,
+    key: Option<Arc<crate::crypt::DataKey>>,
+    read_only: bool,
+}
+
+/// Checks `path` in the user's terminal (a passphrase is asked for here),
+/// as a mount does before it forks.
+async fn check_drive(
     ctx: &Context,
     args: &ServeArgs,
     path: &BlobPath,
     operand: &str,
-) -> anyhow::Result<Export> {
+) -> anyhow::Result<Checked> {
     let account = ctx.account_for(operand)?;
-    let client = BlobClient::new(account)?;
+    let client = BlobClient::new(account.clone())?;
     let read_only = args.read_only || path.snapshot.is_some();
     // A missing drive, or a blob that is not one, is said in one line first.
     super::mount::drive_size(&client, path).await?;
@@ -304,25 +322,37 @@ async fn open_export(
         super::mount::require_write(&client, path).await?;
     }
     let key = super::key::unlock(&client, path, &args.key).await?;
+    Ok(Checked {
+        path: path.clone(),
+        account,
+        key,
+        read_only,
+    })
+}
+
+/// Opens a checked drive as an attach would, for an export.
+async fn open_export(args: &ServeArgs, checked: &Checked) -> anyhow::Result<Export> {
+    let path = &checked.path;
+    let client = BlobClient::new(checked.account.clone())?;
     let options = DriveOptions {
         target: path.to_string(),
         ..args.drive_options()
     };
-    let catalog = AzureCatalog::new(client, options).with_data_key(key);
+    let catalog = AzureCatalog::new(client, options).with_data_key(checked.key.clone());
     let entry = EntryPath {
         container: path.container.clone(),
         blob: path.name.clone(),
         snapshot: path.snapshot.clone(),
     };
     let device: Arc<dyn Device> = catalog
-        .open(&entry, !read_only)
+        .open(&entry, !checked.read_only)
         .await
         .map_err(|e| anyhow!("cannot export {path}: {}", e.message))?;
     let name = match &path.snapshot {
         Some(t) => format!("{}/{}@{t}", path.container, path.name),
         None => format!("{}/{}", path.container, path.name),
     };
-    Ok(Export::new(name, device, read_only))
+    Ok(Export::new(name, device, checked.read_only))
 }
 
 /// Closes every export's drive (flush, lease released); returns the errors.

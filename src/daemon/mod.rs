@@ -347,8 +347,9 @@ pub enum Background {
 
 /// Forks a background daemon for a command that is not a mount (`serve`):
 /// the same fork, detach and readiness pipe as `run_mount`, and the same
-/// precondition: no runtime or helper thread may exist yet. The daemon may
-/// hold keys: core dumps are off in it.
+/// precondition: no runtime or helper thread may exist yet (a
+/// current-thread runtime used and dropped before is fine). The daemon may
+/// hold keys: they are locked in memory again and core dumps are off.
 pub fn fork_background(log_file: Option<&Path>) -> anyhow::Result<Background> {
     let (read_end, write_end) = readiness::pipe().context("cannot create the readiness pipe")?;
     // SAFETY: no runtime or helper thread exists yet (documented
@@ -373,11 +374,17 @@ pub fn fork_background(log_file: Option<&Path>) -> anyhow::Result<Background> {
         }));
     }
     drop(read_end);
+    // Keys unlocked before the fork are in this process too, but memory
+    // locks are not inherited: lock them again.
+    let relocked = crate::crypt::secret::relock_after_fork();
     crate::crypt::forbid_core_dumps();
     let mut ready = Readiness::pipe(write_end);
     if let Err(err) = detach_from_terminal(log_file) {
         ready.failed(&format!("cannot start the daemon: {err:#}"));
         std::process::exit(1);
+    }
+    if !relocked {
+        tracing::warn!("could not lock the key material in memory: it may be written to swap");
     }
     Ok(Background::Child(ready))
 }
