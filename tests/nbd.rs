@@ -665,3 +665,27 @@ async fn a_background_server_returns_once_it_serves_and_releases_the_lease_at_si
     let again = Served::start(&sb, "again", &[&drive], &[]);
     assert!(again.stop().0.success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_write_export_of_an_attached_drive_is_refused_and_a_read_only_one_is_not() {
+    let test = "a_read_write_export_of_an_attached_drive_is_refused_and_a_read_only_one_is_not";
+    if !clients_present(test) || !system::can_run(test, true) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-attached").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "64M", "--mkfs", "ext4"]);
+    let attached = sb.mount("attached", Some(&drive), &[]);
+    let nbd = format!("unix:{}", sb.root.path().join("x.sock").display());
+    let out = sb.blobdrive(&["serve", &drive, "--nbd", &nbd]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("in use elsewhere"), "{stderr}");
+    let ro = Served::start(&sb, "ro", &[&drive], &["--read-only"]);
+    let size = tool("nbdinfo", &["--size", &ro.uri(&drive)]);
+    assert_eq!(size.trim(), (64 * MIB).to_string());
+    assert!(ro.stop().0.success());
+    attached.unmount();
+}

@@ -35,7 +35,7 @@ use crate::nbd::{Endpoint, Export, Exports, Limits, Listener};
 const DEFAULT_DISK_CACHE_BYTES: u64 = 10 << 30;
 
 /// Arguments of `serve`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// The drives to export (`C/B` or a blob URL); each is an export named
     /// `C/B` (`C/B@TIME` for a snapshot).
@@ -141,7 +141,16 @@ struct EventLine<'a> {
 
 /// Run `serve`.
 pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
-    let endpoint = Endpoint::parse(&args.nbd, args.allow_remote).map_err(CodedError::usage)?;
+    let mut endpoint = Endpoint::parse(&args.nbd, args.allow_remote).map_err(CodedError::usage)?;
+    // A background daemon works in `/`: relative paths are made absolute
+    // while the user's directory is known.
+    if let Endpoint::Unix(path) = &mut endpoint {
+        *path = absolute(path)?;
+    }
+    let mut owned = args.clone();
+    owned.log_file = args.log_file.as_deref().map(absolute).transpose()?;
+    owned.cache_dir = args.cache_dir.as_deref().map(absolute).transpose()?;
+    let args = &owned;
     if args.snapshot.is_some() && args.drives.len() > 1 {
         return Err(CodedError::usage(
             "--snapshot names one time: give one drive with it (or a URL with ?snapshot= per drive)",
@@ -364,6 +373,11 @@ async fn close_all(exports: &[Arc<Export>]) -> Vec<String> {
         }
     }
     failures
+}
+
+/// `path` made absolute against the current directory.
+fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
+    Ok(std::path::absolute(path)?)
 }
 
 fn flush_stdout() {
