@@ -689,3 +689,35 @@ async fn a_read_write_export_of_an_attached_drive_is_refused_and_a_read_only_one
     assert!(ro.stop().0.success());
     attached.unmount();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_server_exports_several_drives_by_name() {
+    let test = "one_server_exports_several_drives_by_name";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-many").await;
+    let (a, b) = (format!("{}/a.vhd", g.name), format!("{}/b.vhd", g.name));
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &a, "--size", "16M"]);
+    sb.blobdrive_ok(&["create", &b, "--size", "32M"]);
+    let served = Served::start(&sb, "m", &[&a, &b], &[]);
+    let list = tool(
+        "nbdinfo",
+        &[
+            "--list",
+            &format!("nbd+unix:///?socket={}", served.socket.display()),
+        ],
+    );
+    assert!(list.contains(&format!("export=\"{a}\"")), "{list}");
+    assert!(list.contains(&format!("export=\"{b}\"")), "{list}");
+    assert_eq!(
+        tool("nbdinfo", &["--size", &served.uri(&a)]).trim(),
+        (16 * MIB).to_string()
+    );
+    assert_eq!(
+        tool("nbdinfo", &["--size", &served.uri(&b)]).trim(),
+        (32 * MIB).to_string()
+    );
+    assert!(served.stop().0.success());
+}

@@ -377,3 +377,29 @@ proptest! {
         let _ = MetaContextRequest::parse(&data);
     }
 }
+
+#[test]
+fn an_old_style_export_name_client_gets_simple_replies() {
+    let server = Server::start(Limits::default());
+    // Without NBD_OPT_GO: the export's size and flags right after the name,
+    // then simple replies.
+    let mut c = server.client();
+    c.option(NBD_OPT_EXPORT_NAME, b"c/rw");
+    let mut head = [0u8; 10];
+    std::io::Read::read_exact(&mut c.stream, &mut head).expect("size and flags");
+    assert_eq!(u64::from_be_bytes(head[..8].try_into().unwrap()), 4 * MIB);
+    let flags = u16::from_be_bytes(head[8..].try_into().unwrap());
+    assert_ne!(flags & NBD_FLAG_HAS_FLAGS, 0);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 512, 512, &[5u8; 512]).error, 0);
+    let a = c.call(NBD_CMD_READ, 0, 512, 512, &[]);
+    assert_eq!((a.error, a.data), (0, vec![5u8; 512]));
+    // Block status needs structured replies and a context.
+    assert_eq!(
+        c.call(NBD_CMD_BLOCK_STATUS, 0, 0, 512, &[]).error,
+        NBD_EINVAL
+    );
+    // An unknown name has no error reply: the connection closes.
+    let mut bad = server.client();
+    bad.option(NBD_OPT_EXPORT_NAME, b"c/none");
+    assert!(bad.closed_by_server());
+}
