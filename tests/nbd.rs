@@ -582,7 +582,13 @@ async fn a_tcp_export_on_loopback_serves_the_same_drive() {
     let sb = sandbox();
     sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
     // Port 0: the system picks one, and the ready line says which.
-    let served = Served::start_at(&sb, "t", &[&drive], "tcp:127.0.0.1:0", &[]);
+    let served = Served::start_at(
+        &sb,
+        "t",
+        &[&drive],
+        "tcp:127.0.0.1:0",
+        &["--metrics-listen", "0"],
+    );
     let endpoint = served.ready["endpoint"].as_str().unwrap().to_string();
     let addr = endpoint.strip_prefix("tcp:").expect("a tcp endpoint");
     let uri = served.ready["exports"][0]["uri"]
@@ -604,6 +610,15 @@ async fn a_tcp_export_on_loopback_serves_the_same_drive() {
     );
     let size = tool("nbdinfo", &["--size", &uri]);
     assert_eq!(size.trim(), (16 * MIB).to_string());
+    // --metrics-listen serves the exported drive's counters for Prometheus.
+    let metrics = served.ready["metrics"]
+        .as_str()
+        .expect("the metrics address");
+    let mut http = std::net::TcpStream::connect(metrics).expect("metrics listener");
+    std::io::Write::write_all(&mut http, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut http, &mut text).unwrap();
+    assert!(text.contains(&format!("drive=\"{drive}\"")), "{text}");
     assert!(served.stop().0.success());
     assert_eq!(sdk_read(&g.name, "disk.vhd", 4096, 4096), vec![0x42; 4096]);
 }

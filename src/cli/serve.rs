@@ -93,6 +93,13 @@ pub struct ServeArgs {
     /// the level).
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
+    /// Serve Prometheus metrics of the exported drives at
+    /// http://ADDR:PORT/metrics (a bare PORT means 127.0.0.1; default: off).
+    #[arg(long, value_name = "[ADDR:]PORT")]
+    pub metrics_listen: Option<String>,
+    /// Let --metrics-listen bind an address other than loopback.
+    #[arg(long, requires = "metrics_listen")]
+    pub metrics_allow_remote: bool,
     /// The key of encrypted drives.
     #[command(flatten)]
     pub key: super::key::KeyFlags,
@@ -135,6 +142,9 @@ struct EventLine<'a> {
     event: &'a str,
     /// The serving process (SIGTERM stops it).
     pid: u32,
+    /// Where `--metrics-listen` serves (`ADDR:PORT`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics: Option<String>,
     endpoint: String,
     exports: Vec<ExportLine>,
 }
@@ -151,6 +161,12 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
     owned.log_file = args.log_file.as_deref().map(absolute).transpose()?;
     owned.cache_dir = args.cache_dir.as_deref().map(absolute).transpose()?;
     let args = &owned;
+    let metrics = args
+        .metrics_listen
+        .as_deref()
+        .map(|v| crate::metrics::export::parse_listen(v, args.metrics_allow_remote))
+        .transpose()
+        .map_err(|e| CodedError::usage(format!("{e:#}")))?;
     if args.snapshot.is_some() && args.drives.len() > 1 {
         return Err(CodedError::usage(
             "--snapshot names one time: give one drive with it (or a URL with ?snapshot= per drive)",
@@ -176,7 +192,9 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
         Ok(checked)
     })?;
     if args.foreground {
-        return serve_here(args, endpoint, drives, &mut |lines| print!("{lines}"));
+        return serve_here(args, metrics, endpoint, drives, &mut |lines| {
+            print!("{lines}")
+        });
     }
     // Like a mount: the daemon opens the drives and listens, and this
     // process returns once it serves (printing what it printed) or fails
@@ -188,7 +206,7 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
         }
         Background::Parent(Err(err)) => Err(err),
         Background::Child(mut readiness) => {
-            let result = serve_here(args, endpoint, drives, &mut |lines| {
+            let result = serve_here(args, metrics, endpoint, drives, &mut |lines| {
                 readiness.ready_with(lines)
             });
             if let Err(err) = &result {
@@ -204,6 +222,7 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
 /// to show once the exports are served.
 fn serve_here(
     args: &ServeArgs,
+    metrics: Option<std::net::SocketAddr>,
     endpoint: Endpoint,
     drives: Vec<Checked>,
     announce: &mut dyn FnMut(&str),
@@ -212,11 +231,12 @@ fn serve_here(
         .enable_all()
         .build()
         .map_err(|e| anyhow!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(serve(args, endpoint, drives, announce))
+    runtime.block_on(serve(args, metrics, endpoint, drives, announce))
 }
 
 async fn serve(
     args: &ServeArgs,
+    metrics: Option<std::net::SocketAddr>,
     endpoint: Endpoint,
     drives: Vec<Checked>,
     announce: &mut dyn FnMut(&str),
@@ -241,9 +261,33 @@ async fn serve(
             return Err(err);
         }
     };
+    // Bound before the server reports ready: a port in use is one line.
+    let metrics_listener = match metrics.map(crate::metrics::export::bind).transpose() {
+        Ok(l) => l,
+        Err(err) => {
+            close_all(&exports).await;
+            return Err(err);
+        }
+    };
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.to_string());
+    let metrics_task = metrics_listener.map(|l| {
+        let shown = exports.clone();
+        let render: crate::metrics::export::Render = Arc::new(move || {
+            let devices: serde_json::Map<String, serde_json::Value> = shown
+                .iter()
+                .map(|e| (e.name.clone(), e.device.stats()))
+                .collect();
+            crate::metrics::text::render(&devices, &crate::metrics::registry().snapshot())
+        });
+        tokio::spawn(crate::metrics::export::serve(l, render))
+    });
     let lines = |event: &'static str, counters: bool| EventLine {
         event,
         pid: std::process::id(),
+        metrics: metrics_addr.clone(),
         endpoint: listener.address(),
         exports: exports
             .iter()
@@ -293,6 +337,9 @@ async fn serve(
     crate::nbd::serve(&listener, shared, limits, shutdown).await;
     let stopped = lines("stopped", true);
     drop(listener);
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
     let failures = close_all(&exports).await;
     if args.json {
         println!("{}", serde_json::to_string(&stopped)?);
