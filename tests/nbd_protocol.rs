@@ -403,3 +403,18 @@ fn an_old_style_export_name_client_gets_simple_replies() {
     bad.option(NBD_OPT_EXPORT_NAME, b"c/none");
     assert!(bad.closed_by_server());
 }
+
+#[test]
+fn a_client_stuck_in_the_handshake_does_not_hold_the_server_up() {
+    let server = Server::start(Limits::default());
+    // Reads the greeting and says nothing more.
+    let _idle = std::os::unix::net::UnixStream::connect(&server.socket).expect("connects");
+    std::thread::sleep(Duration::from_millis(100));
+    let start = std::time::Instant::now();
+    drop(server);
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "the server waited {:?} for a handshake",
+        start.elapsed()
+    );
+}

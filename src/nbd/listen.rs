@@ -335,28 +335,36 @@ async fn connection(
     limits: Limits,
     stop: watch::Receiver<bool>,
 ) {
-    let negotiated =
-        match tokio::time::timeout(limits.handshake_timeout, negotiate(&mut stream, exports)).await
-        {
-            Ok(Ok(Some(n))) => n,
-            Ok(Ok(None)) => {
-                tracing::debug!(connection = id, "NBD client ended the handshake");
-                return;
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(connection = id, peer, "NBD handshake failed: {e}");
-                return;
-            }
-            Err(_) => {
-                tracing::warn!(
-                    connection = id,
-                    peer,
-                    "NBD handshake not finished in {} s: closed",
-                    limits.handshake_timeout.as_secs()
-                );
-                return;
-            }
-        };
+    // A server that stops does not wait for a handshake to finish.
+    let mut stopping = stop.clone();
+    let handshake = tokio::time::timeout(limits.handshake_timeout, negotiate(&mut stream, exports));
+    let outcome = tokio::select! {
+        r = handshake => r,
+        _ = stopping.wait_for(|s| *s) => {
+            tracing::debug!(connection = id, "NBD handshake cut short: the server stops");
+            return;
+        }
+    };
+    let negotiated = match outcome {
+        Ok(Ok(Some(n))) => n,
+        Ok(Ok(None)) => {
+            tracing::debug!(connection = id, "NBD client ended the handshake");
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(connection = id, peer, "NBD handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(
+                connection = id,
+                peer,
+                "NBD handshake not finished in {} s: closed",
+                limits.handshake_timeout.as_secs()
+            );
+            return;
+        }
+    };
     let export = negotiated.export.name.clone();
     tracing::info!(
         connection = id,
