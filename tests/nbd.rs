@@ -736,3 +736,34 @@ async fn one_server_exports_several_drives_by_name() {
     );
     assert!(served.stop().0.success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_an_export_cannot_flush_after_its_lease_was_broken_go_to_a_recovery_file() {
+    let g = ContainerGuard::new("nbd-lost").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, MIB, 4096, &[0x61; 4096]).error, 0);
+    // Another host takes the drive over.
+    sb.blobdrive_ok(&["break-lease", &drive]);
+    let flush = c.call(NBD_CMD_FLUSH, 0, 0, 0, &[]);
+    assert_eq!(flush.error, NBD_EIO, "a flush without the lease fails");
+    drop(c);
+    let log = served.stderr.clone();
+    let (status, _) = served.stop();
+    assert_eq!(status.code(), Some(1), "the unflushed data is reported");
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(
+        text.contains("run 'blobdrive recover"),
+        "the error names the file: {text}"
+    );
+    let saved: Vec<_> = std::fs::read_dir(sb.recovery_dir())
+        .expect("a recovery directory")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "bdrec"))
+        .collect();
+    assert_eq!(saved.len(), 1, "one recovery file for the drive");
+}
