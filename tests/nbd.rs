@@ -564,6 +564,8 @@ async fn fio_nbd_engine_random_read_write_verifies() {
             "--do_verify=1",
             "--verify_fatal=1",
             "--randseed=1234",
+            // No verify state file in the working directory.
+            "--verify_state_save=0",
         ],
     );
     let (status, stopped) = served.stop();
