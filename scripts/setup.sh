@@ -21,12 +21,12 @@ say() { echo "setup.sh: $*" >&2; }
 # already on the machine (from any source, e.g. npm from NodeSource) is kept.
 # The many-hosts tests need ip (network namespaces, veths, a bridge) and
 # nsenter; the crash tests tar, e2fsck and xfs_repair; partitioned images
-# sfdisk, mkfs.vfat and cryptsetup.
+# sfdisk, mkfs.vfat and cryptsetup; the namespace tests getfattr and setfattr.
 tools=(fusermount3:fuse3 losetup:util-linux nsenter:util-linux mkfs.ext4:e2fsprogs
   e2fsck:e2fsprogs mkfs.xfs:xfsprogs xfs_repair:xfsprogs ip:iproute2 tar:tar
   sfdisk:fdisk mkfs.vfat:dosfstools cryptsetup:cryptsetup-bin
   fio:fio qemu-img:qemu-utils qemu-io:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin
-  npm:npm man:man-db zsh:zsh)
+  npm:npm man:man-db zsh:zsh getfattr:attr)
 
 have_tool() {
   PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null

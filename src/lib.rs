@@ -5,6 +5,8 @@
 //! server over `fs`'s devices) beside `daemon`, with `vhd` (the VHD formats), `partition` (partition tables and
 //! superblocks, read before an attach), `attach` (loop devices and
 //! filesystems), `transfer` (upload, download), `recovery` (recovery files),
+//! `provision` (the one create and delete of a drive, and the checks they
+//! share with the other commands),
 //! `metrics` (latency histograms and event counts for Prometheus, fed by every
 //! layer), `private_dir` (directories and files only their owner may open)
 //! and `units` (page arithmetic) beside them. ARCHITECTURE.md at the top of the
@@ -24,6 +26,7 @@ pub mod metrics;
 pub mod nbd;
 pub mod partition;
 pub mod private_dir;
+pub mod provision;
 pub mod recovery;
 pub mod shared_memory;
 pub mod transfer;

@@ -74,17 +74,32 @@ impl SharedMemory {
         // Drive data and state: never in a core dump (best effort).
         // SAFETY: the range is the mapping just made.
         unsafe { libc::madvise(ptr, len, libc::MADV_DONTDUMP) };
-        // Every page mapped now, in this process. The kernel copies FUSE
-        // requests straight into this memory; a page it had to fault in
-        // while the process is being killed (kill -9, the exit of an
-        // upgrade) makes the copy fail, and the kernel then ends that
-        // request with EIO instead of resending it. Mapped pages are
-        // pinned without a fault. Best effort: older kernels refuse, and
-        // pages then come in at first use.
-        // SAFETY: the range is the mapping just made.
-        unsafe { libc::madvise(ptr, len, libc::MADV_POPULATE_WRITE) };
         let ptr = NonNull::new(ptr.cast::<u8>()).expect("mmap returned null");
-        Ok(SharedMemory { fd, ptr, len })
+        let mem = SharedMemory { fd, ptr, len };
+        mem.populate();
+        Ok(mem)
+    }
+
+    /// Maps every page of the file in this process now, writable. The
+    /// kernel copies FUSE requests straight into this memory; a page it has
+    /// to fault in while the process is being killed (kill -9, the exit of
+    /// an upgrade) makes the copy fail, and the kernel then ends that
+    /// request with EIO instead of resending it. Mapped pages are pinned
+    /// without a fault. A child made by `fork` inherits the mapping but not
+    /// its page table entries (the kernel leaves shared file mappings to be
+    /// faulted in again), so a forked process that reads requests into the
+    /// memory calls this itself. Best effort: older kernels refuse
+    /// (MADV_POPULATE_WRITE is Linux 5.14), and pages then come in at first
+    /// use.
+    pub fn populate(&self) {
+        // SAFETY: the range is this mapping, alive as long as `self`.
+        unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
     }
 
     /// Start of the mapping (page aligned).

@@ -986,6 +986,26 @@ fn bad_input_gets_one_clear_line_and_a_non_zero_exit() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         expect_error(&sandbox, &args, *exit, needle);
     }
+    // --new-uuid cannot look into an encrypted copy without its key.
+    let key_file = sandbox.root.path().join("key");
+    std::fs::write(&key_file, [7u8; 32]).expect("write a key file");
+    let enc = format!("{c}/enc.vhd");
+    let key_arg = key_file.to_string_lossy().into_owned();
+    sandbox.blobdrive_ok(&[
+        "create",
+        &enc,
+        "--size",
+        "16M",
+        "--encrypt",
+        "--key-file",
+        &key_arg,
+    ]);
+    expect_error(
+        &sandbox,
+        &["copy", &enc, &format!("{c}/enc-copy.vhd"), "--new-uuid"],
+        1,
+        "cannot change the filesystems of an encrypted drive",
+    );
     let mut account = common::account();
     account.credential = blobdrive::blob::Credential::SharedKey { key: vec![0u8; 64] };
     let wrong_key = Sandbox::new(account.connection_string());

@@ -31,7 +31,7 @@ const FLOORS: &[&[&str]] = &[
     &["partition", "crypt"],
     &["attach", "vhd", "blob"],
     &["drive"],
-    &["recovery", "transfer"],
+    &["recovery", "transfer", "provision"],
     &["fs"],
     &["daemon", "nbd"],
     &["lifecycle"],

@@ -886,7 +886,7 @@ fn copy_of_a_drive_leased_elsewhere_warns_that_it_is_crash_consistent() {
         "the copy holds the drive's pages"
     );
     assert_eq!(
-        rt.block_on(blobdrive::lifecycle::checks::snapshots_of(
+        rt.block_on(blobdrive::provision::checks::snapshots_of(
             &guard.client,
             &path
         ))
@@ -1857,7 +1857,7 @@ fn ctrl_c_during_a_restore_releases_its_lease_and_names_the_safety_snapshot() {
     );
     // Stopped once the safety snapshot is taken.
     let snapshots = || {
-        rt.block_on(blobdrive::lifecycle::checks::snapshots_of(
+        rt.block_on(blobdrive::provision::checks::snapshots_of(
             &guard.client,
             &path,
         ))
@@ -1995,7 +1995,7 @@ fn a_restore_whose_copy_cannot_be_polled_keeps_its_lease_and_names_the_safety_sn
     let line = lines[0];
     let path = guard.path("d.vhd");
     let safety = rt
-        .block_on(blobdrive::lifecycle::checks::snapshots_of(
+        .block_on(blobdrive::provision::checks::snapshots_of(
             &guard.client,
             &path,
         ))

@@ -533,6 +533,21 @@ fn a_crash_loop_ends_the_attach_and_saves_the_logged_writes_to_a_recovery_file()
     if !netns::can_run("takeover_crash_loop") {
         return;
     }
+    crash_loop(false);
+}
+
+#[test]
+fn a_salvage_that_cannot_reach_storage_keeps_the_log_and_saves_it_once_it_can() {
+    if !netns::can_run("takeover_salvage_outage") {
+        return;
+    }
+    crash_loop(true);
+}
+
+/// Three serving processes killed in a row as soon as each serves, with
+/// writes only the log holds; with `outage`, the host's network is down
+/// from before the last kill until the salvage has failed once.
+fn crash_loop(outage: bool) {
     let mut storage = Storage::start();
     let host = storage.host("loop");
     let drive = "loop/l.vhd";
@@ -559,17 +574,46 @@ fn a_crash_loop_ends_the_attach_and_saves_the_logged_writes_to_a_recovery_file()
     let dirty = seen(&host, &dir, drive).dirty;
     assert!(dirty > 0, "nothing dirty to save");
     // Three serving processes in a row killed as soon as each serves.
+    let link = |state: &str| {
+        let status = host
+            .command("ip", &["link", "set", "eth0", state])
+            .status()
+            .unwrap();
+        assert!(status.success(), "ip link set eth0 {state}");
+    };
     for k in 0..3 {
         let s = poll_until(&host, &dir, drive, Duration::from_secs(60), |s| {
             s.takeovers == k
         })
         .expect("a serving process");
+        if outage && k == 2 {
+            link("down");
+        }
         // SAFETY: plain syscall on the serving process of this host's attach.
         unsafe { libc::kill(s.pid, libc::SIGKILL) };
     }
+    if outage {
+        // The salvage needs storage to read the drive back: it fails, and
+        // the holder keeps the log (and the attach) instead of ending.
+        system::wait_for(
+            "a failed salvage to be tried again",
+            Duration::from_secs(120),
+            || {
+                std::fs::read_to_string(host.log_path("m"))
+                    .unwrap_or_default()
+                    .contains("saving them is tried again")
+            },
+        );
+        assert!(
+            registry_alive(holder),
+            "the holder ended with the log unsaved"
+        );
+        assert!(host.recovery_files().is_empty());
+        link("up");
+    }
     system::wait_for(
         "the holder to end the attach",
-        Duration::from_secs(60),
+        Duration::from_secs(if outage { 180 } else { 60 }),
         || !registry_alive(holder),
     );
     let log = std::fs::read_to_string(host.log_path("m")).unwrap_or_default();
@@ -681,5 +725,280 @@ fn the_oom_killer_taking_the_serving_process_costs_a_pause_not_the_drive() {
     assert_ne!(after.pid, before.pid);
     let log = std::fs::read_to_string(host.log_path("m2")).unwrap_or_default();
     assert!(log.contains("killed by signal 9"), "{log}");
+    host.unmount(&dir);
+}
+
+/// systemd's side of what the unit template uses, for a daemon started by
+/// the test: a notify socket that counts `READY=1`, keeps the descriptors
+/// of `FDSTORE=1` by their `FDNAME`, closes them at `FDSTOREREMOVE=1`, and
+/// starts the daemon with the kept ones (`LISTEN_FDS`, from descriptor 3),
+/// as `Restart=` does. (The machines this suite runs on have no systemd.)
+struct ServiceManager {
+    socket: std::os::unix::net::UnixDatagram,
+    path: PathBuf,
+    store: Vec<(String, std::os::fd::OwnedFd)>,
+    ready: usize,
+}
+
+impl ServiceManager {
+    fn new(dir: &Path) -> Self {
+        let path = dir.join("notify.sock");
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the notify socket");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        ServiceManager {
+            socket,
+            path,
+            store: Vec::new(),
+            ready: 0,
+        }
+    }
+
+    /// Handles the messages that arrived, for up to `limit`, until `done`.
+    fn pump(&mut self, limit: Duration, done: impl Fn(&Self) -> bool) -> bool {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let started = Instant::now();
+        while !done(self) {
+            if started.elapsed() > limit {
+                return false;
+            }
+            let mut buf = [0u8; 4096];
+            let mut control = [0u64; 32];
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            // SAFETY: a zeroed msghdr pointing at live buffers, for one call.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&control);
+            // SAFETY: as above; the socket is open.
+            let n =
+                unsafe { libc::recvmsg(self.socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+            if n < 0 {
+                continue; // the read timeout
+            }
+            let mut fds = Vec::new();
+            // SAFETY: walking the control messages the kernel wrote.
+            unsafe {
+                let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+                while !cmsg.is_null() {
+                    if (*cmsg).cmsg_level == libc::SOL_SOCKET
+                        && (*cmsg).cmsg_type == libc::SCM_RIGHTS
+                    {
+                        let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                        let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                            / std::mem::size_of::<libc::c_int>();
+                        for i in 0..count {
+                            fds.push(OwnedFd::from_raw_fd(*data.add(i)));
+                        }
+                    }
+                    cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+                }
+            }
+            let text = String::from_utf8_lossy(&buf[..n as usize]).to_string();
+            let lines: Vec<&str> = text.lines().collect();
+            let name = lines
+                .iter()
+                .find_map(|l| l.strip_prefix("FDNAME="))
+                .unwrap_or("stored")
+                .to_string();
+            if lines.contains(&"READY=1") {
+                self.ready += 1;
+            }
+            if lines.contains(&"FDSTORE=1") {
+                for fd in fds {
+                    self.store.push((name.clone(), fd));
+                }
+            } else if lines.contains(&"FDSTOREREMOVE=1") {
+                self.store.retain(|(n, _)| *n != name);
+            }
+        }
+        true
+    }
+
+    fn names(&self) -> Vec<&str> {
+        self.store.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// `blobdrive mount --foreground DRIVE DIR` as the unit's ExecStart,
+    /// with the store's descriptors passed.
+    fn start(&self, host: &Host, drive: &str, dir: &Path, log: &Path) -> Child {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        // Out of the way of 3.. first, where the child wants them.
+        let high: Vec<i32> = self
+            .store
+            .iter()
+            // SAFETY: duplicating a descriptor we own.
+            .map(|(_, fd)| unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 100) })
+            .collect();
+        let (dir_s, log_s) = (dir.to_string_lossy(), log.to_string_lossy());
+        // LISTEN_PID names the daemon: sh execs nsenter's program in place.
+        let mut cmd = host.command(
+            "sh",
+            &[
+                "-c",
+                "LISTEN_PID=$$ exec \"$@\"",
+                "sh",
+                netns::BIN,
+                "mount",
+                "--foreground",
+                drive,
+                &dir_s,
+                "--log-file",
+                &log_s,
+                "-v",
+            ],
+        );
+        cmd.env("NOTIFY_SOCKET", &self.path).env("FDSTORE", "3");
+        if !high.is_empty() {
+            cmd.env("LISTEN_FDS", high.len().to_string())
+                .env("LISTEN_FDNAMES", self.names().join(":"));
+            let moves = high.clone();
+            // SAFETY: dup2 only, between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    for (i, fd) in moves.iter().enumerate() {
+                        if libc::dup2(*fd, 3 + i as i32) < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the daemon");
+        for fd in high {
+            // SAFETY: the duplicates made above, ours to close.
+            unsafe { libc::close(fd) };
+        }
+        child
+    }
+}
+
+#[test]
+fn a_holder_killed_under_systemd_is_replaced_from_the_fd_store_and_loses_nothing() {
+    if !netns::can_run("takeover_fd_store") {
+        return;
+    }
+    let mut storage = Storage::start();
+    let host = storage.host("fdstore");
+    let drive = "fdstore/s.vhd";
+    host.ok(&["create", drive, "--size", "256M", "--mkfs", "ext4"]);
+    let mut systemd = ServiceManager::new(host.root.path());
+    let dir = host.dir("m");
+    let log = host.log_path("m");
+    let mut first = systemd.start(&host, drive, &dir, &log);
+    let all = |s: &ServiceManager| {
+        let names = s.names();
+        s.ready >= 1
+            && ["blobdrive-fuse", "blobdrive-state", "blobdrive-log"]
+                .iter()
+                .all(|n| names.contains(n))
+    };
+    assert!(
+        systemd.pump(Duration::from_secs(60), all),
+        "READY=1 and the three descriptors in the store; got {:?}, ready {}\nlog:\n{}",
+        systemd.names(),
+        systemd.ready,
+        log_tail(&log)
+    );
+    let stats = host.stats(&dir);
+    assert_eq!(
+        stats["daemon"]["holder_pid"].as_i64(),
+        Some(first.id() as i64),
+        "the unit's main process holds the attach"
+    );
+    let server = stats["pid"].as_i64().unwrap() as i32;
+    let root = host.view(&dir);
+    let synced = write_pattern(&root.join("a"), 8, 1);
+    // Written through to the daemon (O_DIRECT) and not flushed: only the
+    // write log has it when the holder dies.
+    let out = Command::new("dd")
+        .args([
+            "if=/dev/urandom",
+            &format!("of={}", root.join("b").display()),
+            "bs=1M",
+            "count=16",
+            "oflag=direct",
+            "status=none",
+        ])
+        .output()
+        .expect("dd");
+    assert!(out.status.success(), "dd: {:?}", out);
+    let unsynced = sha_of(&root.join("b"));
+    let dirty = seen(&host, &dir, drive).dirty;
+    println!("dirty at the holder's kill: {dirty} bytes");
+
+    // SAFETY: plain syscall on the daemon this test started.
+    unsafe { libc::kill(first.id() as i32, libc::SIGKILL) };
+    first.wait().expect("reap the killed holder");
+    let started = Instant::now();
+    while registry_alive(server) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the serving process {server} outlived its holder"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    systemd.pump(Duration::from_millis(300), |_| false);
+    assert_eq!(
+        systemd.names().len(),
+        3,
+        "the store keeps the attach after the holder's death"
+    );
+
+    // Restart=on-failure: the unit starts again with the store.
+    let mut second = systemd.start(&host, drive, &dir, &log);
+    // `stats` says the attach is gone until the new holder registers it.
+    let started = Instant::now();
+    let stats = loop {
+        let out = host.blobdrive(&["stats", &dir.to_string_lossy(), "--json"]);
+        if out.status.success() {
+            let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            if stats["pid"].as_i64() != Some(server as i64) {
+                break stats;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no takeover from the store\nlog:\n{}",
+            log_tail(&log)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!("taken over after {:?}", started.elapsed());
+    assert!(stats["daemon"]["takeovers"].as_u64() >= Some(1), "{stats}");
+    assert_eq!(
+        stats["daemon"]["holder_pid"].as_i64(),
+        Some(second.id() as i64)
+    );
+    assert_eq!(sha_of(&root.join("a")), synced);
+    assert_eq!(
+        sha_of(&root.join("b")),
+        unsynced,
+        "the unflushed write survived"
+    );
+
+    host.unmount(&dir);
+    let status = second.wait().expect("the second daemon ends");
+    assert!(status.success(), "{status}\nlog:\n{}", log_tail(&log));
+    assert!(
+        systemd.pump(Duration::from_secs(10), |s| s.store.is_empty()),
+        "a clean stop empties the store: {:?}",
+        systemd.names()
+    );
+    let dir = host.mount(drive, "m2", &[]);
+    let root = host.view(&dir);
+    assert_eq!(sha_of(&root.join("a")), synced);
+    assert_eq!(sha_of(&root.join("b")), unsynced);
     host.unmount(&dir);
 }

@@ -7,7 +7,9 @@
 //! `norecovery`, so any number of machines can mount the same snapshot. XFS
 //! also refuses a second mount of the same filesystem UUID, which a snapshot
 //! attached beside its live drive (or beside another attach of itself) is:
-//! read-only xfs mounts get `nouuid`.
+//! read-only xfs mounts get `nouuid`, and so does a read-write one whose
+//! UUID a mounted XFS filesystem has (a copy attached beside its source),
+//! with a warning that says so.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -133,6 +135,80 @@ pub fn make(device: &Path, fs: &FsType) -> Result<(), ToolError> {
     run(&program, args).map(|_| ())
 }
 
+/// The filesystem UUID on `device` (`blkid`), if it has one.
+pub fn uuid(device: &Path) -> Option<String> {
+    let args = [
+        "-p".as_ref(),
+        "-o".as_ref(),
+        "value".as_ref(),
+        "-s".as_ref(),
+        "UUID".as_ref(),
+        device.as_os_str(),
+    ];
+    run("blkid", args).ok().filter(|u| !u.is_empty())
+}
+
+/// The UUID of the XFS filesystem on `device` and where another XFS
+/// filesystem with that UUID is mounted (XFS refuses a second mount of one
+/// UUID, "Filesystem has duplicate UUID", which mount(8) reports only as a
+/// wrong type), as /proc/self/mountinfo writes it (octal escapes kept: it is
+/// for a log line); `None` when no mounted one shares it.
+pub fn xfs_uuid_in_use(device: &Path) -> Option<(String, PathBuf)> {
+    let wanted = uuid(device)?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    for line in mountinfo.lines() {
+        // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS... - FSTYPE SOURCE SUPER
+        let Some((head, tail)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut tail = tail.split(' ');
+        if tail.next() != Some("xfs") {
+            continue;
+        }
+        let Some(source) = tail.next() else { continue };
+        if Path::new(source) == device {
+            continue;
+        }
+        let Some(dir) = head.split(' ').nth(4) else {
+            continue;
+        };
+        if uuid(Path::new(source)).as_deref() == Some(wanted.as_str()) {
+            return Some((wanted, PathBuf::from(dir)));
+        }
+    }
+    None
+}
+
+/// Gives the filesystem on `device` (not mounted anywhere) a fresh random
+/// UUID, so a copy is another machine's disk; returns the new UUID, or
+/// `None` for a type it leaves alone. ext2/3/4: `e2fsck -f -p` first (it
+/// replays the journal of a copy taken live, and `tune2fs -U` wants a
+/// freshly checked filesystem unless `metadata_csum_seed` is set), then
+/// `tune2fs -U random`. XFS: `xfs_admin -U generate` refuses a dirty log,
+/// so the filesystem is mounted at `scratch` (with `nouuid`) and unmounted
+/// first, which replays it (never `xfs_repair -L`, which would throw the
+/// log away).
+pub fn renew_uuid(device: &Path, fs: &FsType, scratch: &Path) -> Result<Option<String>, ToolError> {
+    let dev = device.as_os_str();
+    if fs.name().starts_with("ext") {
+        // e2fsck exits 1 when it fixed something (the journal replayed).
+        match run("e2fsck", ["-f".as_ref(), "-p".as_ref(), dev]) {
+            Ok(_) => {}
+            Err(e) if e.code == Some(1) => {}
+            Err(e) => return Err(e),
+        }
+        run("tune2fs", ["-U".as_ref(), "random".as_ref(), dev])?;
+    } else if *fs == FsType::Xfs {
+        let mounted =
+            MountedFs::mount(device, scratch, FsType::Xfs, false, &["nouuid".to_string()])?;
+        mounted.unmount()?;
+        run("xfs_admin", ["-U".as_ref(), "generate".as_ref(), dev])?;
+    } else {
+        return Ok(None);
+    }
+    Ok(uuid(device))
+}
+
 /// A filesystem mounted at a directory. Unmount it explicitly.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountedFs {
@@ -140,6 +216,9 @@ pub struct MountedFs {
     pub dir: PathBuf,
     /// Its type.
     pub fs: FsType,
+    /// What the user should hear about how it was mounted (an XFS
+    /// filesystem mounted with `nouuid` beside one of the same UUID).
+    pub warning: Option<String>,
 }
 
 impl MountedFs {
@@ -153,8 +232,19 @@ impl MountedFs {
         extra: &[String],
     ) -> Result<MountedFs, ToolError> {
         let mut opts: Vec<String> = Vec::new();
+        let mut warning = None;
         if read_only {
             opts.extend(fs.read_only_options().iter().map(|s| s.to_string()));
+        } else if fs == FsType::Xfs && !extra.iter().any(|o| o == "nouuid") {
+            if let Some((uuid, other)) = xfs_uuid_in_use(device) {
+                let line = format!(
+                    "its XFS filesystem has the UUID {uuid} of the one mounted at {} (a copy or a snapshot of the same drive): mounted with nouuid; 'blobdrive copy --new-uuid' makes copies with a UUID of their own",
+                    other.display()
+                );
+                tracing::warn!(device = %device.display(), "{line}");
+                warning = Some(line);
+                opts.push("nouuid".to_string());
+            }
         }
         opts.extend(extra.iter().filter(|o| !o.is_empty()).cloned());
         let mut args: Vec<std::ffi::OsString> = vec!["-t".into(), fs.name().into()];
@@ -168,6 +258,7 @@ impl MountedFs {
         Ok(MountedFs {
             dir: dir.to_path_buf(),
             fs,
+            warning,
         })
     }
 

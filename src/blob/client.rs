@@ -414,6 +414,19 @@ impl BlobClient {
                 "only blob writes can be fenced".into(),
             ));
         };
+        self.fence_now(path, fence, req.lease_id()).await
+    }
+
+    /// Makes `fence` ready for a write to `path` now: learns the blob's
+    /// sequence number when unknown, and raises it first when the fence
+    /// asks (a new fence always does once, see `fence.rs`). Returns the
+    /// number writes carry.
+    pub async fn fence_now(
+        &self,
+        path: &BlobPath,
+        fence: &WriteFence,
+        lease_id: Option<&str>,
+    ) -> Result<u64> {
         loop {
             match fence.step() {
                 FenceStep::Send(seq) => return Ok(seq),
@@ -425,8 +438,8 @@ impl BlobClient {
                     let _one_at_a_time = fence.raising().await;
                     // Another writer may have raised it while we waited.
                     if let FenceStep::Raise(floor) = fence.step() {
-                        let seq = Box::pin(self.raise_sequence_number(path, floor, req.lease_id()))
-                            .await?;
+                        let seq =
+                            Box::pin(self.raise_sequence_number(path, floor, lease_id)).await?;
                         debug!(target = %path, seq, "sequence number raised: writes of unknown outcome are fenced");
                         fence.observed(seq.max(floor));
                     }

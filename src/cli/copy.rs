@@ -1,4 +1,4 @@
-//! `blobdrive copy SRC DST [--snapshot T] [--json]`: a server-side copy
+//! `blobdrive copy SRC DST [--snapshot T] [--new-uuid] [--json]`: a server-side copy
 //! (Copy Blob) into a new, independent drive. SRC is a drive of the
 //! account (`--snapshot T` picks one of its snapshots) or a URL with a SAS
 //! (another account). Never replaces DST; Ctrl-C (SIGINT) or SIGTERM
@@ -9,6 +9,9 @@
 //!
 //! [`stop_signals`] is the Ctrl-C and SIGTERM watch that `restore` and
 //! `resize` share with it.
+//!
+//! `--new-uuid` then gives the copy's filesystems fresh UUIDs offline
+//! (`daemon::new_uuid`), so it attaches beside its source.
 
 use std::future::Future;
 use std::io::IsTerminal;
@@ -19,7 +22,7 @@ use tokio::signal::unix::SignalKind;
 use super::drives;
 use super::{output, CmdResult, CodedError, Context};
 use crate::lifecycle::copy::{self, Consistency, CopyReport, CopySource};
-use crate::units::format_size;
+use crate::units::{format_size, VHD_FOOTER_BYTES};
 
 /// Arguments of `copy`.
 #[derive(Debug, Args)]
@@ -39,6 +42,10 @@ pub struct CopyArgs {
     /// Copy this snapshot of SRC.
     #[arg(long, value_name = "TIME")]
     pub snapshot: Option<String>,
+    /// Give the copy's filesystems (ext2/3/4, XFS; each partition) fresh
+    /// UUIDs, so it attaches beside its source as another machine's disk.
+    #[arg(long)]
+    pub new_uuid: bool,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -73,7 +80,9 @@ pub fn run(ctx: &Context, args: &CopyArgs) -> CmdResult {
     client.account().check_blob_url(&args.dest)?;
     let show = std::io::stderr().is_terminal() && !args.json;
     let json = args.json;
-    drives::block_on(async move {
+    let account = client.account().clone();
+    let new_dest = dest.clone();
+    let report = drives::block_on_value(async move {
         // Caught from here on, not only once the copy waits: one arriving
         // while the copy starts would otherwise kill the process with the
         // service's copy left running.
@@ -109,13 +118,53 @@ pub fn run(ctx: &Context, args: &CopyArgs) -> CmdResult {
                 report.source_snapshot.as_deref().unwrap_or("-")
             );
         }
-        if json {
-            output::print_json(&report);
-        } else {
-            output::print_text(&summary(&report));
+        if args.new_uuid {
+            let metadata = client
+                .get_properties(&dest)
+                .await
+                .map_err(drives::blob_err)?
+                .metadata;
+            if crate::crypt::KeySlots::is_encrypted(&metadata) {
+                return Err(anyhow::anyhow!(
+                    "{dest} was copied, but --new-uuid cannot change the filesystems of an encrypted drive; attach it with its key and change them there (tune2fs -U random, xfs_admin -U generate)"
+                ));
+            }
         }
-        Ok(())
-    })
+        Ok(report)
+    })?;
+    let renewed = if args.new_uuid {
+        let size_bytes = report.blob_size_bytes.saturating_sub(VHD_FOOTER_BYTES);
+        let renewed = crate::daemon::new_uuid::renew_uuids(account, &new_dest, size_bytes)
+            .map_err(|e| {
+                e.context(format!(
+                    "{new_dest} was copied, but its filesystems keep their source's UUIDs"
+                ))
+            })?;
+        Some(renewed)
+    } else {
+        None
+    };
+    if json {
+        let mut value = serde_json::to_value(&report)?;
+        if let (Some(renewed), Some(map)) = (&renewed, value.as_object_mut()) {
+            map.insert("new_uuids".into(), serde_json::to_value(renewed)?);
+        }
+        output::print_json(&value);
+    } else {
+        let mut text = summary(&report);
+        for r in renewed.iter().flatten() {
+            text.push_str(&match (&r.fs_type, &r.uuid) {
+                (Some(fs), Some(uuid)) => format!("  {}: {fs}, new UUID {uuid}\n", r.area),
+                (Some(fs), None) => format!(
+                    "  {}: {fs}, left alone (blobdrive changes ext2/3/4 and XFS)\n",
+                    r.area
+                ),
+                (None, _) => format!("  {}: no filesystem\n", r.area),
+            });
+        }
+        output::print_text(&text);
+    }
+    Ok(())
 }
 
 /// The lines printed after a copy.

@@ -1,12 +1,11 @@
 //! `blobdrive create C/B --size SIZE [--mkfs FS] [--partition-table gpt]`: a new page blob of size + 512
 //! bytes whose last page is a fixed VHD footer.
 //!
-//! The size rules are checked while parsing. The create is conditional
-//! (`If-None-Match: *`), so an existing blob is never replaced (CloudDrive's
-//! Create() could lose a drive that way). Only the footer is written: a new
-//! drive of any size stores 512 bytes. If the footer cannot be written, the
-//! blob just created (ours, empty) is deleted again, so a failed create leaves
-//! nothing that looks like a half-made drive.
+//! The size rules are checked while parsing (and again by the create). The
+//! drive is made by `provision::create::create_drive`, which a namespace
+//! mount's `truncate -s` shares: conditional (`If-None-Match: *`), so an
+//! existing blob is never replaced; only the footer is written; a failure
+//! after the blob was made deletes it again.
 //!
 //! `--mkfs FS` then formats the new drive through a private FUSE mount of it
 //! (see `daemon::format`): the filesystem is durable in the blob before the
@@ -15,14 +14,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use clap::Args;
 
 use super::drives::{self, blob_err};
 use super::{output, values, CmdResult, CodedError, Context};
 use crate::crypt::{DataKey, KeySlots};
+use crate::provision::create::{create_drive, CreateError};
 use crate::units::{exact_size, format_size};
-use crate::vhd::Footer;
 
 /// Arguments of `create`.
 #[derive(Debug, Args)]
@@ -97,45 +95,21 @@ pub fn run(ctx: &Context, args: &CreateArgs) -> CmdResult {
     let created = path.clone();
     drives::block_on(async move {
         let started = Instant::now();
-        match client.create_container(&path.container).await {
-            Ok(true) => tracing::info!(container = %path.container, "created container"),
-            Ok(false) => {}
-            // A SAS scoped to one container, or to blobs only, may not create
-            // containers; if the container exists the drive can still be made,
-            // and if not, creating the blob says so.
-            Err(e) if e.is_auth_failure() => {
-                tracing::debug!(container = %path.container, error = %e, "cannot create the container; trying the blob");
-            }
-            Err(e) => return Err(blob_err(e)),
-        }
-        let footer = Footer::new_fixed(size_bytes);
-        client
-            .create_page_blob(&path, footer.blob_size_bytes())
+        let slots = encryption.as_ref().map(|(_, slots)| slots);
+        create_drive(&client, &path, size_bytes, slots)
             .await
-            .map_err(blob_err)?;
-        let bytes = Bytes::copy_from_slice(&footer.to_bytes());
-        // Key slots go in before the footer: a blob that looks like a drive
-        // always says whether it is encrypted.
-        let slots_saved = match &encryption {
-            Some((_, slots)) => save_new_slots(&client, &path, slots).await,
-            None => Ok(()),
-        };
-        let written = match slots_saved {
-            Ok(()) => client.put_pages(&path, size_bytes, bytes, None).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = written {
-            let why = drives::explain(&e);
-            return Err(match client.delete_blob(&path, false, None).await {
-                Ok(()) => anyhow::anyhow!(
-                    "writing the VHD footer of {path} failed, so the empty blob was deleted again: {why}"
+            .map_err(|e| match e {
+                CreateError::Size(e) => anyhow::anyhow!("{e}"),
+                CreateError::Blob(e) => blob_err(e),
+                CreateError::Footer { error, cleanup: Ok(()) } => anyhow::anyhow!(
+                    "writing the VHD footer of {path} failed, so the empty blob was deleted again: {}",
+                    drives::explain(&error)
                 ),
-                Err(d) => anyhow::anyhow!(
-                    "writing the VHD footer of {path} failed ({why}), and deleting the empty blob failed too ({}); delete it with 'blobdrive delete --force {path}'",
-                    d
+                CreateError::Footer { error, cleanup: Err(d) } => anyhow::anyhow!(
+                    "writing the VHD footer of {path} failed ({}), and deleting the empty blob failed too ({d}); delete it with 'blobdrive delete --force {path}'",
+                    drives::explain(&error)
                 ),
-            });
-        }
+            })?;
         tracing::info!(drive = %path, ms = started.elapsed().as_millis() as u64, "created drive");
         output::print_text(&format!(
             "created {path}: {} fixed VHD ({}){}\n",
@@ -191,17 +165,4 @@ fn format_new_drive(
              delete it with 'blobdrive delete {path}'"
         )),
     })
-}
-
-/// Add the encryption header and first key slot to the new blob's metadata
-/// (keeping what the create put there).
-async fn save_new_slots(
-    client: &crate::blob::BlobClient,
-    path: &crate::blob::BlobPath,
-    slots: &KeySlots,
-) -> crate::blob::Result<()> {
-    let mut metadata = client.get_properties(path).await?.metadata;
-    slots.apply_to(&mut metadata);
-    let pairs: Vec<(String, String)> = metadata.into_iter().collect();
-    client.set_metadata(path, &pairs, None).await
 }

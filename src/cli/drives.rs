@@ -1,9 +1,9 @@
 //! What the drive commands (`create`, `info`, `list`, `snapshot`,
 //! `break-lease`, `delete`) share: the runtime and client, naming a blob from
-//! the command line, bytes stored, and lease wording. The footer check,
-//! snapshots and the one line for a blob error live in
-//! `crate::lifecycle::checks` (the lifecycle operations use them too) and
-//! are re-exported here.
+//! the command line. The footer check, snapshots, bytes stored, lease
+//! wording and the one line for a blob error live in
+//! `crate::provision::checks` (the lifecycle operations and the namespace
+//! mount use them too) and are re-exported here.
 //!
 //! Invariant: every message built here names the blob (or container) and the
 //! account at most by name; keys and SAS signatures never reach an error line
@@ -14,15 +14,12 @@ use std::future::Future;
 use anyhow::anyhow;
 
 use super::CodedError;
-use crate::blob::{
-    BlobClient, BlobPath, BlobType, Error as BlobError, LeaseDuration, LeaseState, LeaseStatus,
+use crate::blob::{BlobClient, BlobPath, BlobType};
+pub use crate::provision::checks::{
+    blob_err, blob_type_name, check_disk, explain, is_leased, lease_duration_name,
+    lease_state_name, lease_status_name, lease_text, mounted_elsewhere, properties, snapshots_of,
+    stored_bytes, wrong_type_line, DiskCheck,
 };
-use crate::drive::{BlobPageStore, PageStore};
-pub use crate::lifecycle::checks::{
-    blob_err, blob_type_name, check_disk, explain, is_leased, mounted_elsewhere, properties,
-    snapshots_of, wrong_type_line, DiskCheck,
-};
-use crate::units::ByteRange;
 
 /// Run one command's async body on a small runtime of its own.
 pub fn block_on<F: Future<Output = anyhow::Result<()>>>(body: F) -> anyhow::Result<()> {
@@ -89,62 +86,10 @@ pub fn blob_type_noun(t: Option<BlobType>) -> &'static str {
         .unwrap_or(name)
 }
 
-/// Bytes that hold data (the sum of the page ranges), asked for in segments
-/// so that a fragmented 8 TiB blob cannot time out (see `BlobPageStore`).
-pub async fn stored_bytes(
-    client: &BlobClient,
-    path: &BlobPath,
-    blob_size_bytes: u64,
-) -> Result<u64, BlobError> {
-    if blob_size_bytes == 0 {
-        return Ok(0);
-    }
-    let store = BlobPageStore::new(client.clone(), path.clone());
-    let ranges = store
-        .page_ranges(ByteRange::new(0, blob_size_bytes))
-        .await?;
-    Ok(ranges.iter().map(ByteRange::len).sum())
-}
-
-/// Lease state as people read it: `available`, `leased (infinite)`, `broken`.
-pub fn lease_text(state: Option<LeaseState>, duration: Option<LeaseDuration>) -> String {
-    let state = state.map_or("-", lease_state_name);
-    match duration {
-        Some(d) => format!("{state} ({})", lease_duration_name(d)),
-        None => state.to_string(),
-    }
-}
-
-/// The service's spelling of a lease state (also the JSON value).
-pub fn lease_state_name(s: LeaseState) -> &'static str {
-    match s {
-        LeaseState::Available => "available",
-        LeaseState::Leased => "leased",
-        LeaseState::Expired => "expired",
-        LeaseState::Breaking => "breaking",
-        LeaseState::Broken => "broken",
-    }
-}
-
-/// The service's spelling of a lease duration (also the JSON value).
-pub fn lease_duration_name(d: LeaseDuration) -> &'static str {
-    match d {
-        LeaseDuration::Infinite => "infinite",
-        LeaseDuration::Fixed => "fixed",
-    }
-}
-
-/// The service's spelling of a lease status (also the JSON value).
-pub fn lease_status_name(s: LeaseStatus) -> &'static str {
-    match s {
-        LeaseStatus::Locked => "locked",
-        LeaseStatus::Unlocked => "unlocked",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blob::{LeaseDuration, LeaseState};
 
     #[test]
     fn snapshot_flag_and_url_must_agree() {

@@ -198,6 +198,70 @@ fn main_examples() -> Section {
     }
 }
 
+/// What each file operation means in a namespace mount (`blobdrive mount
+/// [C] DIR`); the README's namespace section says the same.
+fn namespace_mounts() -> Section {
+    Section {
+        title: "NAMESPACE MOUNTS",
+        items: vec![
+            Item::Para(
+                "blobdrive mount [C] DIR shows the account (or one container) as directories, \
+                 drives as fixed-size files and snapshots as read-only files named \
+                 NAME@TIME. Every change is given a meaning or refused with an errno and \
+                 one line in the daemon's log; a read-only mount answers EROFS to all of them.",
+            ),
+            Item::Term(
+                "mkdir NAME, rmdir NAME",
+                "At the top of an account mount: create a container (EINVAL for a name the \
+                 service refuses), remove an empty one (ENOTEMPTY while it holds a blob). \
+                 Inside a container mkdir makes a directory of this mount only (storage \
+                 has no empty directories), kept until a drive is made in it; rmdir removes \
+                 it while empty.",
+            ),
+            Item::Term(
+                "truncate -s SIZE NAME.vhd, fallocate -l SIZE NAME.vhd, qemu-img create -f raw NAME.vhd SIZE",
+                "Create a drive of SIZE exactly as blobdrive create does (a whole number of \
+                 MiB from 16M to 8 TiB - 1 MiB, else EINVAL; never over an existing blob: \
+                 EEXIST). A created NAME.vhd is size 0 and exists only in this mount until \
+                 it gets a size; one closed without a size is gone (touch alone leaves \
+                 nothing). Other names cannot be created (EPERM): block blobs are read-only here.",
+            ),
+            Item::Term(
+                "rm NAME",
+                "Delete a drive, with blobdrive delete's refusals: EBUSY while it is leased \
+                 (mounted here or elsewhere), ENOTEMPTY while it has snapshots (blobdrive \
+                 delete C/B --include-snapshots, or rm each NAME@TIME first), EPERM for a \
+                 blob that is not a drive. rm NAME@TIME deletes that snapshot.",
+            ),
+            Item::Term(
+                "mv, ln, ln -s, mknod",
+                "EPERM: a blob's name is fixed and storage has no links (blobdrive copy \
+                 then blobdrive delete renames a drive).",
+            ),
+            Item::Term(
+                "chmod, chown, touch (times)",
+                "Accepted and ignored: the blob has nowhere to keep them. A size other than \
+                 a drive's own (truncate, or fallocate past its end) is EPERM (blobdrive \
+                 resize changes it).",
+            ),
+            Item::Term(
+                "getfattr -d NAME.vhd",
+                "Read-only attributes of a drive: user.blobdrive.lease, \
+                 user.blobdrive.snapshots (a count) and user.blobdrive.stored_bytes (what \
+                 blobdrive info shows; a snapshot has only the last). setfattr on them is \
+                 EPERM, on any other name EOPNOTSUPP.",
+            ),
+            Item::Term(
+                "ENOSYS",
+                "Left only where the kernel then does the right thing itself: lseek with \
+                 SEEK_DATA or SEEK_HOLE (the whole file counts as data) and copy_file_range \
+                 (the caller copies with reads and writes). File locks are the kernel's \
+                 own, local to the host.",
+            ),
+        ],
+    }
+}
+
 /// Extra sections of one command's page, by command name.
 fn command_sections(name: &str) -> Vec<Section> {
     let example = |what, lines| Section {
@@ -211,6 +275,7 @@ fn command_sections(name: &str) -> Vec<Section> {
                 "Attach a drive, serve its metrics on 127.0.0.1:9101:",
                 &["sudo blobdrive mount disks/data.vhd /mnt/data --metrics-listen 9101"],
             ));
+            out.push(namespace_mounts());
             out.push(files());
         }
         "blobdrive-create" => out.push(example(

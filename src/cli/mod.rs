@@ -244,6 +244,7 @@ pub type CmdResult = anyhow::Result<()>;
 
 /// Entry point of the `blobdrive` binary; returns the process exit code.
 pub fn main() -> i32 {
+    crate::daemon::holder::close_handed_over_at_exec();
     let args: Vec<OsString> = match handed_over_command_line() {
         Some(Ok(args)) => args,
         Some(Err(err)) => {

@@ -79,8 +79,10 @@ pub fn run(ctx: &Context, args: &RecoverArgs) -> CmdResult {
                 rec.header.blob_size_bytes
             ));
         }
-        // Under our lease now, so the blob cannot change before the writes.
-        let now = drive.blob_etag().await.map_err(|e| anyhow!("{e}"))?;
+        // Read under our lease, so the blob cannot change before the writes
+        // (and before the open's own fence, which changes the ETag but no
+        // page).
+        let now = drive.etag_at_open().map(str::to_string);
         match (&rec.header.blob_etag, force) {
             (Some(saved), false) if now.as_ref() != Some(saved) => {
                 let _ = drive.close().await;

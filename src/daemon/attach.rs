@@ -109,6 +109,8 @@ pub(crate) struct Attachment {
     holder_pid: Option<u32>,
     /// When the drive was attached (kept across takeovers).
     since_unix_secs: u64,
+    /// What the user who attached it should hear (see `MountedFs::warning`).
+    pub warnings: Vec<String>,
 }
 
 impl Attachment {
@@ -128,6 +130,7 @@ impl Attachment {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+            warnings: Vec::new(),
         }
     }
 
@@ -139,7 +142,40 @@ impl Attachment {
     /// The attach a process that died had set up, as its registry entry
     /// says: the loop device and the filesystem at DIR exist and stay; this
     /// process takes over their teardown.
-    pub fn adopt(&mut self, entry: &AttachedDrive) {
+    /// Refused when the entry is another attach (a unit whose configuration
+    /// names another drive since the attach began: taking it over would
+    /// serve one drive's filesystem from another's blob).
+    pub fn adopt(&mut self, entry: &AttachedDrive) -> anyhow::Result<()> {
+        let drive = format!("{}/{}", self.spec.drive.container, self.spec.drive.blob);
+        let partition = self.spec.partition.map(|p| p.number);
+        let snapshot = &self.spec.drive.snapshot;
+        let account = &self.spec.account;
+        if (account, &drive, snapshot, partition, self.mode)
+            != (
+                &entry.account,
+                &entry.drive,
+                &entry.snapshot,
+                entry.partition,
+                entry.mode,
+            )
+        {
+            anyhow::bail!(
+                "the attach at {} is of {} (account {}, snapshot {:?}, partition {:?}, {:?}), \
+                 but this command names {} (account {}, snapshot {:?}, partition {:?}, {:?}); \
+                 run it with the attach's own drive and options to take it over",
+                self.dir.display(),
+                entry.drive,
+                entry.account,
+                entry.snapshot,
+                entry.partition,
+                entry.mode,
+                drive,
+                account,
+                snapshot,
+                partition,
+                self.mode
+            );
+        }
         // Only what is still this attach's: a loop device reading the drive
         // file under this attach's FUSE mount (its number may have gone to
         // another attach since), a filesystem still mounted at DIR.
@@ -153,6 +189,7 @@ impl Attachment {
             .then(|| FsType::from_name(&entry.fs_type));
         self.registered = true;
         self.since_unix_secs = entry.since_unix_secs;
+        Ok(())
     }
 
     /// Walks to the drive file (fixing the node ids the kernel uses, the same
@@ -237,14 +274,17 @@ impl Attachment {
             self.spec.fs_options.clone(),
         );
         let fs_for_mount = fs.clone();
-        blocking(move || MountedFs::mount(&dev, &dir, fs_for_mount, read_only, &options))
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot mount the {fs} filesystem of drive {name} at {}",
-                    self.dir.display()
-                )
-            })?;
+        let mounted =
+            blocking(move || MountedFs::mount(&dev, &dir, fs_for_mount, read_only, &options))
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot mount the {fs} filesystem of drive {name} at {}",
+                        self.dir.display()
+                    )
+                })?;
+        self.warnings
+            .extend(mounted.warning.map(|w| format!("drive {name}: {w}")));
         self.mounted = Some(fs.clone());
         tracing::info!(dir = %self.dir.display(), %fs, "filesystem mounted");
 

@@ -9,6 +9,9 @@
 //! mount's unmount flushes every page and releases the lease, and its failure
 //! is this function's failure.
 //!
+//! `with_drive_file` is that private mount for any work on a drive's file
+//! (`new_uuid.rs` gives a copy's filesystems fresh UUIDs through it).
+//!
 //! With a partition table (`--partition-table gpt`), sfdisk writes the table
 //! on the drive file first, and mkfs then runs on a loop device limited to
 //! the partition (offset and size limit), detached before the unmount.
@@ -61,7 +64,25 @@ pub fn format_drive(
     format: &Format,
     data_key: Option<Arc<crate::crypt::DataKey>>,
 ) -> anyhow::Result<()> {
-    let dir = private_dir(path)?;
+    tracing::info!(drive = %path, %format, "formatting");
+    with_drive_file(account, path, size_bytes, data_key, |file| {
+        lay_out(file, format).with_context(|| format!("formatting {path} failed"))
+    })
+}
+
+/// Runs `work` on the file of drive `path` (a base blob of `size_bytes`
+/// disk bytes) in a private, foreground FUSE mount of it, which holds the
+/// drive's lease; everything `work` wrote is durable in the blob when this
+/// returns `Ok` (the unmount flushes it). Runs the mount on a helper
+/// thread: call it where no fork follows.
+pub(super) fn with_drive_file<T>(
+    account: Account,
+    path: &BlobPath,
+    size_bytes: u64,
+    data_key: Option<Arc<crate::crypt::DataKey>>,
+    work: impl FnOnce(&Path) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let dir = private_dir(path, "")?;
     let drive = EntryPath {
         container: path.container.clone(),
         blob: path.name.clone(),
@@ -107,17 +128,16 @@ pub fn format_drive(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    tracing::info!(drive = %path, %format, "formatting");
-    let made = lay_out(&file, format).with_context(|| format!("formatting {path} failed"));
+    let done = work(&file);
     let unmounted = request_unmount(&dir);
     let served = server
         .join()
         .map_err(|_| anyhow!("the formatting mount panicked"))?;
     let _ = std::fs::remove_dir(&dir);
-    made?;
+    let value = done?;
     unmounted.with_context(|| format!("the filesystem on {path} may not be durable"))?;
     served.with_context(|| format!("the filesystem on {path} may not be durable"))?;
-    Ok(())
+    Ok(value)
 }
 
 /// Writes the table and makes the filesystem on the drive file `file`.
@@ -140,6 +160,15 @@ fn lay_out(file: &Path, format: &Format) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow!("sfdisk wrote no partition"))?;
     let device = LoopDevice::attach_area(file, false, Some((part.start_bytes, part.size_bytes)))?;
     let made = filesystem::make(&device.device, fs);
+    let detached = detach_and_wait(&device);
+    made?;
+    detached?;
+    Ok(())
+}
+
+/// Detaches `device` and waits until it has let go of the drive file (the
+/// private mount's unmount needs that).
+pub(super) fn detach_and_wait(device: &LoopDevice) -> anyhow::Result<()> {
     let detached = device.detach();
     let started = Instant::now();
     while attach::loop_backing_file(&device.device).is_some() {
@@ -151,17 +180,18 @@ fn lay_out(file: &Path, format: &Format) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    made?;
     detached?;
     Ok(())
 }
 
-fn private_dir(path: &BlobPath) -> anyhow::Result<PathBuf> {
+/// A new private directory for work on drive `path` (`tag` tells two of
+/// one process apart), under the run directory.
+pub(super) fn private_dir(path: &BlobPath, tag: &str) -> anyhow::Result<PathBuf> {
     let root = ensure_run_dir()
         .with_context(|| format!("cannot use the run directory {}", run_dir().display()))?
         .join("format");
     std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
-    let name = mount_key(Path::new(&format!("{path}#{}", std::process::id())));
+    let name = mount_key(Path::new(&format!("{path}#{}{tag}", std::process::id())));
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     Ok(dir)

@@ -193,6 +193,11 @@ impl Handover {
             .store(started_unix_secs, Ordering::Release);
     }
 
+    /// The serving process's pid (once it began its start).
+    pub fn server_pid(&self) -> u32 {
+        self.field(F_SERVER_PID).load(Ordering::Acquire) as u32
+    }
+
     /// The holder's pid.
     pub fn holder_pid(&self) -> u32 {
         self.field(F_HOLDER_PID).load(Ordering::Acquire) as u32

@@ -25,11 +25,12 @@
 //! connection. A crash after a process served longer restarts the count:
 //! deliberate kills, or a rare bug, cost a pause each, never the drive.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::fd_store;
 use super::handover::Handover;
 use super::readiness::Readiness;
 use crate::fs::write_log::WriteLog;
@@ -79,6 +80,10 @@ pub const HANDOVER_ENV: &str = "BLOBDRIVE_HANDOVER";
 /// Environment variable naming the memory file that holds the command line
 /// (arguments separated by NUL) of an exec'd serving process.
 pub const ARGS_ENV: &str = "BLOBDRIVE_ARGS_FD";
+/// The watchdog's time for a child that has not begun to serve yet.
+const STARTUP_GRACE: Duration = Duration::from_secs(120);
+/// Failed forks in a row (a second apart) before the attach ends.
+const FORK_TRIES: u32 = 120;
 /// How often the holder looks at its child.
 const POLL: Duration = Duration::from_millis(50);
 /// `oom_score_adj` the holder asks for (far below ordinary processes: its
@@ -115,8 +120,12 @@ pub struct Generation {
 /// The last stop signal received, for the holder loop.
 static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
+/// A stop signal arrived at some point (never cleared).
+static STOP_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 extern "C" fn remember_signal(sig: libc::c_int) {
     PENDING_SIGNAL.store(sig, Ordering::SeqCst);
+    STOP_ASKED.store(true, Ordering::SeqCst);
 }
 
 fn set_handler(sig: libc::c_int, handler: libc::sighandler_t) {
@@ -178,8 +187,55 @@ fn watchdog_timeout() -> Option<Duration> {
 /// Holds the attach and runs `serve` in a child process per generation,
 /// until one ends the attach; returns the exit status for the daemon.
 /// `log_bytes` sizes the write log (None: no log, a read-only attach).
+/// `stored`: the attach systemd kept for a holder that died (see
+/// `fd_store.rs`), taken over instead of a fresh start.
 /// Call with no thread running (it forks).
-pub fn hold<S>(mut serve: S, mut ready: Readiness, log_bytes: Option<u64>) -> i32
+pub fn hold<S>(
+    serve: S,
+    ready: Readiness,
+    log_bytes: Option<u64>,
+    stored: Option<fd_store::Stored>,
+) -> i32
+where
+    S: FnMut(Generation, Readiness) -> i32,
+{
+    let store = fd_store::enabled();
+    // Whether what systemd keeps may go: not while the log holds writes
+    // saved nowhere else, nor when a kept attach could not be read (a
+    // binary that can may be installed again).
+    let mut emptiable = true;
+    let code = hold_generations(serve, ready, log_bytes, stored, store, &mut emptiable);
+    if store && emptiable {
+        // The attach ended: a later start of the unit attaches afresh.
+        fd_store::forget();
+    }
+    code
+}
+
+/// The attach's state, write log and connection kept by systemd, opened.
+fn resume(
+    stored: fd_store::Stored,
+) -> std::io::Result<(Arc<Handover>, Option<Arc<WriteLog>>, OwnedFd)> {
+    use crate::shared_memory::SharedMemory;
+    let state = Handover::open(SharedMemory::open(stored.state)?)?;
+    let log = match stored.log {
+        Some(fd) => Some(Arc::new(WriteLog::adopt(
+            SharedMemory::open(fd)?,
+            crate::fs::session::READ_BUFFER_BYTES,
+        )?)),
+        None => None,
+    };
+    Ok((Arc::new(state), log, stored.dev))
+}
+
+fn hold_generations<S>(
+    mut serve: S,
+    mut ready: Readiness,
+    log_bytes: Option<u64>,
+    stored: Option<fd_store::Stored>,
+    store: bool,
+    emptiable: &mut bool,
+) -> i32
 where
     S: FnMut(Generation, Readiness) -> i32,
 {
@@ -188,26 +244,46 @@ where
         ready.failed(&format!("{what}: {err}"));
         1
     };
-    let state = match Handover::create() {
-        Ok(state) => Arc::new(state),
-        Err(err) => return fail(&mut ready, "cannot create the attach's state", err),
-    };
-    state.set_holder(std::process::id(), unix_now());
-    let log = match log_bytes {
-        None => None,
-        Some(bytes) => match WriteLog::create(bytes, crate::fs::session::READ_BUFFER_BYTES) {
-            Ok(log) => Some(Arc::new(log)),
-            Err(err) => return fail(&mut ready, "cannot create the write log", err),
+    let resumed = stored.is_some();
+    let (state, log, dev) = match stored {
+        Some(stored) => match resume(stored) {
+            Ok(kept) => kept,
+            Err(err) => {
+                *emptiable = false;
+                return fail(
+                    &mut ready,
+                    "cannot take over the attach systemd kept for this unit",
+                    err,
+                );
+            }
         },
+        None => {
+            let state = match Handover::create() {
+                Ok(state) => Arc::new(state),
+                Err(err) => return fail(&mut ready, "cannot create the attach's state", err),
+            };
+            let log = match log_bytes {
+                None => None,
+                Some(bytes) => {
+                    match WriteLog::create(bytes, crate::fs::session::READ_BUFFER_BYTES) {
+                        Ok(log) => Some(Arc::new(log)),
+                        Err(err) => return fail(&mut ready, "cannot create the write log", err),
+                    }
+                }
+            };
+            let dev: OwnedFd = match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/fuse")
+            {
+                Ok(file) => file.into(),
+                Err(err) => return fail(&mut ready, "cannot open /dev/fuse", err),
+            };
+            (state, log, dev)
+        }
     };
-    let dev: OwnedFd = match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-    {
-        Ok(file) => file.into(),
-        Err(err) => return fail(&mut ready, "cannot open /dev/fuse", err),
-    };
+    let holder_pid = std::process::id();
+    state.set_holder(holder_pid, unix_now());
     // Every process of the attach holds keys: no core dump, in the
     // foreground (systemd) as in the background.
     crate::crypt::forbid_core_dumps();
@@ -222,8 +298,34 @@ where
             remember_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
         );
     }
+    // Whether systemd holds the descriptors (from the first serving
+    // process's readiness on).
+    let mut kept = resumed;
+    let mut keep_once_ready = |state: &Handover| {
+        if store && !kept && state.was_ready() {
+            kept = true;
+            match fd_store::keep(
+                dev.as_fd(),
+                state.memory().fd(),
+                log.as_ref().map(|l| l.memory().fd()),
+            ) {
+                Ok(()) => tracing::debug!("the attach's descriptors are in systemd's store"),
+                Err(err) => tracing::warn!(
+                    %err,
+                    "cannot hand the attach's descriptors to systemd: the holder's own death would end the attach"
+                ),
+            }
+        }
+    };
 
-    let mut role = Role::Fresh;
+    let mut role = if resumed {
+        tracing::warn!(
+            "started again by systemd after the holder died: taking over the attach it kept"
+        );
+        Role::Takeover
+    } else {
+        Role::Fresh
+    };
     // Early crashes in a row.
     let mut crashes = 0u64;
     // The binary an upgrade asked for, for the next serving process only.
@@ -234,13 +336,15 @@ where
     // Takeovers failing in a row: since when, and the next pause.
     let mut takeover_failing_since: Option<Instant> = None;
     let mut takeover_pause = Duration::from_millis(500);
+    let mut salvage_pause = Duration::from_secs(1);
+    let mut fork_failures = 0u32;
     let mut ready = Some(ready);
     loop {
         let child_dev = match dev.try_clone() {
             Ok(fd) => fd,
             Err(err) => {
                 tracing::error!(%err, "cannot duplicate the FUSE connection");
-                return 1;
+                return ended(1, log.as_deref(), emptiable);
             }
         };
         let readiness = ready.take().unwrap_or_else(Readiness::foreground);
@@ -248,10 +352,28 @@ where
         // the child may run arbitrary code after fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
-            tracing::error!(err = %std::io::Error::last_os_error(), "cannot fork a serving process");
-            return 1;
+            // Memory or the process limit, maybe right after the OOM
+            // killer struck: the log's writes are still only here, so
+            // wait and try again rather than end the attach.
+            let err = std::io::Error::last_os_error();
+            fork_failures += 1;
+            if fork_failures > FORK_TRIES {
+                tracing::error!(%err, "cannot fork a serving process; the attach ends");
+                return ended(1, log.as_deref(), emptiable);
+            }
+            tracing::error!(%err, "cannot fork a serving process; trying again in 1 s");
+            ready = Some(readiness);
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
         }
+        fork_failures = 0;
         if pid == 0 {
+            if store {
+                // systemd keeps the attach: when the holder dies, its
+                // successor (a new start of the unit) takes over, and this
+                // process must not go on serving beside it.
+                die_with_holder(holder_pid);
+            }
             // The stop signals keep the holder's handler until the serving
             // process watches them itself (`raise_pending_signal`): one
             // that arrives in between is remembered, not lost.
@@ -277,7 +399,13 @@ where
                         std::process::exit(TAKEOVER_FAILED);
                     }
                 },
-                (log, _) => log.clone(),
+                (log, _) => {
+                    // Inherited across fork without its page table entries.
+                    if let Some(log) = log {
+                        log.memory().populate();
+                    }
+                    log.clone()
+                }
             };
             let generation = Generation {
                 role,
@@ -292,7 +420,7 @@ where
         drop(readiness);
         tracing::info!(pid, ?role, "serving process started");
         let forked_ms = super::handover::unix_now_ms();
-        let status = watch(pid, &state);
+        let status = watch(pid, &state, &mut keep_once_ready);
         let was_ready = state.was_ready();
         if let Some(tried) = pending.take() {
             if state.serving_since_ms() < forked_ms {
@@ -321,6 +449,14 @@ where
             }
             role = Role::Takeover;
             continue;
+        }
+        let served = state.serving_since_ms() >= forked_ms;
+        if let (Ended::Exited(TAKEOVER_FAILED), true) = (&status, served) {
+            // It took over and served, then failed at its end (an unmount
+            // whose flush failed saved a recovery file): that ends the
+            // attach, as for the first serving process.
+            tracing::error!(pid, "serving process ended the attach with an error");
+            return ended(1, log.as_deref(), emptiable);
         }
         if let (Ended::Exited(TAKEOVER_FAILED), Role::Takeover) = (&status, role) {
             // Storage or the lease may come back: the log keeps the data
@@ -356,15 +492,46 @@ where
         let crashed = match status {
             Ended::Exited(code) if code != PANIC_STATUS && code != TAKEOVER_FAILED => {
                 tracing::info!(pid, code, "serving process ended the attach");
-                return code;
+                return ended(code, log.as_deref(), emptiable);
             }
             Ended::Exited(TAKEOVER_FAILED) => "could not take over".to_string(),
             Ended::Exited(code) => format!("panicked (status {code})"),
             Ended::Signalled(sig) => format!("killed by signal {sig}"),
         };
+        if role == Role::Salvage && unsaved_writes(log.as_deref()) {
+            // The salvage could not save what the log holds (storage or
+            // the lease is needed to read the drive back). Ending now would
+            // lose acknowledged writes: the filesystem above waits instead,
+            // as in an outage, and the salvage is tried again.
+            if STOP_ASKED.load(Ordering::SeqCst) {
+                tracing::error!(
+                    pid,
+                    "stopped while the write log still holds acknowledged writes that are \
+                     nowhere else: they are lost"
+                );
+                return ended(1, log.as_deref(), emptiable);
+            }
+            let pause = salvage_pause.min(Duration::from_secs(60));
+            salvage_pause *= 2;
+            tracing::error!(
+                pid,
+                seconds = pause.as_secs_f64(),
+                "serving process {crashed}; the write log still holds acknowledged writes that \
+                 are nowhere else: saving them is tried again (requests wait meanwhile)"
+            );
+            std::thread::sleep(pause);
+            continue;
+        }
         if role == Role::Salvage || !was_ready {
+            if unsaved_writes(log.as_deref()) {
+                tracing::error!(
+                    pid,
+                    "serving process {crashed} before it served: acknowledged writes in its \
+                     write log are lost"
+                );
+            }
             tracing::error!(pid, "serving process {crashed}; the attach ends");
-            return 1;
+            return ended(1, log.as_deref(), emptiable);
         }
         let since = state.serving_since_ms();
         let served_ms = if since >= forked_ms {
@@ -392,6 +559,23 @@ where
                 "serving process {crashed}; starting another to take over"
             );
             role = Role::Takeover;
+        }
+    }
+}
+
+/// Marks the descriptors an upgrade's holder handed to this process
+/// close-on-exec at once (call first thing): what this process may run
+/// before it takes them (`az` for a token) must not inherit the
+/// connection, the state or the write log.
+pub fn close_handed_over_at_exec() {
+    fd_store::close_passed_at_exec();
+    let Ok(value) = std::env::var(HANDOVER_ENV) else {
+        return;
+    };
+    for fd in value.split(',').filter_map(|f| f.parse::<i32>().ok()) {
+        if fd > 2 {
+            // SAFETY: only sets a flag; a number that is not open fails.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         }
     }
 }
@@ -502,6 +686,11 @@ fn exec_successor(
     let Some(args) = COMMAND_LINE.get() else {
         return std::io::Error::other("the mount's command line is unknown");
     };
+    // Checked again here, and the file opened now is the one run.
+    let file = match trusted_binary(binary) {
+        Ok(file) => file,
+        Err(err) => return std::io::Error::other(format!("{err:#}")),
+    };
     let mut text = Vec::new();
     for arg in args {
         text.extend_from_slice(arg.as_bytes());
@@ -540,13 +729,38 @@ fn exec_successor(
     // pending (the mask survives exec) instead of killing it.
     block_stop_signals(true);
     use std::os::unix::process::CommandExt;
-    let mut cmd = std::process::Command::new(binary);
+    // The kernel resolves the path to the open file before it closes the
+    // close-on-exec descriptors (an ELF binary needs nothing more).
+    let mut cmd = std::process::Command::new(format!("/proc/self/fd/{}", file.as_raw_fd()));
     cmd.arg0(args.first().cloned().unwrap_or_else(|| "blobdrive".into()));
     // Relative paths on the command line mean what they meant to `mount`.
     if let Some(dir) = COMMAND_DIR.get() {
         cmd.current_dir(dir);
     }
     cmd.exec()
+}
+
+/// The holder's exit status `code`, noting whether the log still holds
+/// writes saved nowhere else (then systemd's store keeps it).
+fn ended(code: i32, log: Option<&WriteLog>, emptiable: &mut bool) -> i32 {
+    *emptiable = !unsaved_writes(log);
+    code
+}
+
+/// True when the log (as the last serving process left it) holds
+/// acknowledged writes that are neither in the blob nor in a recovery file.
+/// An unreadable log counts as empty: no retry could read it either.
+fn unsaved_writes(log: Option<&WriteLog>) -> bool {
+    let Some(log) = log else {
+        return false;
+    };
+    match adopt_log(log).and_then(|log| log.committed().map(|records| !records.is_empty())) {
+        Ok(unsaved) => unsaved,
+        Err(err) => {
+            tracing::error!(%err, "the write log is unreadable: what it held is lost");
+            false
+        }
+    }
 }
 
 /// The log as the last serving process left it, in a mapping of its own.
@@ -558,6 +772,17 @@ fn adopt_log(log: &WriteLog) -> std::io::Result<WriteLog> {
     )
 }
 
+/// Asks for SIGKILL when the holder (`holder_pid`, this process's parent)
+/// dies, and dies now if it already has.
+fn die_with_holder(holder_pid: u32) {
+    // SAFETY: plain prctl on this process.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    // SAFETY: plain syscall.
+    if unsafe { libc::getppid() } as u32 != holder_pid {
+        std::process::exit(TAKEOVER_FAILED);
+    }
+}
+
 enum Ended {
     Exited(i32),
     Signalled(i32),
@@ -566,7 +791,8 @@ enum Ended {
 /// Waits for child `pid` to end: forwards stop signals to it, and kills it
 /// (SIGKILL: no core dump, which would hold keys) when a ready child stops
 /// beating for the watchdog's time.
-fn watch(pid: libc::pid_t, state: &Handover) -> Ended {
+/// `when_ready` runs at every look while the child is ready.
+fn watch(pid: libc::pid_t, state: &Handover, when_ready: &mut dyn FnMut(&Handover)) -> Ended {
     let watchdog = watchdog_timeout();
     let mut last_beats = state.beats();
     let mut last_change = Instant::now();
@@ -594,11 +820,23 @@ fn watch(pid: libc::pid_t, state: &Handover) -> Ended {
                 return Ended::Signalled(0);
             }
         }
+        if state.was_ready() {
+            when_ready(state);
+        }
         let beats = state.beats();
         if beats != last_beats {
             last_beats = beats;
             last_change = Instant::now();
         } else if let Some(limit) = watchdog {
+            // A child beats from the start of its serving code on; before
+            // it (a new binary of an upgrade reads its keys and asks the
+            // service for its account first) it gets a longer grace, so a
+            // slow start is not taken for a hang.
+            let limit = if state.server_pid() == pid as u32 {
+                limit
+            } else {
+                limit.max(STARTUP_GRACE)
+            };
             if state.was_ready() && last_change.elapsed() > limit {
                 tracing::error!(
                     pid,
@@ -675,26 +913,14 @@ pub async fn prepare_upgrade(
     binary: &std::path::Path,
     core: &crate::fs::FsCore,
 ) -> anyhow::Result<()> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let Some(published) = PUBLISHED.get() else {
         anyhow::bail!("only an attached drive's daemon can be upgraded in place (a namespace mount is unmounted and mounted again)");
     };
-    let meta = std::fs::metadata(binary)
+    trusted_binary(binary)?;
+    // The file checked, not a link that might later name another.
+    let binary = binary
+        .canonicalize()
         .map_err(|e| anyhow::anyhow!("cannot use {}: {e}", binary.display()))?;
-    let mode = meta.permissions().mode();
-    let owner_ok = meta.uid() == 0 || meta.uid() == crate::private_dir::euid();
-    if !binary.is_absolute() || !meta.is_file() || mode & 0o111 == 0 {
-        anyhow::bail!("{} is not an executable file", binary.display());
-    }
-    if !owner_ok || mode & 0o022 != 0 {
-        anyhow::bail!(
-            "{} may be changed by another user (owner uid {}, mode {:o}); the daemon runs only \
-             a binary that root or its own user alone can change",
-            binary.display(),
-            meta.uid(),
-            mode & 0o7777
-        );
-    }
     let errors = core.flush_all().await;
     if !errors.is_empty() {
         let reasons: Vec<String> = errors.iter().map(ToString::to_string).collect();
@@ -703,8 +929,62 @@ pub async fn prepare_upgrade(
             reasons.join("; ")
         );
     }
-    published.state.set_upgrade(binary)?;
+    published.state.set_upgrade(&binary)?;
     Ok(())
+}
+
+/// Opens `binary` for an upgrade's exec, when only root or this process's
+/// user can have put it there: an absolute path to an executable regular
+/// file owned by one of them and writable by no one else, in directories
+/// likewise (or sticky, as /tmp). The holder's child checks it again and
+/// runs the file it opened, not the path, so a file swapped after the
+/// check is never run.
+pub fn trusted_binary(binary: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let euid = crate::private_dir::euid();
+    let ours = |uid: u32| uid == 0 || uid == euid;
+    let shown = binary.display();
+    if !binary.is_absolute() {
+        anyhow::bail!("{shown} is not an absolute path");
+    }
+    let real = binary
+        .canonicalize()
+        .map_err(|e| anyhow::anyhow!("cannot use {shown}: {e}"))?;
+    for dir in real.ancestors().skip(1) {
+        let meta =
+            std::fs::metadata(dir).map_err(|e| anyhow::anyhow!("cannot use {shown}: {e}"))?;
+        let mode = meta.mode();
+        if !ours(meta.uid()) || (mode & 0o022 != 0 && mode & 0o1000 == 0) {
+            anyhow::bail!(
+                "{shown} is in {}, which another user may change (owner uid {}, mode {:o}); \
+                 the daemon runs only a binary that root or its own user alone can change",
+                dir.display(),
+                meta.uid(),
+                mode & 0o7777
+            );
+        }
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(&real)
+        .map_err(|e| anyhow::anyhow!("cannot use {shown}: {e}"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| anyhow::anyhow!("cannot use {shown}: {e}"))?;
+    let mode = meta.mode();
+    if !meta.is_file() || mode & 0o111 == 0 {
+        anyhow::bail!("{shown} is not an executable file");
+    }
+    if !ours(meta.uid()) || mode & 0o022 != 0 {
+        anyhow::bail!(
+            "{shown} may be changed by another user (owner uid {}, mode {:o}); the daemon runs \
+             only a binary that root or its own user alone can change",
+            meta.uid(),
+            mode & 0o7777
+        );
+    }
+    Ok(file)
 }
 
 /// Ends this serving process for an upgrade: the holder starts the binary
@@ -723,5 +1003,51 @@ pub async fn beat(state: Arc<Handover>) {
     loop {
         state.beat();
         tokio::time::sleep(BEAT_INTERVAL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn an_upgrade_runs_only_a_binary_no_other_user_can_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let chmod = |path: &std::path::Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        chmod(dir.path(), 0o700);
+        let bin = dir.path().join("blobdrive");
+        std::fs::write(&bin, b"\x7fELF").unwrap();
+        chmod(&bin, 0o755);
+        assert!(trusted_binary(&bin).is_ok());
+        // Through a symlink: the file it names is what is checked and run.
+        let link = dir.path().join("current");
+        std::os::unix::fs::symlink(&bin, &link).unwrap();
+        assert!(trusted_binary(&link).is_ok());
+
+        let err = trusted_binary(std::path::Path::new("blobdrive")).unwrap_err();
+        assert!(err.to_string().contains("not an absolute path"), "{err}");
+        chmod(&bin, 0o644);
+        let err = trusted_binary(&bin).unwrap_err();
+        assert!(err.to_string().contains("not an executable"), "{err}");
+        chmod(&bin, 0o777);
+        let err = trusted_binary(&bin).unwrap_err();
+        assert!(
+            err.to_string().contains("may be changed by another user"),
+            "{err}"
+        );
+        chmod(&bin, 0o755);
+        // A directory others may write to: the file could be swapped.
+        chmod(dir.path(), 0o777);
+        let err = trusted_binary(&bin).unwrap_err();
+        assert!(
+            err.to_string().contains("which another user may change"),
+            "{err}"
+        );
+        // Sticky, as /tmp: others cannot replace our file there.
+        chmod(dir.path(), 0o1777);
+        assert!(trusted_binary(&bin).is_ok());
     }
 }

@@ -30,11 +30,13 @@
 pub mod attach;
 pub mod control;
 mod exporter;
+pub mod fd_store;
 pub mod format;
 pub mod freeze;
 pub mod handover;
 pub mod holder;
 pub mod mountpoint;
+pub mod new_uuid;
 pub mod readiness;
 pub mod registry;
 
@@ -107,7 +109,19 @@ where
     F: Fn(bool) -> Fut,
     Fut: Future<Output = anyhow::Result<Arc<dyn Catalog>>>,
 {
-    let mountpoint = check_mountpoint(mountpoint)?;
+    // An attach systemd kept for a holder that died (`fd_store.rs`): its
+    // mount point is a live FUSE mount that nobody serves until the
+    // takeover, so it is not looked at (a stat would wait for that
+    // takeover).
+    let stored = if opts.foreground && opts.attach.is_some() {
+        fd_store::take()
+    } else {
+        None
+    };
+    let mountpoint = match stored {
+        Some(_) => kept_mountpoint(mountpoint)?,
+        None => check_mountpoint(mountpoint)?,
+    };
     if let Some(handover) = holder::handed_over() {
         // A new binary started by the attach's holder for an upgrade: it
         // takes the attach over in this process, which the holder watches.
@@ -141,7 +155,13 @@ where
     }
     if opts.foreground {
         if opts.attach.is_some() {
-            return match hold_attach(&mountpoint, opts, &make_catalog, Readiness::foreground()) {
+            return match hold_attach(
+                &mountpoint,
+                opts,
+                &make_catalog,
+                Readiness::foreground(),
+                stored,
+            ) {
                 0 => Ok(()),
                 code => bail!(
                     "the attach of {} ended with status {code} (the lines above say why)",
@@ -167,7 +187,13 @@ where
     if pid > 0 {
         drop(write_end);
         return match readiness::wait_in_parent(read_end) {
-            ParentView::Ready => Ok(()),
+            ParentView::Ready(warnings) => {
+                // The user's terminal: this is the process `mount` started.
+                for warning in warnings {
+                    eprintln!("blobdrive: warning: {warning}");
+                }
+                Ok(())
+            }
             ParentView::Failed(reason) => {
                 reap(pid);
                 Err(anyhow!(reason))
@@ -195,7 +221,7 @@ where
         tracing::warn!("could not lock the key material in memory: it may be written to swap");
     }
     let code = if opts.attach.is_some() {
-        hold_attach(&mountpoint, opts, &make_catalog, ready)
+        hold_attach(&mountpoint, opts, &make_catalog, ready, None)
     } else {
         match serve(&mountpoint, opts, || make_catalog(false), ready, None) {
             Ok(()) => 0,
@@ -215,6 +241,7 @@ fn hold_attach<F, Fut>(
     opts: &MountOptions,
     make_catalog: &F,
     ready: Readiness,
+    stored: Option<fd_store::Stored>,
 ) -> i32
 where
     F: Fn(bool) -> Fut,
@@ -249,7 +276,25 @@ where
         },
         ready,
         log_bytes,
+        stored,
     )
+}
+
+/// The canonical path of a mount point that is a live mount nobody serves
+/// yet: its parent resolved, the mount point itself not looked at.
+fn kept_mountpoint(mountpoint: &Path) -> anyhow::Result<PathBuf> {
+    let (Some(parent), Some(name)) = (mountpoint.parent(), mountpoint.file_name()) else {
+        bail!("mountpoint {} is not a directory", mountpoint.display());
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let parent = parent
+        .canonicalize()
+        .with_context(|| format!("mountpoint {} does not exist", mountpoint.display()))?;
+    Ok(parent.join(name))
 }
 
 /// The canonical mount point, or why it cannot be used; a dead mount left by a
@@ -362,7 +407,12 @@ pub fn fork_background(log_file: Option<&Path>) -> anyhow::Result<Background> {
         drop(write_end);
         let (view, lines) = readiness::wait_in_parent_for_lines(read_end);
         return Ok(Background::Parent(match view {
-            ParentView::Ready => Ok(lines),
+            ParentView::Ready(warnings) => {
+                for warning in warnings {
+                    eprintln!("blobdrive: warning: {warning}");
+                }
+                Ok(lines)
+            }
             ParentView::Failed(reason) => {
                 reap(pid);
                 Err(anyhow!(reason))
@@ -627,7 +677,7 @@ where
             } else {
                 SalvageReason::CrashLoop(crashes)
             };
-            return runtime.block_on(salvage(&core, why));
+            return runtime.block_on(salvage(&core, why, log.as_deref()));
         }
     }
     let session = match (dev, &state) {
@@ -649,6 +699,11 @@ where
             return Err(err);
         }
     };
+    // From the first request on: the attach's own setup (a journal replayed
+    // at mount, a filesystem check) can write more than the log holds.
+    if let Some(log) = &log {
+        runtime.spawn(keep_log(core.clone(), log.clone()));
+    }
     let (ended_tx, mut ended_rx) = oneshot::channel();
     let joiner = std::thread::Builder::new()
         .name("fuse-join".into())
@@ -705,11 +760,11 @@ where
         core.clone(),
         mountpoint,
     );
-    if let Some(log) = &log {
-        runtime.spawn(keep_log(core.clone(), log.clone()));
-    }
     if let Some(state) = &state {
         state.set_serving();
+    }
+    for warning in attachment.iter().flat_map(|att| att.warnings.iter()) {
+        ready.warn(warning);
     }
     ready.ready();
     let result = runtime.block_on(run_until_shutdown(
@@ -724,6 +779,10 @@ where
         ended_rx,
         &mut attachment,
     ));
+    if let (Ok(()), Some(log)) = (&result, &log) {
+        // Unmounted, flushed and closed: every logged write is in the blob.
+        log.trim_before(log.flush_mark());
+    }
     finish_serving(
         runtime,
         exporters,
@@ -784,7 +843,7 @@ async fn take_over(
     );
     let entry = registry::find_by_dir(att.dir())
         .ok_or_else(|| anyhow!("the attach has no registry entry"))?;
-    att.adopt(&entry);
+    att.adopt(&entry)?;
     let ino = att.resolve(core).await?;
     let mut writable_fh = None;
     for kept in state.handles() {
@@ -829,7 +888,11 @@ enum SalvageReason {
 /// what the log held (now in the cache) in a recovery file and ends the
 /// attach without serving. The holder then exits, which ends the FUSE
 /// connection (the filesystem above sees I/O errors, as when a disk goes).
-async fn salvage(core: &FsCore, why: SalvageReason) -> anyhow::Result<()> {
+async fn salvage(
+    core: &FsCore,
+    why: SalvageReason,
+    log: Option<&crate::fs::write_log::WriteLog>,
+) -> anyhow::Result<()> {
     let reason = match why {
         SalvageReason::CrashLoop(crashes) => format!(
             "{crashes} serving processes in a row died within {} s of serving",
@@ -847,7 +910,21 @@ async fn salvage(core: &FsCore, why: SalvageReason) -> anyhow::Result<()> {
         }
     };
     let saved = core.save_unflushed_all(&reason).await;
-    let files: Vec<String> = saved.iter().map(|p| p.display().to_string()).collect();
+    if saved.failed {
+        // The log keeps them: the holder tries again (it never ends the
+        // attach while the log holds writes saved nowhere else).
+        bail!("{reason}; saving the acknowledged writes not yet in the blob failed (the lines above say why)");
+    }
+    if let Some(log) = log {
+        // In the recovery file now (fsynced): the log's records are no
+        // longer the only copy, and an empty log lets the holder end.
+        log.trim_before(log.flush_mark());
+    }
+    let files: Vec<String> = saved
+        .files
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     bail!(
         "{reason}; the attach ends. Acknowledged writes not yet in the blob: {}",
         if files.is_empty() {
@@ -1111,7 +1188,7 @@ async fn shut_down(
         let saved = core
             .save_unflushed_all("storage did not answer at unmount")
             .await;
-        tracing::info!(files = saved.len(), "recovery files written");
+        tracing::info!(files = saved.files.len(), "recovery files written");
     }
     let flush_errors = if outage {
         Vec::new()
@@ -1127,7 +1204,7 @@ async fn shut_down(
         let reason = join_errors(&flush_errors);
         tracing::error!(errors = %reason, "flush at unmount failed; unflushed data goes to a recovery file");
         let saved = core.save_unflushed_all(&reason).await;
-        tracing::info!(files = saved.len(), "recovery files written");
+        tracing::info!(files = saved.files.len(), "recovery files written");
     }
     match umount(mountpoint, 0).await {
         Ok(()) => {}

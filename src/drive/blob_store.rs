@@ -252,6 +252,14 @@ impl PageStore for BlobPageStore {
         out
     }
 
+    async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> Result<()> {
+        self.writable("fence writes")?;
+        self.client
+            .fence_now(&self.path, &self.fence, lease_id)
+            .await
+            .map(|_| ())
+    }
+
     async fn clear_pages(&self, range: ByteRange, lease_id: Option<&str>) -> Result<()> {
         self.writable("clear pages")?;
         self.client

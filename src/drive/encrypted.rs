@@ -263,6 +263,10 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         self.inner.clear_pages(range, lease_id).await
     }
 
+    async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> Result<()> {
+        self.inner.fence_earlier_writes(lease_id).await
+    }
+
     async fn acquire_lease(&self, proposed_id: &str) -> Result<()> {
         self.inner.acquire_lease(proposed_id).await
     }
@@ -424,6 +428,9 @@ mod tests {
         }
         async fn clear_pages(&self, range: ByteRange, lease: Option<&str>) -> Result<()> {
             self.mem.clear_pages(range, lease).await
+        }
+        async fn fence_earlier_writes(&self, lease: Option<&str>) -> Result<()> {
+            self.mem.fence_earlier_writes(lease).await
         }
         async fn resize(&self, size: u64, lease: Option<&str>) -> Result<()> {
             self.mem.resize(size, lease).await

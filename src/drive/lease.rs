@@ -67,7 +67,10 @@ impl Lease {
         add(&meters.lease, 1);
         match store.acquire_lease(&proposed_id).await {
             Ok(()) => {
-                tracing::info!(target = %target, lease_id = %proposed_id, "lease acquired");
+                // Only a hint, as everywhere: with the full id, anyone who
+                // also has the account's credentials writes past the lock.
+                let hint: String = proposed_id.chars().take(8).collect();
+                tracing::info!(target = %target, lease_id_hint = %hint, "lease acquired");
                 unreleased().remove(key);
                 Ok(Lease {
                     id: Some(proposed_id),

@@ -276,6 +276,17 @@ impl MemoryStore {
 
     /// Checks every write makes, in the service's order.
     fn check_write(&self, op: &'static str, st: &mut State, lease_id: Option<&str>) -> Result<()> {
+        if st.fail_writes > 0 && !self.snapshot {
+            st.fail_writes -= 1;
+            if let Some(e) = &st.fail_with {
+                return Err(e.clone());
+            }
+        }
+        self.check_writer(op, st, lease_id)
+    }
+
+    /// A write's checks but the injected failures (which count page writes).
+    fn check_writer(&self, op: &'static str, st: &State, lease_id: Option<&str>) -> Result<()> {
         if self.snapshot {
             return Err(self.err(
                 op,
@@ -283,12 +294,6 @@ impl MemoryStore {
                 "InvalidQueryParameterValue",
                 "snapshots are read-only",
             ));
-        }
-        if st.fail_writes > 0 {
-            st.fail_writes -= 1;
-            if let Some(e) = &st.fail_with {
-                return Err(e.clone());
-            }
         }
         match (&st.lease, lease_id) {
             (LeaseState::Leased(_), None) => Err(self.err(
@@ -468,6 +473,12 @@ impl PageStore for MemoryStore {
         store_pages(&mut st, offset_bytes, &data);
         st.version += 1;
         Ok(())
+    }
+
+    async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> Result<()> {
+        // Writes here land when called or never: nothing is in flight.
+        let st = self.locked();
+        self.check_writer("fence writes", &st, lease_id)
     }
 
     async fn clear_pages(&self, range: ByteRange, lease_id: Option<&str>) -> Result<()> {

@@ -219,6 +219,9 @@ pub(crate) struct Inner {
     /// The blob's metadata as the open read it (under the lease, for a
     /// writer): what the caller's choices made before the open must match.
     metadata_at_open: std::collections::BTreeMap<String, String>,
+    /// The blob's ETag read at open (under the lease, before the open's own
+    /// fence raised the sequence number).
+    etag_at_open: Option<String>,
 }
 
 impl Inner {
@@ -510,6 +513,13 @@ impl Drive {
     /// is the data a recovery file must take.
     pub fn unflushed_bytes(&self) -> u64 {
         self.inner.cache.dirty_bytes()
+    }
+
+    /// The blob's ETag when this open read it (under its lease for a
+    /// read-write open, before the open's fence: the state a recovery file
+    /// saved earlier is compared with).
+    pub fn etag_at_open(&self) -> Option<&str> {
+        self.inner.etag_at_open.as_deref()
     }
 
     /// The blob's ETag as the service reports it now (`None` when it gives

@@ -44,7 +44,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         }
         Mode::ReadOnly | Mode::Snapshot => Lease::none(&target),
     };
-    let read = match read_drive(store.as_ref(), opts.mode, &target, &meters).await {
+    let read = match read_drive(store.as_ref(), opts.mode, lease.id(), &target, &meters).await {
         Ok(x) => x,
         Err(e) => {
             // Do not leave the drive locked behind a failed open; if that
@@ -136,6 +136,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         disk_skipped: Mutex::new(Default::default()),
         changed: AtomicBool::new(false),
         metadata_at_open: metadata,
+        etag_at_open: etag,
     })
 }
 
@@ -156,10 +157,17 @@ const PINNED_OPEN_TRIES: u32 = 3;
 /// after checking its copy status and finding its footer. A read-only open
 /// of a live blob (no lease keeps it still) pins every read to the ETag it
 /// saw first, so the footer, the map and every later read are of one state
-/// (`fetch.rs` turns a refused read into [`Error::Changed`]).
+/// (`fetch.rs` turns a refused read into [`Error::Changed`]). A read-write
+/// open (under `lease_id`) fences the writes sent earlier under the same
+/// lease before it reads the footer and the map (see
+/// [`PageStore::fence_earlier_writes`]); the ETag it keeps is the one from
+/// before that fence, whose raise of the sequence number changes no page,
+/// so that what the drive's ETag is compared with (its disk tier, a
+/// recovery file) is not told apart by the open's own raise.
 async fn read_drive(
     store: &dyn PageStore,
     mode: Mode,
+    lease_id: Option<&str>,
     target: &str,
     meters: &Meters,
 ) -> Result<ReadDrive> {
@@ -175,6 +183,9 @@ async fn read_drive(
             Mode::ReadOnly => state.etag.as_deref(),
             Mode::ReadWrite | Mode::Snapshot => None,
         });
+        if mode == Mode::ReadWrite {
+            store.fence_earlier_writes(lease_id).await?;
+        }
         let read = async {
             let located = super::resize::locate_footer(store, state.size_bytes).await?;
             add(&meters.bytes_down, VHD_FOOTER_BYTES);
@@ -342,6 +353,9 @@ mod tests {
         ) -> crate::blob::Result<()> {
             self.inner.clear_pages(range, lease_id).await
         }
+        async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.inner.fence_earlier_writes(lease_id).await
+        }
         async fn resize(&self, blob_bytes: u64, lease_id: Option<&str>) -> crate::blob::Result<()> {
             self.inner.resize(blob_bytes, lease_id).await
         }
@@ -493,6 +507,9 @@ mod tests {
         ) -> crate::blob::Result<()> {
             self.inner.clear_pages(range, lease_id).await
         }
+        async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.inner.fence_earlier_writes(lease_id).await
+        }
         async fn resize(&self, blob_bytes: u64, lease_id: Option<&str>) -> crate::blob::Result<()> {
             self.inner.resize(blob_bytes, lease_id).await
         }
@@ -567,6 +584,9 @@ mod tests {
         ) -> crate::blob::Result<()> {
             self.0.write_pages(offset_bytes, data, lease_id).await
         }
+        async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.0.fence_earlier_writes(lease_id).await
+        }
         async fn clear_pages(
             &self,
             range: ByteRange,
@@ -618,5 +638,95 @@ mod tests {
         assert!(line.contains("'blobdrive break-lease c/d.vhd'"), "{line}");
         assert_eq!(e.errno(), libc::EINVAL, "the open's own failure");
         assert!(inner.lease_holder().is_some(), "the lease stayed");
+    }
+
+    /// A blob that records the order of what an open asks of it.
+    struct CallOrder {
+        inner: Arc<MemoryStore>,
+        calls: Mutex<Vec<&'static str>>,
+    }
+
+    impl CallOrder {
+        fn saw(&self, call: &'static str) {
+            self.calls.lock().unwrap().push(call);
+        }
+    }
+
+    #[async_trait]
+    impl PageStore for CallOrder {
+        async fn size_bytes(&self) -> crate::blob::Result<u64> {
+            self.inner.size_bytes().await
+        }
+        async fn state(&self) -> crate::blob::Result<BlobState> {
+            self.inner.state().await
+        }
+        async fn page_ranges(&self, within: ByteRange) -> crate::blob::Result<Vec<ByteRange>> {
+            self.saw("page ranges");
+            self.inner.page_ranges(within).await
+        }
+        async fn read(&self, range: ByteRange) -> crate::blob::Result<Bytes> {
+            self.inner.read(range).await
+        }
+        async fn write_pages(
+            &self,
+            offset_bytes: u64,
+            data: Bytes,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.inner.write_pages(offset_bytes, data, lease_id).await
+        }
+        async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.saw("fence");
+            self.inner.fence_earlier_writes(lease_id).await
+        }
+        async fn clear_pages(
+            &self,
+            range: ByteRange,
+            lease_id: Option<&str>,
+        ) -> crate::blob::Result<()> {
+            self.inner.clear_pages(range, lease_id).await
+        }
+        async fn resize(&self, blob_bytes: u64, lease_id: Option<&str>) -> crate::blob::Result<()> {
+            self.inner.resize(blob_bytes, lease_id).await
+        }
+        async fn acquire_lease(&self, proposed_id: &str) -> crate::blob::Result<()> {
+            self.saw("lease");
+            self.inner.acquire_lease(proposed_id).await
+        }
+        async fn release_lease(&self, lease_id: &str) -> crate::blob::Result<()> {
+            self.inner.release_lease(lease_id).await
+        }
+        async fn break_lease(&self) -> crate::blob::Result<()> {
+            self.inner.break_lease().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_write_open_fences_earlier_writes_before_it_reads_the_map() {
+        // A process that died holding the same lease may have a Put Page
+        // in flight: it must be unable to land before the map is read, or
+        // the map would miss pages the blob then holds.
+        let inner = drive_store(MIB);
+        let store = Arc::new(CallOrder {
+            inner,
+            calls: Mutex::new(Vec::new()),
+        });
+        let drive = Drive::open(store.clone(), opts(Mode::ReadWrite))
+            .await
+            .unwrap();
+        drive.close().await.unwrap();
+        let calls = store.calls.lock().unwrap().clone();
+        let first = |c: &str| calls.iter().position(|x| *x == c).unwrap_or(usize::MAX);
+        assert!(
+            first("lease") < first("fence") && first("fence") < first("page ranges"),
+            "{calls:?}"
+        );
+        // A read-only open has no lease and writes nothing: no fence.
+        store.calls.lock().unwrap().clear();
+        let ro = Drive::open(store.clone(), opts(Mode::ReadOnly))
+            .await
+            .unwrap();
+        ro.close().await.unwrap();
+        assert!(!store.calls.lock().unwrap().contains(&"fence"));
     }
 }

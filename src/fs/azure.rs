@@ -8,6 +8,10 @@
 //! served by ranged reads. Errors become [`FsError`]s here, with the errno the
 //! drive engine chose, and nowhere else.
 //!
+//! Changes a namespace mount makes (containers, new drives, deletes) go
+//! through `provision`, the code the `create` and `delete` commands run, and
+//! keep its rules and refusals.
+//!
 //! Encrypted drives: an attach gives the catalog the one data key it serves;
 //! a namespace mount may give a user key (key file or passphrase), which
 //! opens the key slots of each encrypted drive at its open (once per data
@@ -24,14 +28,20 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 
-use super::backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, Extent, FsError, FsResult};
+use super::backend::{
+    Catalog, Device, DirEntry, DriveState, EntryKind, EntryPath, Extent, FsError, FsResult,
+};
 use super::rescue::{Rescuable, Rescue, Saved};
 use super::unlocks::{Unlocked, Unlocker};
+use crate::blob::path::validate_container_name;
 use crate::blob::{self, BlobClient, BlobItem, BlobPath, BlobType, ListBlobsOptions};
 use crate::crypt::{DataKey, KeySlots, UserKey};
 use crate::drive::{
     BlobPageStore, Drive, DriveOptions, EncryptedStore, Mode, PageRange, PageStore,
 };
+use crate::provision::checks::{lease_text, snapshots_of, stored_bytes};
+use crate::provision::create::{create_drive, CreateError};
+use crate::provision::delete::{delete_drive, DeleteError, DeleteOptions};
 use crate::units::{ByteRange, VHD_FOOTER_BYTES};
 use crate::vhd::Footer;
 
@@ -359,6 +369,142 @@ impl Catalog for AzureCatalog {
                 path: blob,
                 size_bytes: size,
             })),
+        }
+    }
+
+    async fn create_container(&self, name: &str) -> FsResult<()> {
+        validate_container_name(name).map_err(|e| FsError::new(libc::EINVAL, e.message))?;
+        match self.client.create_container(name).await {
+            Ok(true) => {
+                tracing::info!(container = name, "created container");
+                Ok(())
+            }
+            Ok(false) => Err(FsError::new(
+                libc::EEXIST,
+                format!("container {name} exists"),
+            )),
+            Err(e) => Err(blob_error(&e)),
+        }
+    }
+
+    async fn delete_container(&self, name: &str) -> FsResult<()> {
+        validate_container_name(name).map_err(|e| FsError::new(libc::EINVAL, e.message))?;
+        let opts = ListBlobsOptions {
+            include_snapshots: true,
+            max_results: Some(1),
+            ..Default::default()
+        };
+        let page = self
+            .client
+            .list_blobs(name, &opts)
+            .await
+            .map_err(|e| blob_error(&e))?;
+        if !page.blobs.is_empty() {
+            return Err(FsError::new(
+                libc::ENOTEMPTY,
+                format!("rmdir {name} refused: the container holds blobs"),
+            ));
+        }
+        self.client
+            .delete_container(name)
+            .await
+            .map_err(|e| blob_error(&e))?;
+        tracing::info!(container = name, "deleted container");
+        Ok(())
+    }
+
+    async fn create_drive(&self, path: &EntryPath, size_bytes: u64) -> FsResult<()> {
+        let blob = blob_path(&path.container, &path.blob, None)?;
+        create_drive(&self.client, &blob, size_bytes, None)
+            .await
+            .map_err(|e| create_error(path, e))?;
+        tracing::info!(drive = %path, size_bytes, "created drive");
+        Ok(())
+    }
+
+    async fn delete(&self, path: &EntryPath) -> FsResult<()> {
+        let blob = blob_path(&path.container, &path.blob, path.snapshot.as_deref())?;
+        delete_drive(&self.client, &blob, DeleteOptions::default())
+            .await
+            .map_err(|e| delete_error(path, e))?;
+        self.kinds.lock().expect("kind cache poisoned").remove(&(
+            path.container.clone(),
+            path.blob.clone(),
+            path.snapshot.clone(),
+        ));
+        Ok(())
+    }
+
+    async fn drive_state(&self, path: &EntryPath) -> FsResult<DriveState> {
+        let blob = blob_path(&path.container, &path.blob, path.snapshot.as_deref())?;
+        let props = self
+            .client
+            .get_properties(&blob)
+            .await
+            .map_err(|e| blob_error(&e))?;
+        let stored_bytes = stored_bytes(&self.client, &blob, props.content_length)
+            .await
+            .map_err(|e| blob_error(&e))?;
+        if blob.snapshot.is_some() {
+            return Ok(DriveState {
+                lease: None,
+                snapshots: None,
+                stored_bytes,
+            });
+        }
+        let snapshots = snapshots_of(&self.client, &blob)
+            .await
+            .map_err(|e| blob_error(&e))?;
+        Ok(DriveState {
+            lease: Some(lease_text(props.lease_state, props.lease_duration)),
+            snapshots: Some(snapshots.len()),
+            stored_bytes,
+        })
+    }
+}
+
+/// The one line (and errno) of a drive the namespace mount could not make.
+fn create_error(path: &EntryPath, e: CreateError) -> FsError {
+    match e {
+        CreateError::Size(e) => FsError::new(libc::EINVAL, format!("{path} was not created: {e}")),
+        CreateError::Blob(e) if e.is_already_exists() => FsError::new(
+            libc::EEXIST,
+            format!("{path} already exists; blobdrive never replaces a blob"),
+        ),
+        CreateError::Blob(e) => {
+            let mut err = blob_error(&e);
+            err.message = format!("{path} was not created: {}", err.message);
+            err
+        }
+        e @ CreateError::Footer { .. } => FsError::io(format!("{path}: {e}")),
+    }
+}
+
+/// The one line (and errno) of a drive `rm` did not delete, naming the
+/// command that would.
+fn delete_error(path: &EntryPath, e: DeleteError) -> FsError {
+    match e {
+        DeleteError::Leased => FsError::busy(format!(
+            "rm {path} refused: the drive is mounted (leased), by this mount or another; unmount it first, or run 'blobdrive break-lease {path}' if the host that holds it is gone"
+        )),
+        DeleteError::HasSnapshots(n) => FsError::new(
+            libc::ENOTEMPTY,
+            format!(
+                "rm {path} refused: it has {n} snapshot{}; 'blobdrive delete {path} --include-snapshots' deletes it with them (or rm each {}@TIME first)",
+                if n == 1 { "" } else { "s" },
+                path.blob.rsplit('/').next().unwrap_or(&path.blob)
+            ),
+        ),
+        DeleteError::NotADrive(why) => FsError::new(
+            libc::EPERM,
+            format!(
+                "rm {path} refused: {why}; a namespace mount deletes only drives: 'blobdrive delete --force {path}' deletes it"
+            ),
+        ),
+        DeleteError::Blob(e) => {
+            let mut err = blob_error(&e);
+            err.message = format!("rm {path} failed: {}", err.message);
+            err
         }
     }
 }

@@ -226,6 +226,24 @@ impl fmt::Display for EntryPath {
     }
 }
 
+/// What the extended attributes of a drive show: the state `blobdrive
+/// info` reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriveState {
+    /// The lease as `info` words it (`available`, `leased (infinite)`);
+    /// `None` for a snapshot, which has no lease.
+    pub lease: Option<String>,
+    /// How many snapshots the drive has; `None` for a snapshot.
+    pub snapshots: Option<usize>,
+    /// Bytes the blob stores (its page ranges, footer included).
+    pub stored_bytes: u64,
+}
+
+/// The refusal of a change a catalog does not make (the defaults below).
+fn not_here(what: &str) -> FsError {
+    FsError::new(libc::EPERM, format!("{what} is not possible in this mount"))
+}
+
 /// The account as the namespace mount sees it.
 #[async_trait]
 pub trait Catalog: Send + Sync {
@@ -237,4 +255,34 @@ pub trait Catalog: Send + Sync {
     /// Opens a blob. `writable` takes the drive's lease and fails with `EBUSY`
     /// while another writer holds it; snapshots and block blobs refuse it (`EROFS`).
     async fn open(&self, path: &EntryPath, writable: bool) -> FsResult<Arc<dyn Device>>;
+    /// Creates container `name` (`EINVAL` for a name the service refuses,
+    /// `EEXIST` when it exists).
+    async fn create_container(&self, name: &str) -> FsResult<()> {
+        Err(not_here(&format!("creating container {name}")))
+    }
+    /// Deletes container `name` if it holds no blob (`ENOTEMPTY` otherwise).
+    async fn delete_container(&self, name: &str) -> FsResult<()> {
+        Err(not_here(&format!("deleting container {name}")))
+    }
+    /// Makes a new drive of `size_bytes` at `path`, as `blobdrive create`
+    /// does (`EINVAL` for a size the rules refuse, `EEXIST` when the blob
+    /// exists).
+    async fn create_drive(&self, path: &EntryPath, size_bytes: u64) -> FsResult<()> {
+        let _ = size_bytes;
+        Err(not_here(&format!("creating {path}")))
+    }
+    /// Deletes the drive (or the one snapshot) at `path` under `blobdrive
+    /// delete`'s refusals: `EBUSY` while leased, `ENOTEMPTY` while it has
+    /// snapshots, `EPERM` for a blob that is not a drive.
+    async fn delete(&self, path: &EntryPath) -> FsResult<()> {
+        Err(not_here(&format!("deleting {path}")))
+    }
+    /// The state of the drive (or snapshot) at `path`, for its extended
+    /// attributes.
+    async fn drive_state(&self, path: &EntryPath) -> FsResult<DriveState> {
+        Err(FsError::new(
+            libc::ENODATA,
+            format!("{path}: no drive state in this mount"),
+        ))
+    }
 }

@@ -17,6 +17,7 @@ use fuser::{FileAttr, FileType, INodeNo};
 use super::backend::{Catalog, EntryKind, EntryPath, FsError, FsResult};
 use super::handles::Handles;
 use super::inodes::{InodeTable, Node, NodeKind};
+use super::local::Local;
 
 /// How long the kernel may cache attributes and names.
 pub const ATTR_TTL: Duration = Duration::from_secs(2);
@@ -100,13 +101,15 @@ impl Drop for InFlightGuard {
 
 /// The filesystem, as async methods over a [`Catalog`].
 pub struct FsCore {
-    catalog: Arc<dyn Catalog>,
+    pub(super) catalog: Arc<dyn Catalog>,
     config: FsConfig,
-    inodes: InodeTable,
+    pub(super) inodes: InodeTable,
     listings: Mutex<HashMap<u64, Listing>>,
     dir_handles: Mutex<HashMap<u64, Arc<Vec<Listed>>>>,
     next_dir_fh: AtomicU64,
-    handles: Handles,
+    pub(super) handles: Handles,
+    /// Directories made here and created files not yet sized.
+    pub(super) local: Local,
     mounted_at: SystemTime,
     /// Requests being served.
     pub in_flight: Arc<InFlight>,
@@ -152,8 +155,20 @@ impl FsCore {
             dir_handles: Mutex::new(HashMap::new()),
             next_dir_fh: AtomicU64::new(1),
             handles: Handles::default(),
+            local: Local::default(),
             mounted_at,
             in_flight: Arc::default(),
+        }
+    }
+
+    /// How long the kernel may cache the name and attributes of `ino`: not
+    /// at all for a created file not yet sized (it is gone at its last
+    /// release, and its size is about to change), else [`ATTR_TTL`].
+    pub fn ttl(&self, ino: u64) -> Duration {
+        if self.local.is_pending(ino) {
+            Duration::ZERO
+        } else {
+            ATTR_TTL
         }
     }
 
@@ -162,7 +177,12 @@ impl FsCore {
         self.config.read_only
     }
 
-    fn node(&self, ino: u64) -> FsResult<Node> {
+    /// Drops the cached listing of directory `ino`, after a change in it.
+    pub(super) fn forget_listing(&self, ino: u64) {
+        lock(&self.listings).remove(&ino);
+    }
+
+    pub(super) fn node(&self, ino: u64) -> FsResult<Node> {
         self.inodes
             .get(ino)
             .ok_or_else(|| FsError::not_found(format!("no inode {ino}")))
@@ -225,7 +245,10 @@ impl FsCore {
     }
 
     /// The (cached) listing of a directory: entries and name → position.
-    async fn listing(&self, ino: u64) -> FsResult<(Arc<Vec<Listed>>, HashMap<String, usize>)> {
+    pub(super) async fn listing(
+        &self,
+        ino: u64,
+    ) -> FsResult<(Arc<Vec<Listed>>, HashMap<String, usize>)> {
         if let Some(listing) = lock(&self.listings).get(&ino) {
             if listing.fetched.elapsed() < LISTING_TTL {
                 return Ok((listing.entries.clone(), listing.index.clone()));
@@ -317,6 +340,21 @@ impl FsCore {
                 return Err(FsError::new(libc::ENOTDIR, "not a directory"));
             }
         }
+        // What this mount holds that storage does not list (yet).
+        for (name, entry) in self.local.children(ino) {
+            if listed.iter().any(|l| l.name == name) {
+                if entry.is_dir {
+                    // A drive made in it: the blob names carry it now.
+                    self.local.remove(ino, &name);
+                }
+                continue;
+            }
+            listed.push(Listed {
+                name,
+                ino: entry.ino,
+                is_dir: entry.is_dir,
+            });
+        }
         Ok(listed)
     }
 
@@ -368,6 +406,10 @@ impl FsCore {
         if writable && immutable {
             return Err(FsError::read_only(format!("{path} is read-only")));
         }
+        if self.local.is_pending(ino) {
+            let fh = self.handles.open_unsized(ino, path, writable).await?;
+            return Ok((fh, false));
+        }
         let fh = self
             .handles
             .open(&*self.catalog, ino, path, writable, fh)
@@ -386,7 +428,7 @@ impl FsCore {
         open.device.read_at(offset_bytes, len).await
     }
 
-    fn writable_device(&self, fh: u64) -> FsResult<super::handles::OpenDevice> {
+    pub(super) fn writable_device(&self, fh: u64) -> FsResult<super::handles::OpenDevice> {
         if self.config.read_only {
             return Err(FsError::read_only("the mount is read-only"));
         }
@@ -406,6 +448,14 @@ impl FsCore {
             return Ok(0);
         }
         if offset_bytes >= size {
+            let (handle, _) = self.handles.get(fh)?;
+            if self.local.is_pending(handle.ino) {
+                let name = self.node(handle.ino).map(|n| self.node_name(&n))?;
+                return Err(FsError::new(
+                    libc::ENOSPC,
+                    format!("{name} has no size yet: give it one first ('truncate -s SIZE'), which makes the drive"),
+                ));
+            }
             return Err(FsError::new(
                 libc::ENOSPC,
                 "write past the end of a fixed-size drive",
@@ -434,9 +484,15 @@ impl FsCore {
         Ok(())
     }
 
-    /// Releases handle `fh`; the last one flushes and closes the device.
+    /// Releases handle `fh`; the last one flushes and closes the device. A
+    /// created file that never got a size is gone at its last release.
     pub async fn release(&self, fh: u64) -> FsResult<()> {
-        self.handles.release(fh).await
+        let ino = self.handles.get(fh).ok().map(|(handle, _)| handle.ino);
+        let result = self.handles.release(fh).await;
+        if let Some(ino) = ino.filter(|&ino| self.handles.live_size(ino).is_none()) {
+            self.forget_unsized(ino);
+        }
+        result
     }
 
     /// `fallocate`: punch-hole and zero-range (both keeping the size) discard;
@@ -448,6 +504,11 @@ impl FsCore {
         len_bytes: u64,
         mode: i32,
     ) -> FsResult<()> {
+        if mode == 0 || mode == libc::FALLOC_FL_KEEP_SIZE {
+            return self
+                .allocate(fh, offset_bytes.saturating_add(len_bytes), mode == 0)
+                .await;
+        }
         if mode != FALLOC_PUNCH_HOLE_KEEP_SIZE && mode != FALLOC_ZERO_RANGE_KEEP_SIZE {
             return Err(FsError::new(
                 libc::EOPNOTSUPP,
@@ -463,24 +524,32 @@ impl FsCore {
         open.device.discard(offset_bytes, end - offset_bytes).await
     }
 
-    /// `setattr`: sizes are fixed; mode, owner and times changes are accepted and
-    /// ignored (the blob has nowhere to keep them).
-    pub async fn setattr(&self, ino: u64, size: Option<u64>) -> FsResult<FileAttr> {
+    /// `setattr`: a created `NAME.vhd` not yet sized becomes a drive of
+    /// `size` (see `changes.rs`); other sizes are fixed; mode, owner and
+    /// times changes (`other_changes`) are accepted and ignored (the blob
+    /// has nowhere to keep them). A read-only mount refuses every change.
+    pub async fn setattr(
+        &self,
+        ino: u64,
+        size: Option<u64>,
+        other_changes: bool,
+    ) -> FsResult<FileAttr> {
         let node = self.node(ino)?;
-        let attr = self.attr(&node);
-        if let Some(size) = size {
-            if self.config.read_only {
-                return Err(FsError::read_only("the mount is read-only"));
-            }
-            if size != attr.size {
-                return Err(FsError::new(libc::EPERM, "drives have a fixed size"));
-            }
+        if self.config.read_only && (size.is_some() || other_changes) {
+            return Err(FsError::read_only(format!(
+                "{}: the mount is read-only",
+                self.node_name(&node)
+            )));
         }
-        Ok(attr)
+        if let Some(size) = size {
+            self.resize_file(&node, size).await?;
+        }
+        Ok(self.attr(&self.node(ino)?))
     }
 
-    /// `statfs`: the known drives' total size as capacity, no free space (files
-    /// cannot be created here), 4 KiB blocks.
+    /// `statfs`: the known drives' total size as capacity, no free-space
+    /// figure (storage gives none; a drive's pages need no allocation), 4 KiB
+    /// blocks.
     pub fn statfs(&self) -> Statfs {
         let block_size = 4096u64;
         Statfs {
@@ -515,8 +584,8 @@ impl FsCore {
 
     /// Saves the unflushed data of every writable device in a recovery file
     /// (after a failed flush, before anything else can block); returns the
-    /// files written.
-    pub async fn save_unflushed_all(&self, reason: &str) -> Vec<std::path::PathBuf> {
+    /// files written, and whether any device's could not be saved.
+    pub async fn save_unflushed_all(&self, reason: &str) -> super::handles::SavedUnflushed {
         self.handles.save_unflushed_all(reason).await
     }
 

@@ -7,6 +7,15 @@
 //! task on the runtime and returns at once, so a slow blob never stalls the FUSE
 //! thread; each task holds an [`InFlight`](super::core::InFlight) guard so
 //! shutdown can wait for the last one. Errors become the errno they carry.
+//!
+//! Every change to the tree (mkdir, rmdir, create, unlink, rename, link,
+//! symlink, mknod, setattr, setxattr, removexattr) is answered with a
+//! meaning or a refusal (see `changes.rs`, `xattrs.rs`) and a refused one
+//! is logged as one line. `ENOSYS` is left only where the kernel then does
+//! the right thing itself: `lseek` with `SEEK_DATA`/`SEEK_HOLE` (the whole
+//! file counts as data), `copy_file_range` (the caller copies through
+//! reads and writes), and `bmap`, `ioctl`, `poll`; POSIX locks are not
+//! negotiated, so the kernel keeps them locally and never asks.
 
 use std::ffi::OsStr;
 use std::future::Future;
@@ -15,14 +24,16 @@ use std::time::SystemTime;
 
 use fuser::{
     Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::backend::FsError;
 use super::core::{FsCore, ATTR_TTL};
+use super::xattrs::is_own_xattr;
 
 /// Largest write the kernel sends in one request.
 pub const MAX_WRITE_BYTES: u32 = 1024 * 1024;
@@ -82,6 +93,16 @@ impl BlobFs {
         self.write_budget.permit(&self.runtime, len)
     }
 
+    /// `C/DIR/NAME` for a log line: the name `name` in directory `parent`.
+    fn child_name(&self, parent: INodeNo, name: &OsStr) -> String {
+        let dir = self
+            .core
+            .node(parent.0)
+            .map(|n| self.core.node_name(&n))
+            .unwrap_or_else(|_| format!("inode {}/", parent.0));
+        format!("{dir}{}", name.to_string_lossy())
+    }
+
     /// Runs `work` on the runtime with an in-flight guard.
     fn spawn<F, Fut>(&self, work: F)
     where
@@ -89,6 +110,18 @@ impl BlobFs {
         Fut: Future<Output = ()> + Send + 'static,
     {
         self.core.spawn_in_flight(&self.runtime, work);
+    }
+}
+
+/// Answers `getxattr`/`listxattr`: the length when asked with `size` 0,
+/// the bytes when they fit, else `ERANGE`.
+fn reply_xattr(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if value.len() <= size as usize {
+        reply.data(value);
+    } else {
+        reply.error(Errno::ERANGE);
     }
 }
 
@@ -105,6 +138,22 @@ pub(crate) fn log_err(op: &str, err: &FsError) {
     }
 }
 
+/// Logs a change the mount refused or could not make: one line a user can
+/// act on (the message names the blob and, where one would do it, the
+/// command), at warning level; a routine "not found" or "exists" quieter.
+fn log_change(op: &str, err: &FsError) {
+    match err.errno {
+        libc::ENOENT => tracing::trace!(op, %err, "change failed"),
+        libc::EEXIST => tracing::debug!(op, %err, "change failed"),
+        _ => tracing::warn!(op, "{err}"),
+    }
+}
+
+/// A name the kernel gave, as UTF-8 (blob names are); `None` answers `EINVAL`.
+fn utf8(name: &OsStr) -> Option<String> {
+    name.to_str().map(str::to_string)
+}
+
 impl Filesystem for BlobFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         if let Err(nearest) = config.set_max_write(MAX_WRITE_BYTES) {
@@ -114,7 +163,9 @@ impl Filesystem for BlobFs {
         if let Err(nearest) = config.set_max_background(MAX_BACKGROUND) {
             let _ = config.set_max_background(nearest);
         }
-        let wanted = InitFlags::FUSE_ASYNC_DIO | InitFlags::FUSE_PARALLEL_DIROPS;
+        let wanted = InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         if let Err(missing) = config.add_capabilities(wanted) {
             tracing::warn!(
                 ?missing,
@@ -132,7 +183,7 @@ impl Filesystem for BlobFs {
         };
         self.spawn(move |core| async move {
             match core.lookup(parent.0, &name).await {
-                Ok(attr) => reply.entry(&ATTR_TTL, &attr, Generation(0)),
+                Ok(attr) => reply.entry(&core.ttl(attr.ino.0), &attr, Generation(0)),
                 Err(err) => {
                     log_err("lookup", &err);
                     reply.error(errno(&err))
@@ -144,7 +195,7 @@ impl Filesystem for BlobFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.spawn(move |core| async move {
             match core.getattr(ino.0).await {
-                Ok(attr) => reply.attr(&ATTR_TTL, &attr),
+                Ok(attr) => reply.attr(&core.ttl(ino.0), &attr),
                 Err(err) => reply.error(errno(&err)),
             }
         });
@@ -154,13 +205,13 @@ impl Filesystem for BlobFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
@@ -168,15 +219,243 @@ impl Filesystem for BlobFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let other_changes = mode.is_some()
+            || uid.is_some()
+            || gid.is_some()
+            || atime.is_some()
+            || mtime.is_some()
+            || ctime.is_some();
         self.spawn(move |core| async move {
-            match core.setattr(ino.0, size).await {
-                Ok(attr) => reply.attr(&ATTR_TTL, &attr),
+            match core.setattr(ino.0, size, other_changes).await {
+                Ok(attr) => reply.attr(&core.ttl(ino.0), &attr),
                 Err(err) => {
-                    log_err("setattr", &err);
+                    log_change("setattr", &err);
                     reply.error(errno(&err))
                 }
             }
         });
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let what = format!("mknod {}", self.child_name(parent, name));
+        let err = self.core.refuse_change(
+            &what,
+            "a namespace mount holds drives and directories only; a new drive is NAME.vhd opened with O_CREAT, then given a size",
+        );
+        log_change("mknod", &err);
+        reply.error(errno(&err));
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::EINVAL);
+        };
+        self.spawn(move |core| async move {
+            match core.mkdir(parent.0, &name).await {
+                Ok(attr) => reply.entry(&ATTR_TTL, &attr, Generation(0)),
+                Err(err) => {
+                    log_change("mkdir", &err);
+                    reply.error(errno(&err))
+                }
+            }
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::ENOENT);
+        };
+        self.spawn(move |core| async move {
+            match core.rmdir(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(err) => {
+                    log_change("rmdir", &err);
+                    reply.error(errno(&err))
+                }
+            }
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::ENOENT);
+        };
+        self.spawn(move |core| async move {
+            match core.unlink(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(err) => {
+                    log_change("unlink", &err);
+                    reply.error(errno(&err))
+                }
+            }
+        });
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        let what = format!(
+            "symlink {} -> {}",
+            self.child_name(parent, link_name),
+            target.display()
+        );
+        let err = self
+            .core
+            .refuse_change(&what, "blob storage has no symbolic links");
+        log_change("symlink", &err);
+        reply.error(errno(&err));
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let what = format!(
+            "rename {} to {}",
+            self.child_name(parent, name),
+            self.child_name(newparent, newname)
+        );
+        let err = self.core.refuse_change(
+            &what,
+            "a blob's name is fixed; 'blobdrive copy C/OLD C/NEW' then 'blobdrive delete C/OLD' renames a drive",
+        );
+        log_change("rename", &err);
+        reply.error(errno(&err));
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let target = self
+            .core
+            .node(ino.0)
+            .map(|n| self.core.node_name(&n))
+            .unwrap_or_else(|_| format!("inode {}", ino.0));
+        let what = format!("link {target} as {}", self.child_name(newparent, newname));
+        let err = self.core.refuse_change(
+            &what,
+            "blob storage has no hard links ('blobdrive copy' makes a copy)",
+        );
+        log_change("link", &err);
+        reply.error(errno(&err));
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.spawn(move |core| async move {
+            match core.create(parent.0, &name, writable).await {
+                Ok((attr, fh)) => reply.created(
+                    &core.ttl(attr.ino.0),
+                    &attr,
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+                ),
+                Err(err) => {
+                    log_change("create", &err);
+                    reply.error(errno(&err))
+                }
+            }
+        });
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        // Answered here, with no task and no I/O, for every name but ours:
+        // the kernel asks for security.capability before writes.
+        let Some(name) = name
+            .to_str()
+            .filter(|n| is_own_xattr(n))
+            .map(str::to_string)
+        else {
+            tracing::trace!(ino = ino.0, ?name, "getxattr: not ours, ENODATA");
+            return reply.error(Errno::ENODATA);
+        };
+        self.spawn(move |core| async move {
+            match core.getxattr(ino.0, &name).await {
+                Ok(value) => reply_xattr(reply, &value, size),
+                Err(err) => {
+                    log_err("getxattr", &err);
+                    reply.error(errno(&err))
+                }
+            }
+        });
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.core.xattr_names(ino.0) {
+            Ok(names) => reply_xattr(reply, &names, size),
+            Err(err) => reply.error(errno(&err)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let err = self
+            .core
+            .xattr_change_refusal(ino.0, &name.to_string_lossy());
+        log_change("setxattr", &err);
+        reply.error(errno(&err));
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let err = self
+            .core
+            .xattr_change_refusal(ino.0, &name.to_string_lossy());
+        log_change("removexattr", &err);
+        reply.error(errno(&err));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

@@ -7,7 +7,9 @@
 //! closes the device (releasing the lease). A read-only device that found its
 //! blob changed fails every read from then on: a new open of the file gets a
 //! fresh device, and the handles open before stay on the old one (their reads
-//! keep failing: an open never sees two states). Opens and releases of one file are
+//! keep failing: an open never sees two states). A `NAME.vhd` created in a
+//! namespace mount and not yet sized has an empty device of its own until
+//! its size makes the drive (`reopen_writable`). Opens and releases of one file are
 //! serialized by an async gate; reads and writes only take a short lock to find
 //! the current device.
 
@@ -53,6 +55,58 @@ impl OpenFile {
             .write()
             .expect("device slot lock poisoned: a panic happened while holding it");
         std::mem::replace(&mut *slot, device)
+    }
+}
+
+/// Where a handle's device comes from.
+enum Opener<'a> {
+    /// The catalog opens the blob.
+    Catalog(&'a dyn Catalog),
+    /// A created file with no size yet: no blob exists.
+    Unsized,
+}
+
+/// The device of a `NAME.vhd` created in a namespace mount and not yet
+/// given a size: empty, and nothing behind it (a write has no room:
+/// `ENOSPC`, from `FsCore::write`'s end-of-disk check).
+struct Unsized {
+    path: EntryPath,
+}
+
+#[async_trait::async_trait]
+impl Device for Unsized {
+    fn size_bytes(&self) -> u64 {
+        0
+    }
+
+    async fn read_at(&self, _offset_bytes: u64, _len: usize) -> FsResult<bytes::Bytes> {
+        Ok(bytes::Bytes::new())
+    }
+
+    async fn write_at(&self, _offset_bytes: u64, _data: &[u8]) -> FsResult<()> {
+        Err(FsError::new(
+            libc::ENOSPC,
+            format!(
+                "{} has no size yet: give it one first (truncate -s SIZE)",
+                self.path
+            ),
+        ))
+    }
+
+    async fn discard(&self, _offset_bytes: u64, _len_bytes: u64) -> FsResult<()> {
+        Ok(())
+    }
+
+    async fn flush(&self) -> FsResult<()> {
+        Ok(())
+    }
+
+    async fn close(&self) -> FsResult<()> {
+        Ok(())
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        serde_json::json!({ "target": self.path.to_string(), "unsized": true })
     }
 }
 
@@ -112,6 +166,48 @@ impl Handles {
         writable: bool,
         fh: Option<u64>,
     ) -> FsResult<u64> {
+        self.open_with(Opener::Catalog(catalog), ino, path, writable, fh)
+            .await
+    }
+
+    /// Opens a handle on file `ino`, a `NAME.vhd` created in the mount and
+    /// not yet given a size: its device is [`Unsized`] until
+    /// [`Handles::reopen_writable`] replaces it with the new drive.
+    pub async fn open_unsized(&self, ino: u64, path: &EntryPath, writable: bool) -> FsResult<u64> {
+        self.open_with(Opener::Unsized, ino, path, writable, None)
+            .await
+    }
+
+    /// Replaces the device of open file `ino` with one opened read-write
+    /// from `catalog` (the drive just made for a created file); the handles
+    /// open on it move to the new device. Nothing to do when it is not open.
+    pub async fn reopen_writable(&self, catalog: &dyn Catalog, ino: u64) -> FsResult<()> {
+        let Some(file) = self.files().get(&ino).cloned() else {
+            return Ok(());
+        };
+        let mut gate = file.gate.lock().await;
+        if gate.handles == 0 {
+            return Ok(());
+        }
+        let device = catalog.open(&file.path, true).await?;
+        tracing::debug!(path = %file.path, "device opened for the new drive");
+        if let Some(old) = file.set_current(Some(OpenDevice {
+            device,
+            writable: true,
+        })) {
+            gate.retired.push(old.device);
+        }
+        Ok(())
+    }
+
+    async fn open_with(
+        &self,
+        opener: Opener<'_>,
+        ino: u64,
+        path: &EntryPath,
+        writable: bool,
+        fh: Option<u64>,
+    ) -> FsResult<u64> {
         if let Some(fh) = fh {
             if self.handles().contains_key(&fh) {
                 return Err(FsError::new(
@@ -138,7 +234,10 @@ impl Handles {
             Some(open) => (writable && !open.writable) || open_changed(open),
         };
         if needs_open {
-            let device = catalog.open(path, writable).await?;
+            let device = match opener {
+                Opener::Catalog(catalog) => catalog.open(path, writable).await?,
+                Opener::Unsized => Arc::new(Unsized { path: path.clone() }),
+            };
             tracing::debug!(%path, writable, "device opened");
             let replaced = file.set_current(Some(OpenDevice { device, writable }));
             if let Some(old) = replaced {
@@ -279,20 +378,21 @@ impl Handles {
 
     /// Saves the unflushed data of every writable open device in a
     /// recovery file (after a failed flush); returns the files written.
-    pub async fn save_unflushed_all(&self, reason: &str) -> Vec<std::path::PathBuf> {
-        let mut files = Vec::new();
+    pub async fn save_unflushed_all(&self, reason: &str) -> SavedUnflushed {
+        let mut saved = SavedUnflushed::default();
         for file in self.open_files() {
             if let Some(open) = file.current().filter(|open| open.writable) {
                 match open.device.save_unflushed(reason).await {
-                    Ok(Some(saved)) => files.push(saved),
+                    Ok(Some(path)) => saved.files.push(path),
                     Ok(None) => {}
                     Err(err) => {
+                        saved.failed = true;
                         tracing::error!(path = %file.path, %err, "saving unflushed data failed")
                     }
                 }
             }
         }
-        files
+        saved
     }
 
     /// Closes every open device, whatever handles remain (at unmount, after the
@@ -375,6 +475,15 @@ async fn close_devices(
         }
     }
     result
+}
+
+/// What saving the unflushed data of every writable device did.
+#[derive(Debug, Default)]
+pub struct SavedUnflushed {
+    /// The recovery files written.
+    pub files: Vec<std::path::PathBuf>,
+    /// Some device's data could not be saved (logged).
+    pub failed: bool,
 }
 
 #[cfg(test)]

@@ -27,10 +27,12 @@
 
 pub mod azure;
 pub mod backend;
+pub mod changes;
 pub mod core;
 pub mod fuse;
 pub mod handles;
 pub mod inodes;
+pub mod local;
 pub mod memory;
 pub mod one_drive;
 pub mod rescue;
@@ -38,7 +40,10 @@ pub mod session;
 pub mod unlocks;
 pub mod wire;
 pub mod write_log;
+pub mod xattrs;
 
-pub use backend::{Catalog, Device, DirEntry, EntryKind, EntryPath, Extent, FsError, FsResult};
+pub use backend::{
+    Catalog, Device, DirEntry, DriveState, EntryKind, EntryPath, Extent, FsError, FsResult,
+};
 pub use core::{FsConfig, FsCore};
 pub use fuse::BlobFs;

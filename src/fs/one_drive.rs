@@ -97,6 +97,10 @@ impl Catalog for OneDriveCatalog {
         }
         self.inner.open(path, writable).await
     }
+
+    async fn drive_state(&self, path: &EntryPath) -> FsResult<super::backend::DriveState> {
+        self.inner.drive_state(path).await
+    }
 }
 
 #[cfg(test)]

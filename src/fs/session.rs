@@ -527,7 +527,7 @@ impl Session {
                 }
             }),
             Op::Setattr { size } => self.spawn_task(move |core| async move {
-                match core.setattr(ino, size).await {
+                match core.setattr(ino, size, false).await {
                     Ok(attr) => reply.ok(&wire::attr_out(&wire_attr(&attr), ATTR_TTL)),
                     Err(err) => {
                         log_err("setattr", &err);
@@ -814,9 +814,15 @@ fn merge_records<'a>(
             )
         })?;
         let (start, end, piece) = match req.op {
-            Op::Write { offset, data, .. } => {
-                (offset, offset + data.len() as u64, Piece::Data(data))
-            }
+            Op::Write { offset, data, .. } => match offset.checked_add(data.len() as u64) {
+                Some(end) => (offset, end, Piece::Data(data)),
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("write log record {} ends past 2^64", record.seq),
+                    ))
+                }
+            },
             Op::Fallocate {
                 offset,
                 length,

@@ -248,7 +248,17 @@ impl WriteLog {
             head: mem.u64_at(H_HEAD).load(Ordering::Acquire),
             next_seq: mem.u64_at(H_NEXT_SEQ).load(Ordering::Acquire).max(1),
         };
-        if ring.tail > ring.head || ring.head - ring.tail > capacity {
+        // Records start on header-size boundaries, and the capacity is a
+        // whole number of pages: anything else is a corrupted header, to
+        // refuse here rather than trip over in the parser.
+        let aligned = |x: u64| x % RECORD_HEADER_BYTES as u64 == 0;
+        if capacity == 0
+            || capacity % 4096 != 0
+            || !aligned(ring.tail)
+            || !aligned(ring.head)
+            || ring.tail > ring.head
+            || ring.head - ring.tail > capacity
+        {
             return Err(bad("its positions are inconsistent"));
         }
         let log = Self::with(mem, capacity, max_request, ring);

@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail};
 use serde::Serialize;
 
-use super::checks::{self, blob_err, release_operation_lease, OPERATION_LEASE_SECS};
 use crate::blob::{BlobClient, BlobPath, CopyState, CopyStatus};
+use crate::provision::checks::{self, blob_err, release_operation_lease, OPERATION_LEASE_SECS};
 
 /// How often a pending copy is polled.
 const POLL: Duration = Duration::from_millis(500);

@@ -37,7 +37,7 @@ impl StoreDisk {
     /// One read of `range`, checked to be whole.
     fn fetch(&self, range: ByteRange) -> std::io::Result<Bytes> {
         let data = self.rt.block_on(self.store.read(range)).map_err(|e| {
-            std::io::Error::other(crate::lifecycle::checks::blob_err(e).to_string())
+            std::io::Error::other(crate::provision::checks::blob_err(e).to_string())
         })?;
         if data.len() as u64 != range.len() {
             return Err(std::io::Error::other("short read of the drive"));

@@ -9,7 +9,6 @@
 //! unless told not to; a resize never leaves a blob without a valid footer
 //! at one of the two sizes (see `drive::resize`).
 
-pub mod checks;
 pub mod copy;
 pub mod diff;
 pub mod layout;

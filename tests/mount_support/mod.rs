@@ -124,6 +124,17 @@ impl Sandbox {
     /// Mounts (`blobdrive mount [source] DIR extra...`) in the background at a new
     /// directory `name`; returns once the binary says the mount is ready.
     pub fn mount(&self, name: &str, source: Option<&str>, extra: &[&str]) -> DaemonMount {
+        self.mount_telling(name, source, extra).0
+    }
+
+    /// [`Sandbox::mount`], with what the command printed on stderr (its
+    /// warnings).
+    pub fn mount_telling(
+        &self,
+        name: &str,
+        source: Option<&str>,
+        extra: &[&str],
+    ) -> (DaemonMount, String) {
         let dir = self.dir(name);
         let log = self.root.path().join(format!("{name}.log"));
         let dir_s = dir.to_string_lossy().to_string();
@@ -147,14 +158,15 @@ impl Sandbox {
         let pid = self.stats(&dir)["pid"]
             .as_i64()
             .expect("stats names the daemon's pid") as i32;
-        DaemonMount {
+        let mount = DaemonMount {
             dir,
             log,
             pid,
             unmounted: false,
             connection_string: self.connection_string.clone(),
             run_dir: self.root.path().join("run"),
-        }
+        };
+        (mount, String::from_utf8_lossy(&out.stderr).into_owned())
     }
 
     /// Starts `blobdrive mount [source] DIR --foreground extra...` as a child and

@@ -29,9 +29,9 @@ use crate::blob::{BlobClient, BlobPath, BlobType};
 use crate::crypt::{DataKey, KeySlots};
 use crate::drive::resize::{finish_recorded_grow, locate_footer, move_footer};
 use crate::drive::{BlobPageStore, PageStore};
-use crate::lifecycle::checks::{blob_err, is_leased, operation_lease, release_operation_lease};
 use crate::lifecycle::layout;
 use crate::partition::{self, Layout};
+use crate::provision::checks::{blob_err, is_leased, operation_lease, release_operation_lease};
 use crate::units::{format_size, ByteRange};
 
 /// Resizes a drive nobody has leased: grows it, or with `allow_shrink`

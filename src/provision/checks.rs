@@ -1,8 +1,10 @@
 //! What a blob is, and how to say what went wrong with it: the footer check
-//! (a drive or not, also after an interrupted grow), its snapshots, whether
-//! it is leased (and the lease an operation takes on it), and the one place
-//! that turns blob errors into lines a person can act on. The commands under `cli/` and the operations of this
-//! module share them (`cli::drives` re-exports them).
+//! (a drive or not, also after an interrupted grow), its snapshots, the bytes
+//! it stores, whether it is leased (and the lease an operation takes on it;
+//! the lease as people read it), and the one place that turns blob errors
+//! into lines a person can act on. The commands under `cli/`, the lifecycle
+//! operations and the namespace mount share them (`cli::drives` re-exports
+//! them).
 //!
 //! Invariant: every message built here names the blob (or container) and the
 //! account at most by name; keys and SAS signatures never reach an error line
@@ -11,10 +13,10 @@
 use anyhow::anyhow;
 
 use crate::blob::{
-    BlobClient, BlobPath, BlobProperties, BlobType, Error as BlobError, ErrorKind, LeaseState,
-    ListBlobsOptions, RenewedLease,
+    BlobClient, BlobPath, BlobProperties, BlobType, Error as BlobError, ErrorKind, LeaseDuration,
+    LeaseState, LeaseStatus, ListBlobsOptions, RenewedLease,
 };
-use crate::drive::BlobPageStore;
+use crate::drive::{BlobPageStore, PageStore};
 use crate::units::{ByteRange, VHD_FOOTER_BYTES};
 use crate::vhd::{self, Footer};
 
@@ -223,6 +225,59 @@ pub async fn release_operation_lease(lease: RenewedLease, path: &BlobPath) {
 /// Properties of `path`, with the errors explained.
 pub async fn properties(client: &BlobClient, path: &BlobPath) -> anyhow::Result<BlobProperties> {
     client.get_properties(path).await.map_err(blob_err)
+}
+
+/// Bytes that hold data (the sum of the page ranges), asked for in segments
+/// so that a fragmented 8 TiB blob cannot time out (see `BlobPageStore`).
+pub async fn stored_bytes(
+    client: &BlobClient,
+    path: &BlobPath,
+    blob_size_bytes: u64,
+) -> Result<u64, BlobError> {
+    if blob_size_bytes == 0 {
+        return Ok(0);
+    }
+    let store = BlobPageStore::new(client.clone(), path.clone());
+    let ranges = store
+        .page_ranges(ByteRange::new(0, blob_size_bytes))
+        .await?;
+    Ok(ranges.iter().map(ByteRange::len).sum())
+}
+
+/// Lease state as people read it: `available`, `leased (infinite)`, `broken`.
+pub fn lease_text(state: Option<LeaseState>, duration: Option<LeaseDuration>) -> String {
+    let state = state.map_or("-", lease_state_name);
+    match duration {
+        Some(d) => format!("{state} ({})", lease_duration_name(d)),
+        None => state.to_string(),
+    }
+}
+
+/// The service's spelling of a lease state (also the JSON value).
+pub fn lease_state_name(s: LeaseState) -> &'static str {
+    match s {
+        LeaseState::Available => "available",
+        LeaseState::Leased => "leased",
+        LeaseState::Expired => "expired",
+        LeaseState::Breaking => "breaking",
+        LeaseState::Broken => "broken",
+    }
+}
+
+/// The service's spelling of a lease duration (also the JSON value).
+pub fn lease_duration_name(d: LeaseDuration) -> &'static str {
+    match d {
+        LeaseDuration::Infinite => "infinite",
+        LeaseDuration::Fixed => "fixed",
+    }
+}
+
+/// The service's spelling of a lease status (also the JSON value).
+pub fn lease_status_name(s: LeaseStatus) -> &'static str {
+    match s {
+        LeaseStatus::Locked => "locked",
+        LeaseStatus::Unlocked => "unlocked",
+    }
 }
 
 #[cfg(test)]
