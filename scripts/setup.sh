@@ -2,7 +2,8 @@
 # Install what blobdrive needs on a Debian/Ubuntu machine, only what is missing:
 # the kernel-side tools (fuse3, util-linux, e2fsprogs, xfsprogs, and fdisk's
 # sfdisk for --partition-table), npm for Azurite, and for tests also dosfstools
-# and cryptsetup-bin (partitioned test images), fio, qemu-utils (and Debian 12's
+# and cryptsetup-bin (partitioned test images), fio, libnbd-bin (nbdinfo, nbdcopy:
+# the NBD tests), qemu-utils (and Debian 12's
 # qemu-img 7.2, unpacked into .tools/), iproute2, tar, man-db, zsh, promtool, the Python
 # azure-storage-blob SDK and rustfmt/clippy. Used by scripts/test.sh and scripts/demo.sh.
 #
@@ -24,7 +25,8 @@ say() { echo "setup.sh: $*" >&2; }
 tools=(fusermount3:fuse3 losetup:util-linux nsenter:util-linux mkfs.ext4:e2fsprogs
   e2fsck:e2fsprogs mkfs.xfs:xfsprogs xfs_repair:xfsprogs ip:iproute2 tar:tar
   sfdisk:fdisk mkfs.vfat:dosfstools cryptsetup:cryptsetup-bin
-  fio:fio qemu-img:qemu-utils npm:npm man:man-db zsh:zsh getfattr:attr)
+  fio:fio qemu-img:qemu-utils qemu-io:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin
+  npm:npm man:man-db zsh:zsh getfattr:attr)
 
 have_tool() {
   PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null

@@ -1,7 +1,8 @@
 //! blobdrive: Azure page blobs as Linux disks.
 //!
 //! Layers, each knowing only those below: `cli` → `lifecycle` (resize, copy,
-//! restore, diff) → `daemon` → `fs` → `drive` → `blob`, with `vhd` (the VHD formats), `partition` (partition tables and
+//! restore, diff) → `daemon` → `fs` → `drive` → `blob`, and `nbd` (an NBD
+//! server over `fs`'s devices) beside `daemon`, with `vhd` (the VHD formats), `partition` (partition tables and
 //! superblocks, read before an attach), `attach` (loop devices and
 //! filesystems), `transfer` (upload, download), `recovery` (recovery files),
 //! `provision` (the one create and delete of a drive, and the checks they
@@ -22,6 +23,7 @@ pub mod drive;
 pub mod fs;
 pub mod lifecycle;
 pub mod metrics;
+pub mod nbd;
 pub mod partition;
 pub mod private_dir;
 pub mod provision;

@@ -228,3 +228,13 @@ fn a_bad_flush_delay_is_a_usage_error_before_anything_is_mounted() {
         assert!(err.contains("--flush-delay"), "{err}");
     }
 }
+
+#[test]
+fn a_bad_nbd_endpoint_is_a_usage_error_before_anything_is_opened() {
+    let err = assert_one_line_failure(&["serve", "c/d.vhd", "--nbd", "/tmp/x.sock"], 2);
+    assert!(err.contains("give unix:PATH or tcp:HOST:PORT"), "{err}");
+    let err = assert_one_line_failure(&["serve", "c/d.vhd", "--nbd", "tcp:192.0.2.1:10809"], 2);
+    assert!(err.contains("needs --allow-remote"), "{err}");
+    let err = assert_one_line_failure(&["serve", "c/d.vhd", "--nbd", "tcp:nonsense"], 2);
+    assert!(err.contains("not a HOST:PORT"), "{err}");
+}

@@ -33,7 +33,7 @@ const FLOORS: &[&[&str]] = &[
     &["drive"],
     &["recovery", "transfer", "provision"],
     &["fs"],
-    &["daemon"],
+    &["daemon", "nbd"],
     &["lifecycle"],
     &["cli"],
 ];

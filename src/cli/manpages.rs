@@ -298,6 +298,33 @@ fn command_sections(name: &str) -> Vec<Section> {
             ],
         )),
         "blobdrive-recover" => out.push(files()),
+        "blobdrive-serve" => out.push(Section {
+            title: "EXAMPLES",
+            items: vec![
+                Item::Example(
+                    "Export a drive on a Unix socket, then boot a VM from it, map its holes and copy it:",
+                    &[
+                        "blobdrive serve disks/vm.vhd --nbd unix:/run/vm.nbd",
+                        "qemu-system-x86_64 -m 2G -drive file=nbd+unix:///disks/vm.vhd?socket=/run/vm.nbd,format=raw",
+                        "nbdinfo --map 'nbd+unix:///disks/vm.vhd?socket=/run/vm.nbd'",
+                        "nbdcopy 'nbd+unix:///disks/vm.vhd?socket=/run/vm.nbd' vm.raw",
+                    ],
+                ),
+                Item::Example(
+                    "On a host with the nbd kernel module, a block device with its partitions:",
+                    &[
+                        "sudo nbd-client -unix /run/vm.nbd -N disks/vm.vhd /dev/nbd0",
+                        "sudo nbd-client -d /dev/nbd0",
+                    ],
+                ),
+                Item::Para(
+                    "A Unix socket is mode 0600 and only root and the user who started the \
+                     server may connect. NBD has no authentication: a tcp: endpoint on \
+                     loopback is open to every local user, and --allow-remote to anyone who \
+                     reaches the port.",
+                ),
+            ],
+        }),
         _ => {}
     }
     out.push(exit_status());

@@ -36,6 +36,7 @@ pub mod output;
 pub mod recover;
 pub mod resize;
 pub mod restore;
+pub mod serve;
 pub mod snapshot;
 pub mod stats;
 pub mod unmount;
@@ -115,6 +116,8 @@ pub enum Command {
     /// Hand an attached drive over to the blobdrive now installed, without
     /// unmounting it.
     Upgrade(upgrade::UpgradeArgs),
+    /// Export drives over NBD (qemu, nbdinfo, nbdcopy, fio, nbd-client).
+    Serve(serve::ServeArgs),
     /// Take a snapshot of a drive and print its time.
     Snapshot(snapshot::SnapshotArgs),
     /// Break a stale mount lock (the blob's lease) after a crash.
@@ -159,6 +162,7 @@ impl Command {
             Command::Mount(_) => "mount",
             Command::Unmount(_) => "unmount",
             Command::Upgrade(_) => "upgrade",
+            Command::Serve(_) => "serve",
             Command::Snapshot(_) => "snapshot",
             Command::BreakLease(_) => "break-lease",
             Command::Delete(_) => "delete",
@@ -328,6 +332,7 @@ where
         Command::Mount(a) => mount::run(&ctx, a),
         Command::Unmount(a) => unmount::run(&ctx, a),
         Command::Upgrade(a) => upgrade::run(&ctx, a),
+        Command::Serve(a) => serve::run(&ctx, a),
         Command::Snapshot(a) => snapshot::run(&ctx, a),
         Command::BreakLease(a) => break_lease::run(&ctx, a),
         Command::Delete(a) => delete::run(&ctx, a),

@@ -391,7 +391,7 @@ async fn break_stale_lease(client: &BlobClient, path: &BlobPath) -> anyhow::Resu
 /// valid fixed VHD footer).
 /// Fails with one line when the credentials may not write `path` (asked
 /// with a probe that changes nothing: `blob::probe::may_write`).
-async fn require_write(client: &BlobClient, path: &BlobPath) -> anyhow::Result<()> {
+pub(super) async fn require_write(client: &BlobClient, path: &BlobPath) -> anyhow::Result<()> {
     let blob_bytes = client
         .get_properties(path)
         .await
@@ -417,7 +417,7 @@ async fn require_write(client: &BlobClient, path: &BlobPath) -> anyhow::Result<(
     })
 }
 
-async fn drive_size(client: &BlobClient, path: &BlobPath) -> anyhow::Result<u64> {
+pub(super) async fn drive_size(client: &BlobClient, path: &BlobPath) -> anyhow::Result<u64> {
     let props = client
         .get_properties(path)
         .await

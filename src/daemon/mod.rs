@@ -378,6 +378,67 @@ fn detach_from_terminal(log_file: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where a process that [`fork_background`] forked finds itself.
+pub enum Background {
+    /// The parent, once the daemon said it is ready (with the lines it
+    /// sent for the parent to print) or failed (its line, one for the
+    /// user).
+    Parent(anyhow::Result<String>),
+    /// The daemon: detached from the terminal (stdin and stdout on
+    /// /dev/null, stderr on the log file or /dev/null), to tell its parent
+    /// through `Readiness` when it serves or why it cannot.
+    Child(Readiness),
+}
+
+/// Forks a background daemon for a command that is not a mount (`serve`):
+/// the same fork, detach and readiness pipe as `run_mount`, and the same
+/// precondition: no runtime or helper thread may exist yet (a
+/// current-thread runtime used and dropped before is fine). The daemon may
+/// hold keys: they are locked in memory again and core dumps are off.
+pub fn fork_background(log_file: Option<&Path>) -> anyhow::Result<Background> {
+    let (read_end, write_end) = readiness::pipe().context("cannot create the readiness pipe")?;
+    // SAFETY: no runtime or helper thread exists yet (documented
+    // precondition), so the child may run arbitrary code after fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error()).context("cannot fork the daemon");
+    }
+    if pid > 0 {
+        drop(write_end);
+        let (view, lines) = readiness::wait_in_parent_for_lines(read_end);
+        return Ok(Background::Parent(match view {
+            ParentView::Ready(warnings) => {
+                for warning in warnings {
+                    eprintln!("blobdrive: warning: {warning}");
+                }
+                Ok(lines)
+            }
+            ParentView::Failed(reason) => {
+                reap(pid);
+                Err(anyhow!(reason))
+            }
+            ParentView::Vanished => {
+                let status = reap(pid);
+                Err(anyhow!("the daemon exited before it was ready ({status})"))
+            }
+        }));
+    }
+    drop(read_end);
+    // Keys unlocked before the fork are in this process too, but memory
+    // locks are not inherited: lock them again.
+    let relocked = crate::crypt::secret::relock_after_fork();
+    crate::crypt::forbid_core_dumps();
+    let mut ready = Readiness::pipe(write_end);
+    if let Err(err) = detach_from_terminal(log_file) {
+        ready.failed(&format!("cannot start the daemon: {err:#}"));
+        std::process::exit(1);
+    }
+    if !relocked {
+        tracing::warn!("could not lock the key material in memory: it may be written to swap");
+    }
+    Ok(Background::Child(ready))
+}
+
 /// Marks this process as an I/O flusher, so memory reclaim does not recurse into
 /// the loop device it serves. Needs CAP_SYS_RESOURCE and Linux 5.6.
 fn set_io_flusher() {

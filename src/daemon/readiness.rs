@@ -42,6 +42,17 @@ impl Readiness {
         }
     }
 
+    /// Ready, with `lines` for the parent to print on its stdout (what a
+    /// foreground run would have printed: `serve`'s URIs).
+    pub fn ready_with(&mut self, lines: &str) {
+        if let Some(mut pipe) = self.pipe.take() {
+            if let Err(err) = pipe.write_all(format!("ready\n{lines}").as_bytes()) {
+                tracing::warn!(%err, "cannot tell the parent process the daemon is ready");
+            }
+        }
+        notify_systemd("READY=1");
+    }
+
     /// Startup failed: hand the reason to the parent (which prints it).
     pub fn failed(&mut self, reason: &str) {
         if let Some(mut pipe) = self.pipe.take() {
@@ -167,6 +178,32 @@ pub fn wait_in_parent(pipe: OwnedFd) -> ParentView {
         };
     }
     ParentView::Vanished
+}
+
+/// [`wait_in_parent`], and the lines the daemon sent after its `ready`
+/// (see [`Readiness::ready_with`]).
+pub fn wait_in_parent_for_lines(pipe: OwnedFd) -> (ParentView, String) {
+    let mut text = String::new();
+    let mut file = std::fs::File::from(pipe);
+    let _ = file.read_to_string(&mut text);
+    let mut warnings = Vec::new();
+    let mut rest = text.as_str();
+    while let Some((line, after)) = rest.split_once('\n') {
+        if let Some(warning) = line.strip_prefix("warning ") {
+            warnings.push(warning.to_string());
+            rest = after;
+            continue;
+        }
+        let view = match line {
+            "ready" => return (ParentView::Ready(warnings), after.to_string()),
+            _ => match line.strip_prefix("error ") {
+                Some(reason) => ParentView::Failed(reason.to_string()),
+                None => ParentView::Failed(line.to_string()),
+            },
+        };
+        return (view, String::new());
+    }
+    (ParentView::Vanished, String::new())
 }
 
 /// A close-on-exec pipe: (read end, write end).

@@ -273,6 +273,11 @@ pub(crate) struct Chunk {
     dirty: PageBits,
     /// Pages a fetch is reading from the blob right now (others wait for it).
     fetching: PageBits,
+    /// Zero pages that must stay allocated in the blob (written by
+    /// [`Self::keep_allocated`], NBD's WRITE_ZEROES with NO_HOLE): the flush
+    /// sends them as data instead of clearing or skipping them. Any other
+    /// write or a discard of the page drops the mark.
+    keep: PageBits,
     dirty_pages: usize,
 }
 
@@ -298,6 +303,7 @@ impl Chunk {
             valid: PageBits::default(),
             dirty: PageBits::default(),
             fetching: PageBits::default(),
+            keep: PageBits::default(),
             dirty_pages: 0,
         }
     }
@@ -342,6 +348,20 @@ impl Chunk {
 
     pub fn is_dirty(&self, page: usize) -> bool {
         self.dirty.get(page)
+    }
+
+    /// True when the page must reach the blob as data even if all zeros.
+    pub fn is_kept(&self, page: usize) -> bool {
+        self.keep.get(page)
+    }
+
+    /// Marks the whole pages of `[at, at + len)` (bytes of the chunk) as
+    /// zeros that stay allocated; call right after the [`Self::write`] of
+    /// those zeros, under the same lock.
+    pub fn keep_allocated(&mut self, at: usize, len: usize) {
+        for page in at.div_ceil(PAGE)..(at + len) / PAGE {
+            self.keep.set(page);
+        }
     }
 
     pub fn is_fetching(&self, page: usize) -> bool {
@@ -481,6 +501,7 @@ impl Chunk {
                 "partial write into a page that was not filled first"
             );
             self.valid.set(page);
+            self.keep.clear(page);
             self.mark_dirty(page, &mut delta);
         }
         let mut done = 0;
@@ -509,6 +530,7 @@ impl Chunk {
         let g = &mut block.gens[page % BLOCK_PAGES];
         *g = g.wrapping_add(1);
         self.valid.set(page);
+        self.keep.clear(page);
         self.mark_clean(page, &mut delta);
         delta
     }

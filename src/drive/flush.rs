@@ -218,7 +218,10 @@ impl<'a> RunBuilder<'a> {
                 let bytes = c.page(slot);
                 // An encrypting store must send zero pages too (only their
                 // ciphertext reads back as zeros); discards still clear.
-                let class = if self.inner.store.writes_zero_pages() || bytes.iter().any(|&b| b != 0)
+                // Zeros written to stay allocated (NBD's NO_HOLE) too.
+                let class = if self.inner.store.writes_zero_pages()
+                    || c.is_kept(slot)
+                    || bytes.iter().any(|&b| b != 0)
                 {
                     Class::Data
                 } else if has_data.get(slot) {

@@ -214,6 +214,18 @@ impl Inner {
     }
 
     pub(crate) async fn write_at(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
+        self.write_at_as(offset_bytes, data, false).await
+    }
+
+    /// [`Self::write_at`]; with `keep_allocated` (`data` is zeros) the whole
+    /// pages written stay allocated in the blob: the flush sends them as
+    /// data instead of turning them into a clear.
+    pub(crate) async fn write_at_as(
+        &self,
+        offset_bytes: u64,
+        data: &[u8],
+        keep_allocated: bool,
+    ) -> Result<()> {
         self.check_writable()?;
         let end = self.check_range(offset_bytes, data.len() as u64)?;
         if data.is_empty() {
@@ -248,6 +260,9 @@ impl Inner {
                 let src = &data[(from - offset_bytes) as usize..(to - offset_bytes) as usize];
                 let mut c = r.lock();
                 let delta = c.write((from - base) as usize, src);
+                if keep_allocated {
+                    c.keep_allocated((from - base) as usize, src.len());
+                }
                 self.cache.note(r.index, delta);
                 self.disk_invalidate(r.index);
             }

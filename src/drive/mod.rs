@@ -8,6 +8,7 @@
 //! accepted before it is durable; dirty data is never dropped, even when the
 //! lease is lost.
 
+mod allocation;
 pub mod blob_store;
 mod cache;
 mod chunk;
@@ -34,6 +35,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 
+pub use allocation::Allocation;
 pub use blob_store::BlobPageStore;
 pub use counters::Counters;
 pub use disk_cache::DiskCacheOptions;
@@ -374,10 +376,36 @@ impl Drive {
         }
     }
 
+    /// Which of `pages` may hold data: the sparse map merged with the pages
+    /// written and not yet flushed, as consecutive runs in order (clipped to
+    /// the data area). A run with `data: false` reads as zeros.
+    pub fn allocation(&self, pages: PageRange) -> Vec<Allocation> {
+        self.inner.allocation(pages)
+    }
+
     /// Write `data` at `offset_bytes` (any alignment). The data is in the
     /// cache when this returns; [`Drive::flush`] makes it durable.
     pub async fn write_at(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
         self.inner.write_at(offset_bytes, data).await
+    }
+
+    /// Write `len_bytes` of zeros at `offset_bytes` that stay allocated in
+    /// the blob (NBD's WRITE_ZEROES with NO_HOLE): the flush sends the
+    /// whole pages as data (Put Page of zeros) rather than clearing them, so
+    /// the sparse map keeps them. [`Drive::discard`] is the one that frees.
+    pub async fn write_zeroes_allocated(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
+        const STEP: u64 = 1024 * 1024;
+        let zeros = vec![0u8; STEP.min(len_bytes) as usize];
+        let mut at = offset_bytes;
+        let end = offset_bytes.saturating_add(len_bytes);
+        while at < end {
+            let n = STEP.min(end - at);
+            self.inner
+                .write_at_as(at, &zeros[..n as usize], true)
+                .await?;
+            at += n;
+        }
+        Ok(())
     }
 
     /// Zero `len_bytes` at `offset_bytes`: pages fully inside are cleared in

@@ -29,14 +29,16 @@ use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 
 use super::backend::{
-    Catalog, Device, DirEntry, DriveState, EntryKind, EntryPath, FsError, FsResult,
+    Catalog, Device, DirEntry, DriveState, EntryKind, EntryPath, Extent, FsError, FsResult,
 };
 use super::rescue::{Rescuable, Rescue, Saved};
 use super::unlocks::{Unlocked, Unlocker};
 use crate::blob::path::validate_container_name;
 use crate::blob::{self, BlobClient, BlobItem, BlobPath, BlobType, ListBlobsOptions};
 use crate::crypt::{DataKey, KeySlots, UserKey};
-use crate::drive::{BlobPageStore, Drive, DriveOptions, EncryptedStore, Mode, PageStore};
+use crate::drive::{
+    BlobPageStore, Drive, DriveOptions, EncryptedStore, Mode, PageRange, PageStore,
+};
 use crate::provision::checks::{lease_text, snapshots_of, stored_bytes};
 use crate::provision::create::{create_drive, CreateError};
 use crate::provision::delete::{delete_drive, DeleteError, DeleteOptions};
@@ -564,6 +566,13 @@ impl Device for DriveDevice {
             .map_err(drive_error)
     }
 
+    async fn write_zeroes_allocated(&self, offset_bytes: u64, len_bytes: u64) -> FsResult<()> {
+        self.drive
+            .write_zeroes_allocated(offset_bytes, len_bytes)
+            .await
+            .map_err(drive_error)
+    }
+
     async fn flush(&self) -> FsResult<()> {
         self.drive.flush().await.map_err(drive_error)
     }
@@ -623,6 +632,28 @@ impl Device for DriveDevice {
             .await
             .map(|saved| saved.map(|s| s.file))
             .map_err(|e| FsError::io(format!("saving a recovery file failed: {e}")))
+    }
+
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> Vec<Extent> {
+        let end = offset_bytes
+            .saturating_add(len_bytes)
+            .min(self.drive.size_bytes());
+        if offset_bytes >= end {
+            return Vec::new();
+        }
+        let pages = PageRange::covering(ByteRange::new(offset_bytes, end));
+        self.drive
+            .allocation(pages)
+            .into_iter()
+            .map(|run| {
+                let bytes = run.pages.bytes();
+                let (start, stop) = (bytes.start.max(offset_bytes), bytes.end.min(end));
+                Extent {
+                    len_bytes: stop - start,
+                    data: run.data,
+                }
+            })
+            .collect()
     }
 
     fn stats(&self) -> serde_json::Value {

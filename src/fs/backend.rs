@@ -91,6 +91,21 @@ pub trait Device: Send + Sync {
     async fn write_at(&self, offset_bytes: u64, data: &[u8]) -> FsResult<()>;
     /// Makes the range read as zeros and frees its storage (Clear Pages).
     async fn discard(&self, offset_bytes: u64, len_bytes: u64) -> FsResult<()>;
+    /// Writes `len_bytes` of zeros at `offset_bytes` that stay allocated
+    /// (not a hole) once flushed. The default writes zeros, which a device
+    /// that stores zero pages as holes may free: the drive overrides it.
+    async fn write_zeroes_allocated(&self, offset_bytes: u64, len_bytes: u64) -> FsResult<()> {
+        const STEP: u64 = 1024 * 1024;
+        let zeros = vec![0u8; STEP.min(len_bytes) as usize];
+        let mut at = offset_bytes;
+        let end = offset_bytes.saturating_add(len_bytes);
+        while at < end {
+            let n = STEP.min(end - at);
+            self.write_at(at, &zeros[..n as usize]).await?;
+            at += n;
+        }
+        Ok(())
+    }
     /// Returns when every write accepted before the call is durable in the blob.
     async fn flush(&self) -> FsResult<()>;
     /// Flushes, then releases what the open took (the lease of a writable open).
@@ -116,6 +131,30 @@ pub trait Device: Send + Sync {
     }
     /// Live counters for `blobdrive stats` (the drive engine's `Counters`).
     fn stats(&self) -> serde_json::Value;
+    /// Which parts of `[offset_bytes, offset_bytes + len_bytes)` (clipped at
+    /// the end of the disk) may hold data, as consecutive runs in order; a
+    /// run with `data: false` reads as zeros and stores nothing. The
+    /// default says everything is data, which is always true.
+    fn allocation(&self, offset_bytes: u64, len_bytes: u64) -> Vec<Extent> {
+        let len_bytes = len_bytes.min(self.size_bytes().saturating_sub(offset_bytes));
+        if len_bytes == 0 {
+            return Vec::new();
+        }
+        vec![Extent {
+            len_bytes,
+            data: true,
+        }]
+    }
+}
+
+/// One run of a disk's allocation map (see [`Device::allocation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// Length of the run in bytes.
+    pub len_bytes: u64,
+    /// True when the run may hold data; false when it reads as zeros and
+    /// the blob stores nothing for it.
+    pub data: bool,
 }
 
 /// What a listed name is.

@@ -42,6 +42,8 @@ pub mod wire;
 pub mod write_log;
 pub mod xattrs;
 
-pub use backend::{Catalog, Device, DirEntry, DriveState, EntryKind, EntryPath, FsError, FsResult};
+pub use backend::{
+    Catalog, Device, DirEntry, DriveState, EntryKind, EntryPath, Extent, FsError, FsResult,
+};
 pub use core::{FsConfig, FsCore};
 pub use fuse::BlobFs;

@@ -1,0 +1,387 @@
+//! Where an NBD server listens, and the accept loop: a Unix socket of mode
+//! 0600 whose peers are checked (`SO_PEERCRED`: root or the server's own
+//! user), or TCP, on loopback unless remote clients are allowed; at most
+//! `max_connections` connections at once (more are closed at accept, with a
+//! log line); a handshake that does not finish in time is dropped.
+//!
+//! TCP has no peer check: on loopback every local user can connect, which
+//! the README says.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+
+use super::export::Exports;
+use super::handshake::negotiate;
+use super::transmission;
+
+/// Connections served at once by default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// Time a client has to finish the handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where to listen, as `--nbd` gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `unix:PATH`.
+    Unix(PathBuf),
+    /// `tcp:HOST:PORT`.
+    Tcp(SocketAddr),
+}
+
+impl Endpoint {
+    /// Parses `unix:PATH` or `tcp:HOST:PORT`; a TCP address other than
+    /// loopback needs `allow_remote`.
+    pub fn parse(text: &str, allow_remote: bool) -> Result<Endpoint, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("--nbd unix:PATH needs a path".into());
+            }
+            return Ok(Endpoint::Unix(PathBuf::from(path)));
+        }
+        let Some(addr) = text.strip_prefix("tcp:") else {
+            return Err(format!("--nbd {text}: give unix:PATH or tcp:HOST:PORT"));
+        };
+        let resolved: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| format!("--nbd {text}: not a HOST:PORT ({e})"))?
+            .collect();
+        let Some(first) = resolved.first().copied() else {
+            return Err(format!("--nbd {text}: the host resolves to no address"));
+        };
+        if !allow_remote && !first.ip().is_loopback() {
+            return Err(format!(
+                "--nbd {text} is not a loopback address: NBD has no authentication, so \
+                 serving other hosts needs --allow-remote"
+            ));
+        }
+        Ok(Endpoint::Tcp(first))
+    }
+}
+
+/// A bound listener.
+pub enum Listener {
+    /// A Unix socket (removed when the listener is dropped).
+    Unix(UnixListener, PathBuf),
+    /// A TCP socket.
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    /// Binds `endpoint`. A Unix path that is a socket nobody answers on is
+    /// replaced; anything else there is refused.
+    pub fn bind(endpoint: &Endpoint) -> anyhow::Result<Listener> {
+        match endpoint {
+            Endpoint::Unix(path) => {
+                remove_stale_socket(path)?;
+                let listener = UnixListener::bind(path)
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                Ok(Listener::Unix(listener, path.clone()))
+            }
+            Endpoint::Tcp(addr) => {
+                let listener = std::net::TcpListener::bind(addr)
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+                listener.set_nonblocking(true)?;
+                Ok(Listener::Tcp(TcpListener::from_std(listener)?))
+            }
+        }
+    }
+
+    /// The address clients use: `unix:PATH` or `tcp:IP:PORT` (the port
+    /// the system chose for port 0).
+    pub fn address(&self) -> String {
+        match self {
+            Listener::Unix(_, path) => format!("unix:{}", path.display()),
+            Listener::Tcp(l) => match l.local_addr() {
+                Ok(a) => format!("tcp:{a}"),
+                Err(_) => "tcp:?".into(),
+            },
+        }
+    }
+
+    /// An NBD URI for export `name` (the form qemu and libnbd take).
+    pub fn uri(&self, name: &str) -> String {
+        match self {
+            Listener::Unix(_, path) => format!("nbd+unix:///{name}?socket={}", path.display()),
+            Listener::Tcp(l) => match l.local_addr() {
+                Ok(a) => format!("nbd://{a}/{name}"),
+                Err(_) => format!("nbd:///{name}"),
+            },
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, path) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn remove_stale_socket(path: &Path) -> anyhow::Result<()> {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !meta.file_type().is_socket() {
+        anyhow::bail!(
+            "cannot listen on {}: it exists and is not a socket",
+            path.display()
+        );
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        anyhow::bail!(
+            "cannot listen on {}: another server is listening there",
+            path.display()
+        );
+    }
+    std::fs::remove_file(path)?;
+    Ok(())
+}
+
+/// Limits of the accept loop.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Time a client has to finish the handshake.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+        }
+    }
+}
+
+/// Accepts and serves connections until `shutdown` completes; then stops
+/// reading requests, waits for those in flight to be answered and returns.
+/// The caller closes the exports' devices afterwards.
+pub async fn serve(
+    listener: &Listener,
+    exports: Arc<Exports>,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    let owner = crate::private_dir::euid();
+    tokio::pin!(shutdown);
+    let mut next_id = 0u64;
+    loop {
+        while connections.try_join_next().is_some() {}
+        let accepted = tokio::select! {
+            _ = &mut shutdown => break,
+            a = accept(listener) => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "NBD accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        next_id += 1;
+        let id = next_id;
+        if let Some(uid) = peer.uid {
+            if uid != 0 && uid != owner {
+                tracing::warn!(
+                    connection = id,
+                    uid,
+                    "NBD connection from another user refused (only root or uid {owner} may connect)"
+                );
+                continue;
+            }
+        }
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(
+                connection = id,
+                peer = %peer.name,
+                max = limits.max_connections,
+                "NBD connection refused: the server already serves its maximum of connections"
+            );
+            continue;
+        };
+        let exports = exports.clone();
+        let stop = stop_rx.clone();
+        connections.spawn(async move {
+            connection(stream, id, &peer.name, &exports, limits, stop).await;
+            drop(slot);
+        });
+    }
+    let _ = stop_tx.send(true);
+    while connections.join_next().await.is_some() {}
+}
+
+/// Who connected.
+struct Peer {
+    uid: Option<u32>,
+    name: String,
+}
+
+/// An accepted connection of either kind.
+enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+/// The two halves of a connection, each usable on its own without a lock
+/// between them (`into_split`), boxed.
+type Halves = (
+    Box<dyn AsyncRead + Unpin + Send>,
+    Box<dyn AsyncWrite + Unpin + Send>,
+);
+
+impl Stream {
+    fn into_halves(self) -> Halves {
+        match self {
+            Stream::Unix(s) => {
+                let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Stream::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<(Stream, Peer)> {
+    match listener {
+        Listener::Unix(l, _) => {
+            let (s, _) = l.accept().await?;
+            let cred = s.peer_cred()?;
+            let peer = Peer {
+                uid: Some(cred.uid()),
+                name: format!("pid {}", cred.pid().unwrap_or(0)),
+            };
+            Ok((Stream::Unix(s), peer))
+        }
+        Listener::Tcp(l) => {
+            let (s, addr) = l.accept().await?;
+            let _ = s.set_nodelay(true);
+            Ok((
+                Stream::Tcp(s),
+                Peer {
+                    uid: None,
+                    name: addr.to_string(),
+                },
+            ))
+        }
+    }
+}
+
+async fn connection(
+    mut stream: Stream,
+    id: u64,
+    peer: &str,
+    exports: &Exports,
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+) {
+    // A server that stops does not wait for a handshake to finish.
+    let mut stopping = stop.clone();
+    let handshake = tokio::time::timeout(limits.handshake_timeout, negotiate(&mut stream, exports));
+    let outcome = tokio::select! {
+        r = handshake => r,
+        _ = stopping.wait_for(|s| *s) => {
+            tracing::debug!(connection = id, "NBD handshake cut short: the server stops");
+            return;
+        }
+    };
+    let negotiated = match outcome {
+        Ok(Ok(Some(n))) => n,
+        Ok(Ok(None)) => {
+            tracing::debug!(connection = id, "NBD client ended the handshake");
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(connection = id, peer, "NBD handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(
+                connection = id,
+                peer,
+                "NBD handshake not finished in {} s: closed",
+                limits.handshake_timeout.as_secs()
+            );
+            return;
+        }
+    };
+    let export = negotiated.export.name.clone();
+    tracing::info!(
+        connection = id,
+        peer,
+        export = %export,
+        structured = negotiated.structured,
+        allocation = negotiated.allocation_context.is_some(),
+        "NBD client connected"
+    );
+    let (reader, writer) = stream.into_halves();
+    let end = transmission::serve(reader, writer, negotiated, stop).await;
+    match end {
+        transmission::ConnectionEnd::Broken(why) => {
+            tracing::warn!(connection = id, peer, export = %export, "NBD connection closed: {why}")
+        }
+        other => {
+            tracing::info!(connection = id, peer, export = %export, "NBD connection ended: {other}")
+        }
+    }
+}

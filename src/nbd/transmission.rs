@@ -1,0 +1,479 @@
+//! The transmission phase of one connection: requests read in order, served
+//! concurrently on the export's device, replies written whole (one reply's
+//! chunks never interleave with another's) in the order they complete.
+//!
+//! What each command does to the drive engine: READ is `Device::read_at`,
+//! WRITE `write_at` (then `flush` with FUA), FLUSH `flush` (the blob has
+//! every write completed before it, on any connection: they share one
+//! cache), TRIM and WRITE_ZEROES `discard` (Clear Pages; with NO_HOLE zeros
+//! are written instead), BLOCK_STATUS `Device::allocation` (the sparse map
+//! merged with the dirty pages).
+//!
+//! Bad requests are refused with the specification's error and the
+//! connection goes on: past the end (`NBD_EINVAL`, `NBD_ENOSPC` for
+//! writes), over the maximum payload (`NBD_EINVAL`; a WRITE's payload is
+//! read and dropped to stay in frame), a write to a read-only export
+//! (`NBD_EPERM`), an unknown command (`NBD_EINVAL`). Only a wrong magic or
+//! a truncated request closes it. Memory is bounded: the payloads of the
+//! requests in flight on a connection stay under [`MAX_IN_FLIGHT_BYTES`].
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{watch, Mutex, Semaphore};
+use tokio::task::JoinSet;
+
+use super::export::{Export, ExportCounters, MAX_PAYLOAD_BYTES, MIN_BLOCK_BYTES};
+use super::handshake::Negotiated;
+use super::proto::*;
+use crate::fs::FsError;
+
+/// Payload bytes a connection may have in flight (reads and writes).
+pub const MAX_IN_FLIGHT_BYTES: u32 = 64 * 1024 * 1024;
+/// Units of the in-flight budget (semaphore permits are counted in these).
+const BUDGET_UNIT: u32 = 4096;
+/// Most block status descriptors in one reply (the specification's bound).
+const MAX_DESCRIPTORS: usize = 1 << 20;
+/// The read buffer of a connection.
+const READ_BUFFER_BYTES: usize = 256 * 1024;
+/// A reply up to this size goes out in one write (header and data copied
+/// together); a larger one in two, without the copy.
+const COALESCE_BYTES: usize = 64 * 1024;
+
+/// What a request is answered with.
+enum Reply {
+    Done,
+    Data(Bytes),
+    Status(Vec<(u32, u32)>),
+    Error(u32, String),
+}
+
+/// How a connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionEnd {
+    /// The client sent `NBD_CMD_DISC` or closed its end between requests.
+    #[error("disconnected")]
+    Disconnected,
+    /// The server is stopping.
+    #[error("server stopping")]
+    Stopping,
+    /// A framing error or a failed connection.
+    #[error("{0}")]
+    Broken(String),
+}
+
+/// Serves requests on `stream` until the client disconnects, the framing
+/// breaks, or `stop` turns true; returns after every request read has been
+/// answered.
+pub async fn serve<R, W>(
+    reader: R,
+    writer: W,
+    session: Negotiated,
+    mut stop: watch::Receiver<bool>,
+) -> ConnectionEnd
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    // Buffered: a request header is 28 bytes, and reading each with its own
+    // system call would cost more than serving it from the cache.
+    let mut reader = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+    let writer = Arc::new(Mutex::new(writer));
+    let session = Arc::new(session);
+    let budget = Arc::new(Semaphore::new((MAX_IN_FLIGHT_BYTES / BUDGET_UNIT) as usize));
+    let mut tasks = JoinSet::new();
+    let end = loop {
+        while tasks.try_join_next().is_some() {}
+        let mut header = [0u8; REQUEST_BYTES];
+        let read = tokio::select! {
+            r = reader.read_exact(&mut header) => r,
+            _ = stop.wait_for(|s| *s) => break ConnectionEnd::Stopping,
+        };
+        match read {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break ConnectionEnd::Disconnected
+            }
+            Err(e) => break ConnectionEnd::Broken(format!("reading a request: {e}")),
+        }
+        let request = match Request::parse(&header) {
+            Ok(r) => r,
+            Err(e) => break ConnectionEnd::Broken(format!("{e}: closing the connection")),
+        };
+        if request.command == NBD_CMD_DISC {
+            break ConnectionEnd::Disconnected;
+        }
+        // Payload budget: a WRITE's data, a READ's reply.
+        let want = match request.command {
+            NBD_CMD_WRITE | NBD_CMD_READ if request.len_bytes <= MAX_PAYLOAD_BYTES => {
+                request.len_bytes.div_ceil(BUDGET_UNIT).max(1)
+            }
+            _ => 1,
+        };
+        let permit = match budget.clone().acquire_many_owned(want).await {
+            Ok(p) => p,
+            Err(_) => break ConnectionEnd::Stopping,
+        };
+        let mut payload = Bytes::new();
+        if request.command == NBD_CMD_WRITE {
+            let len = u64::from(request.len_bytes);
+            if request.len_bytes > MAX_PAYLOAD_BYTES {
+                // Stay in frame: read the payload and drop it.
+                let copied =
+                    tokio::io::copy(&mut (&mut reader).take(len), &mut tokio::io::sink()).await;
+                if !matches!(copied, Ok(n) if n == len) {
+                    break ConnectionEnd::Broken("truncated write payload".into());
+                }
+            } else {
+                let mut buf = BytesMut::zeroed(request.len_bytes as usize);
+                if let Err(e) = reader.read_exact(&mut buf).await {
+                    break ConnectionEnd::Broken(format!("truncated write payload: {e}"));
+                }
+                payload = buf.freeze();
+            }
+        }
+        let session = session.clone();
+        let writer = writer.clone();
+        tasks.spawn(async move {
+            let reply = answer(&session, &request, payload).await;
+            let bytes = encode(&session, &request, reply);
+            let bytes = coalesce(bytes);
+            let mut w = writer.lock().await;
+            let sent = async {
+                for part in bytes {
+                    w.write_all(&part).await?;
+                }
+                w.flush().await
+            }
+            .await;
+            drop(permit);
+            if let Err(e) = sent {
+                tracing::debug!(error = %e, "NBD reply not sent: the client is gone");
+            }
+        });
+    };
+    while tasks.join_next().await.is_some() {}
+    let _ = writer.lock().await.shutdown().await;
+    end
+}
+
+/// Joins the parts of a small reply into one buffer, so it leaves in one
+/// system call.
+fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
+    let total: usize = parts.iter().map(Bytes::len).sum();
+    if parts.len() < 2 || total > COALESCE_BYTES {
+        return parts;
+    }
+    let mut one = BytesMut::with_capacity(total);
+    for p in &parts {
+        one.put_slice(p);
+    }
+    vec![one.freeze()]
+}
+
+/// The error a device failure is answered with.
+fn nbd_error(e: &FsError) -> u32 {
+    match e.errno {
+        libc::EROFS | libc::EPERM | libc::EACCES => NBD_EPERM,
+        libc::ENOSPC => NBD_ENOSPC,
+        libc::EINVAL => NBD_EINVAL,
+        libc::ENOMEM => NBD_ENOMEM,
+        _ => NBD_EIO,
+    }
+}
+
+fn refused(request: &Request, error: u32, why: String) -> Reply {
+    tracing::warn!(
+        command = request.command_name(),
+        command_number = request.command,
+        offset_bytes = request.offset_bytes,
+        len_bytes = request.len_bytes,
+        "NBD request refused: {why}"
+    );
+    Reply::Error(error, why)
+}
+
+/// Checks a request against the export and the agreed constraints.
+fn check(session: &Negotiated, request: &Request) -> Result<(), Reply> {
+    let export = &session.export;
+    let size = export.device.size_bytes();
+    let end = request
+        .offset_bytes
+        .checked_add(u64::from(request.len_bytes));
+    let writes = matches!(
+        request.command,
+        NBD_CMD_WRITE | NBD_CMD_TRIM | NBD_CMD_WRITE_ZEROES
+    );
+    if writes && export.read_only {
+        return Err(refused(
+            request,
+            NBD_EPERM,
+            format!("export {} is read-only", export.name),
+        ));
+    }
+    let ranged = matches!(
+        request.command,
+        NBD_CMD_READ | NBD_CMD_WRITE | NBD_CMD_TRIM | NBD_CMD_WRITE_ZEROES | NBD_CMD_BLOCK_STATUS
+    );
+    if !ranged {
+        return Ok(());
+    }
+    if end.is_none_or(|end| end > size) {
+        let error = if matches!(request.command, NBD_CMD_WRITE | NBD_CMD_WRITE_ZEROES) {
+            NBD_ENOSPC
+        } else {
+            NBD_EINVAL
+        };
+        return Err(refused(
+            request,
+            error,
+            format!("past the end of the export ({size} bytes)"),
+        ));
+    }
+    if matches!(request.command, NBD_CMD_READ | NBD_CMD_WRITE)
+        && request.len_bytes > MAX_PAYLOAD_BYTES
+    {
+        return Err(refused(
+            request,
+            NBD_EINVAL,
+            format!("longer than the maximum payload ({MAX_PAYLOAD_BYTES} bytes)"),
+        ));
+    }
+    let unaligned = request.offset_bytes % u64::from(MIN_BLOCK_BYTES) != 0
+        || request.len_bytes % MIN_BLOCK_BYTES != 0;
+    if session.block_sizes_agreed && unaligned {
+        return Err(refused(
+            request,
+            NBD_EINVAL,
+            format!("not aligned to the minimum block size ({MIN_BLOCK_BYTES} bytes)"),
+        ));
+    }
+    Ok(())
+}
+
+async fn answer(session: &Negotiated, request: &Request, payload: Bytes) -> Reply {
+    let export = &session.export;
+    let counters = &export.counters;
+    let reply = match check(session, request) {
+        Err(reply) => reply,
+        Ok(()) => match perform(session, export, request, payload).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                tracing::warn!(
+                    export = %export.name,
+                    command = request.command_name(),
+                    offset_bytes = request.offset_bytes,
+                    len_bytes = request.len_bytes,
+                    error = %e,
+                    "NBD request failed"
+                );
+                Reply::Error(nbd_error(&e), e.message)
+            }
+        },
+    };
+    if matches!(reply, Reply::Error(..)) {
+        ExportCounters::bump(&counters.errors, 1);
+    }
+    reply
+}
+
+async fn perform(
+    session: &Negotiated,
+    export: &Export,
+    request: &Request,
+    payload: Bytes,
+) -> Result<Reply, FsError> {
+    let device = &export.device;
+    let counters = &export.counters;
+    let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
+    let offset = request.offset_bytes;
+    let len = u64::from(request.len_bytes);
+    match request.command {
+        NBD_CMD_READ => {
+            let data = device.read_at(offset, request.len_bytes as usize).await?;
+            if data.len() as u64 != len {
+                return Err(FsError::io(format!(
+                    "short read: {} of {len} bytes",
+                    data.len()
+                )));
+            }
+            ExportCounters::bump(&counters.read_requests, 1);
+            ExportCounters::bump(&counters.read_bytes, len);
+            Ok(Reply::Data(data))
+        }
+        NBD_CMD_WRITE => {
+            device.write_at(offset, &payload).await?;
+            ExportCounters::bump(&counters.write_requests, 1);
+            ExportCounters::bump(&counters.write_bytes, len);
+            if fua {
+                device.flush().await?;
+                ExportCounters::bump(&counters.flushes, 1);
+            }
+            Ok(Reply::Done)
+        }
+        NBD_CMD_FLUSH => {
+            device.flush().await?;
+            ExportCounters::bump(&counters.flushes, 1);
+            Ok(Reply::Done)
+        }
+        NBD_CMD_TRIM | NBD_CMD_WRITE_ZEROES => {
+            if request.flags & NBD_CMD_FLAG_FAST_ZERO != 0 {
+                return Ok(refused(
+                    request,
+                    NBD_ENOTSUP,
+                    "fast zeroing was not offered".into(),
+                ));
+            }
+            let keep = request.command == NBD_CMD_WRITE_ZEROES
+                && request.flags & NBD_CMD_FLAG_NO_HOLE != 0;
+            if keep {
+                device.write_zeroes_allocated(offset, len).await?;
+            } else {
+                device.discard(offset, len).await?;
+            }
+            ExportCounters::bump(&counters.zeroes, 1);
+            if fua {
+                device.flush().await?;
+                ExportCounters::bump(&counters.flushes, 1);
+            }
+            Ok(Reply::Done)
+        }
+        NBD_CMD_BLOCK_STATUS => {
+            if session.allocation_context.is_none() {
+                return Ok(refused(
+                    request,
+                    NBD_EINVAL,
+                    "no metadata context was selected".into(),
+                ));
+            }
+            let descriptors = allocation_descriptors(
+                device.allocation(offset, len),
+                request.flags & NBD_CMD_FLAG_REQ_ONE != 0,
+            );
+            if descriptors.is_empty() {
+                return Ok(refused(request, NBD_EINVAL, "an empty range".into()));
+            }
+            ExportCounters::bump(&counters.block_status, 1);
+            Ok(Reply::Status(descriptors))
+        }
+        _ => Ok(refused(request, NBD_EINVAL, "unknown command".into())),
+    }
+}
+
+/// `base:allocation` descriptors for the extents a device reported: data
+/// is status 0, a hole `NBD_STATE_HOLE | NBD_STATE_ZERO`; neighbours of the
+/// same status merge; each length fits 32 bits (whole pages).
+pub fn allocation_descriptors(extents: Vec<crate::fs::Extent>, only_one: bool) -> Vec<(u32, u32)> {
+    const MAX_LEN: u64 = u32::MAX as u64 & !511;
+    let mut out: Vec<(u64, u32)> = Vec::new();
+    for e in extents.into_iter().filter(|e| e.len_bytes > 0) {
+        let status = if e.data {
+            0
+        } else {
+            NBD_STATE_HOLE | NBD_STATE_ZERO
+        };
+        match out.last_mut() {
+            Some((len, s)) if *s == status => *len += e.len_bytes,
+            _ => out.push((e.len_bytes, status)),
+        }
+    }
+    let mut descriptors = Vec::new();
+    for (mut len, status) in out {
+        while len > 0 {
+            let piece = len.min(MAX_LEN);
+            descriptors.push((piece as u32, status));
+            len -= piece;
+        }
+        if descriptors.len() >= MAX_DESCRIPTORS {
+            break;
+        }
+    }
+    descriptors.truncate(if only_one { 1 } else { MAX_DESCRIPTORS });
+    descriptors
+}
+
+/// The bytes of a reply, in order.
+fn encode(session: &Negotiated, request: &Request, reply: Reply) -> Vec<Bytes> {
+    let cookie = request.cookie;
+    if !session.structured {
+        return match reply {
+            Reply::Done => vec![Bytes::copy_from_slice(&simple_reply(cookie, 0))],
+            Reply::Data(data) => vec![Bytes::copy_from_slice(&simple_reply(cookie, 0)), data],
+            Reply::Error(e, _) => vec![Bytes::copy_from_slice(&simple_reply(cookie, e))],
+            // Refused before: block status needs a structured reply.
+            Reply::Status(_) => vec![Bytes::copy_from_slice(&simple_reply(cookie, NBD_EINVAL))],
+        };
+    }
+    match reply {
+        Reply::Done => vec![Bytes::copy_from_slice(&chunk_header(
+            cookie,
+            NBD_REPLY_FLAG_DONE,
+            NBD_REPLY_TYPE_NONE,
+            0,
+        ))],
+        Reply::Data(data) if data.is_empty() => vec![Bytes::copy_from_slice(&chunk_header(
+            cookie,
+            NBD_REPLY_FLAG_DONE,
+            NBD_REPLY_TYPE_NONE,
+            0,
+        ))],
+        Reply::Data(data) => {
+            let mut head = BytesMut::with_capacity(28);
+            head.put_slice(&chunk_header(
+                cookie,
+                NBD_REPLY_FLAG_DONE,
+                NBD_REPLY_TYPE_OFFSET_DATA,
+                8 + data.len() as u32,
+            ));
+            head.put_u64(request.offset_bytes);
+            vec![head.freeze(), data]
+        }
+        Reply::Status(descriptors) => {
+            let id = session.allocation_context.unwrap_or_default();
+            vec![block_status_chunk(cookie, id, &descriptors).freeze()]
+        }
+        Reply::Error(e, message) => vec![error_chunk(cookie, e, &message).freeze()],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::Extent;
+
+    #[test]
+    fn allocation_merges_neighbours_and_honours_req_one() {
+        let extents = vec![
+            Extent {
+                len_bytes: 4096,
+                data: true,
+            },
+            Extent {
+                len_bytes: 512,
+                data: true,
+            },
+            Extent {
+                len_bytes: 8192,
+                data: false,
+            },
+        ];
+        let hole = NBD_STATE_HOLE | NBD_STATE_ZERO;
+        assert_eq!(
+            allocation_descriptors(extents.clone(), false),
+            vec![(4608, 0), (8192, hole)]
+        );
+        assert_eq!(allocation_descriptors(extents, true), vec![(4608, 0)]);
+    }
+
+    #[test]
+    fn a_long_hole_is_cut_into_32_bit_descriptors() {
+        let extents = vec![Extent {
+            len_bytes: 8 << 30,
+            data: false,
+        }];
+        let d = allocation_descriptors(extents, false);
+        assert_eq!(d.iter().map(|(l, _)| u64::from(*l)).sum::<u64>(), 8 << 30);
+        assert!(d.iter().all(|(l, _)| l % 512 == 0));
+    }
+}

@@ -1,0 +1,771 @@
+//! `blobdrive serve` against Azurite, checked with clients no one here wrote:
+//! qemu-img and qemu-io (qemu-utils), nbdinfo and nbdcopy (libnbd-bin), fio's
+//! nbd engine; the Python SDK reads the blob independently. The tests' own
+//! client (`tests/nbd_support/`) drives what those tools cannot: two
+//! connections, one writing and one flushing, before a `kill -9`.
+//!
+//! Every server runs in a guard that stops it (SIGTERM, then SIGKILL) even
+//! when the test fails; containers are deleted by their guards.
+
+mod common;
+mod mount_support;
+mod nbd_support;
+mod system;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use blobdrive::nbd::proto::*;
+use common::ContainerGuard;
+use mount_support::{process_alive, send_signal, Sandbox};
+
+const MIB: u64 = 1024 * 1024;
+
+/// Whether the NBD clients are installed; prints `SKIPPED` (or fails under
+/// `BLOBDRIVE_REQUIRE_FUSE=1`, which CI sets) when one is missing.
+fn clients_present(test: &str) -> bool {
+    let missing: Vec<&str> = ["qemu-img", "qemu-io", "nbdinfo", "nbdcopy", "fio"]
+        .into_iter()
+        .filter(|tool| !blobdrive::attach::tool_exists(tool))
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let why = format!(
+        "{} not installed (qemu-utils, libnbd-bin, fio)",
+        missing.join(", ")
+    );
+    if std::env::var(system::REQUIRE_ENV).as_deref() == Ok("1") {
+        panic!("{test}: cannot run ({why}) and {}=1", system::REQUIRE_ENV);
+    }
+    println!("SKIPPED: {test}: {why}");
+    false
+}
+
+/// A `blobdrive serve ... --json --foreground` process, stopped on drop.
+struct Served {
+    child: Option<Child>,
+    socket: PathBuf,
+    stderr: PathBuf,
+    stdout: Option<BufReader<std::process::ChildStdout>>,
+    /// The first line (`"event": "serving"`).
+    ready: serde_json::Value,
+}
+
+impl Served {
+    /// Starts `serve DRIVES --nbd unix:SOCKET --json EXTRA` and waits for
+    /// its ready line.
+    fn start(sandbox: &Sandbox, name: &str, drives: &[&str], extra: &[&str]) -> Served {
+        let socket = sandbox.root.path().join(format!("{name}.sock"));
+        let nbd = format!("unix:{}", socket.display());
+        Served::start_at(sandbox, name, drives, &nbd, extra)
+    }
+
+    /// Starts `serve DRIVES --nbd NBD --json EXTRA`.
+    fn start_at(
+        sandbox: &Sandbox,
+        name: &str,
+        drives: &[&str],
+        nbd: &str,
+        extra: &[&str],
+    ) -> Served {
+        let socket = PathBuf::from(nbd.strip_prefix("unix:").unwrap_or_default());
+        let stderr = sandbox.root.path().join(format!("{name}.log"));
+        let mut args = vec!["serve"];
+        args.extend(drives);
+        args.extend(["--nbd", nbd, "--json", "--foreground", "-v"]);
+        args.extend(extra);
+        let child = sandbox
+            .command(&args)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).expect("log file"))
+            .spawn()
+            .expect("starts blobdrive serve");
+        let mut served = Served {
+            child: Some(child),
+            socket,
+            stderr,
+            stdout: None,
+            ready: serde_json::Value::Null,
+        };
+        let stdout = served.child.as_mut().unwrap().stdout.take().unwrap();
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        let read = reader.read_line(&mut line);
+        assert!(
+            matches!(read, Ok(n) if n > 0),
+            "serve printed no ready line: {}",
+            served.log()
+        );
+        served.ready = serde_json::from_str(&line).expect("the ready line is JSON");
+        assert_eq!(served.ready["event"], "serving");
+        served.stdout = Some(reader);
+        served
+    }
+
+    fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.socket.display())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// SIGTERM, wait; returns the exit status and the `stopped` line.
+    fn stop(mut self) -> (std::process::ExitStatus, serde_json::Value) {
+        send_signal(self.pid(), libc::SIGTERM);
+        let status = self.wait(Duration::from_secs(60));
+        let mut line = String::new();
+        let _ = self.stdout.take().unwrap().read_line(&mut line);
+        let stopped = serde_json::from_str(&line).unwrap_or(serde_json::Value::Null);
+        (status, stopped)
+    }
+
+    /// SIGKILL, wait.
+    fn kill(mut self) {
+        send_signal(self.pid(), libc::SIGKILL);
+        self.wait(Duration::from_secs(10));
+    }
+
+    fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("still running");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if start.elapsed() > timeout {
+                let _ = child.kill();
+                panic!("serve did not stop in {timeout:?}: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = child.id() as i32;
+            send_signal(pid, libc::SIGTERM);
+            let start = Instant::now();
+            while process_alive(pid) && start.elapsed() < Duration::from_secs(20) {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn sandbox() -> Sandbox {
+    Sandbox::new(common::connection_string())
+}
+
+/// Runs a tool; returns stdout, panics with stderr on failure.
+fn tool(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The data extents `nbdinfo --map --json` shows, as `(offset, length)`;
+/// every other extent must be `hole,zero` (type 3).
+fn data_extents(uri: &str) -> Vec<(u64, u64)> {
+    let out = tool("nbdinfo", &["--map", "--json", uri]);
+    let map: serde_json::Value = serde_json::from_str(&out).expect("nbdinfo --json is JSON");
+    let mut data = Vec::new();
+    for e in map.as_array().expect("a list of extents") {
+        let (offset, length, kind) = (
+            e["offset"].as_u64().unwrap(),
+            e["length"].as_u64().unwrap(),
+            e["type"].as_u64().unwrap(),
+        );
+        match kind {
+            0 => data.push((offset, length)),
+            3 => {}
+            other => panic!("extent {e} has type {other}: neither data nor hole+zero"),
+        }
+    }
+    data
+}
+
+/// The blob's page ranges below `data_bytes` (the footer excluded), as the
+/// Python SDK reports them: `(offset, length)`.
+fn sdk_page_ranges(container: &str, blob: &str, data_bytes: u64) -> Vec<(u64, u64)> {
+    const PY: &str = r#"
+import os, sys
+from azure.storage.blob import BlobClient
+b = BlobClient.from_connection_string(os.environ["CS"], sys.argv[1], sys.argv[2])
+print(";".join("%d-%d" % (r["start"], r["end"]) for r in b.get_page_ranges()[0]))
+"#;
+    let out = common::python(PY, &[container, blob]);
+    out.split(';')
+        .filter(|r| !r.is_empty())
+        .map(|r| {
+            let (s, e) = r.split_once('-').unwrap();
+            let (s, e): (u64, u64) = (s.parse().unwrap(), e.parse().unwrap());
+            (s, e + 1 - s)
+        })
+        .filter(|(s, _)| *s < data_bytes)
+        .collect()
+}
+
+/// `len` bytes at `offset` of the blob, read by the Python SDK.
+fn sdk_read(container: &str, blob: &str, offset: u64, len: u64) -> Vec<u8> {
+    const PY: &str = r#"
+import os, sys
+from azure.storage.blob import BlobClient
+b = BlobClient.from_connection_string(os.environ["CS"], sys.argv[1], sys.argv[2])
+print(b.download_blob(offset=int(sys.argv[3]), length=int(sys.argv[4])).readall().hex())
+"#;
+    let hex = common::python(
+        PY,
+        &[container, blob, &offset.to_string(), &len.to_string()],
+    );
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn read_file_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).expect("opens");
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, offset).expect("reads");
+    buf
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn qemu_writes_match_a_download_and_read_back_through_a_mount_after_the_export_stops() {
+    let test = "qemu_writes_match_a_download_and_read_back_through_a_mount_after_the_export_stops";
+    if !clients_present(test) || !system::can_run(test, false) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-qemu").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "64M"]);
+    let served = Served::start(&sb, "a", &[&drive], &[]);
+    let uri = served.uri(&drive);
+    let info = tool("qemu-img", &["info", "--output=json", &uri]);
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["virtual-size"], 64 * MIB);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0xab 1M 64k",
+            "-c",
+            "write -P 0xcd 10M 1M",
+            "-c",
+            "write -z 10M 4k",
+            "-c",
+            "discard 1M 4k",
+            "-c",
+            "flush",
+            &uri,
+        ],
+    );
+    let local = sb.root.path().join("download.raw");
+    sb.blobdrive_ok(&["download", &drive, &local.to_string_lossy(), "--raw"]);
+    tool(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            &uri,
+            &local.to_string_lossy(),
+        ],
+    );
+    let (status, stopped) = served.stop();
+    assert!(status.success(), "serve exits 0 after SIGTERM");
+    let counters = &stopped["exports"][0]["counters"];
+    assert!(counters["write_bytes"].as_u64().unwrap() >= 64 * 1024 + MIB);
+    // The blob has it, with the export gone: read through a namespace mount.
+    let mount = sb.mount("ns", Some(&g.name), &["--read-only"]);
+    let file = mount.path("disk.vhd");
+    assert_eq!(read_file_at(&file, MIB, 4096), vec![0u8; 4096], "discarded");
+    assert_eq!(
+        read_file_at(&file, MIB + 4096, 60 * 1024),
+        vec![0xab; 60 * 1024]
+    );
+    assert_eq!(
+        read_file_at(&file, 10 * MIB, 4096),
+        vec![0u8; 4096],
+        "zeroed"
+    );
+    assert_eq!(
+        read_file_at(&file, 10 * MIB + 4096, 1020 * 1024),
+        vec![0xcd; 1020 * 1024]
+    );
+    mount.unmount();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nbdinfo_map_lists_the_written_extents_as_data_before_and_after_the_flush() {
+    let test = "nbdinfo_map_lists_the_written_extents_as_data_before_and_after_the_flush";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-map").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "64M"]);
+    // An hour's flush delay: the writes stay dirty in the cache until the
+    // explicit flush, so the first map must come from the cache.
+    let served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
+    let uri = served.uri(&drive);
+    let written = [(MIB, 64 * 1024), (5 * MIB, 4096), (40 * MIB, 3 * MIB)];
+    // The tests' own client: qemu-io would flush when it closes.
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    for (offset, len) in written {
+        let data = vec![0x5a; len as usize];
+        assert_eq!(c.call(NBD_CMD_WRITE, 0, offset, len as u32, &data).error, 0);
+    }
+    assert_eq!(data_extents(&uri), written, "dirty pages are data");
+    assert!(
+        sdk_page_ranges(&g.name, "disk.vhd", 64 * MIB).is_empty(),
+        "nothing was flushed yet"
+    );
+    assert_eq!(c.call(NBD_CMD_FLUSH, 0, 0, 0, &[]).error, 0);
+    assert_eq!(data_extents(&uri), written, "flushed pages are data");
+    assert_eq!(
+        sdk_page_ranges(&g.name, "disk.vhd", 64 * MIB),
+        written,
+        "the blob's page ranges are the map's data extents"
+    );
+    // qemu's write-zeroes: without -u it sends NO_HOLE (the zeros stay
+    // allocated), with -u it lets the server punch a hole (Clear Pages).
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -z 20M 64k",
+            "-c",
+            "write -z -u 30M 64k",
+            "-c",
+            "write -z -u 40M 4k",
+            &uri,
+        ],
+    );
+    let after = vec![
+        (MIB, 64 * 1024),
+        (5 * MIB, 4096),
+        (20 * MIB, 64 * 1024),
+        (40 * MIB + 4096, 3 * MIB - 4096),
+    ];
+    assert_eq!(
+        data_extents(&uri),
+        after,
+        "NO_HOLE zeros stay data, trims are holes"
+    );
+    assert_eq!(sdk_page_ranges(&g.name, "disk.vhd", 64 * MIB), after);
+    let (status, _) = served.stop();
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nbdcopy_of_a_sparse_8_gib_drive_reads_only_its_data() {
+    let test = "nbdcopy_of_a_sparse_8_gib_drive_reads_only_its_data";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-copy").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "8G"]);
+    let writer = Served::start(&sb, "w", &[&drive], &[]);
+    let uri = writer.uri(&drive);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x11 0 1M",
+            "-c",
+            "write -P 0x22 5G 2M",
+            "-c",
+            "flush",
+            &uri,
+        ],
+    );
+    assert!(writer.stop().0.success());
+    let data_bytes = 3 * MIB;
+    let reader = Served::start(&sb, "r", &[&drive], &["--read-only"]);
+    let local = sb.root.path().join("copy.raw");
+    tool("nbdcopy", &[&reader.uri(&drive), &local.to_string_lossy()]);
+    let (status, stopped) = reader.stop();
+    assert!(status.success());
+    let read = stopped["exports"][0]["counters"]["read_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        read <= data_bytes + MIB,
+        "nbdcopy asked for {read} bytes of a drive holding {data_bytes}"
+    );
+    assert_eq!(std::fs::metadata(&local).unwrap().len(), 8 << 30);
+    assert_eq!(
+        read_file_at(&local, 0, MIB as usize),
+        vec![0x11; MIB as usize]
+    );
+    assert_eq!(
+        read_file_at(&local, 5 << 30, 2 * MIB as usize),
+        vec![0x22; 2 * MIB as usize]
+    );
+    assert_eq!(read_file_at(&local, 3 << 30, 4096), vec![0; 4096]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_read_write_export_of_a_drive_in_use_is_refused_in_one_line() {
+    let g = ContainerGuard::new("nbd-busy").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let first = Served::start(&sb, "a", &[&drive], &[]);
+    let nbd = format!("unix:{}", sb.root.path().join("b.sock").display());
+    let out = sb.blobdrive(&["serve", &drive, "--nbd", &nbd]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("in use elsewhere"), "{stderr}");
+    // A socket another server listens on is not taken over.
+    let taken = format!("unix:{}", first.socket.display());
+    let out = sb.blobdrive(&["serve", &drive, "--read-only", "--nbd", &taken]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("another server is listening there"),
+        "{stderr}"
+    );
+    // Read-only exports hold no lease: any number may run beside it.
+    let ro = Served::start(&sb, "c", &[&drive], &["--read-only"]);
+    assert_eq!(ro.ready["exports"][0]["read_only"], true);
+    assert!(ro.stop().0.success());
+    assert!(first.stop().0.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_export_is_read_only_and_refuses_writes_with_eperm() {
+    let test = "a_snapshot_export_is_read_only_and_refuses_writes_with_eperm";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-snap").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let writer = Served::start(&sb, "w", &[&drive], &[]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x77 0 64k",
+            "-c",
+            "flush",
+            &writer.uri(&drive),
+        ],
+    );
+    let time = sb.blobdrive_ok(&["snapshot", &drive]).trim().to_string();
+    let snap = Served::start(&sb, "s", &[&drive], &["--snapshot", &time]);
+    let name = format!("{drive}@{time}");
+    assert_eq!(snap.ready["exports"][0]["name"], name.as_str());
+    let info = tool("nbdinfo", &["--json", &snap.uri(&name)]);
+    assert!(info.contains("\"is_read_only\": true"), "{info}");
+    let mut c = nbd_support::Client::connect(&snap.socket);
+    c.go_structured(&name);
+    let a = c.call(NBD_CMD_WRITE, 0, 0, 512, &[1u8; 512]);
+    assert_eq!(a.error, NBD_EPERM);
+    let a = c.call(NBD_CMD_READ, 0, 0, 4096, &[]);
+    assert_eq!((a.error, a.data), (0, vec![0x77; 4096]));
+    drop(c);
+    assert!(snap.stop().0.success());
+    assert!(writer.stop().0.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_on_one_connection_flushed_on_another_survives_a_kill() {
+    let g = ContainerGuard::new("nbd-kill").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
+    let mut a = nbd_support::Client::connect(&served.socket);
+    let (_, flags) = a.go_structured(&drive);
+    assert_ne!(
+        flags & NBD_FLAG_CAN_MULTI_CONN,
+        0,
+        "multi-conn is announced"
+    );
+    let mut b = nbd_support::Client::connect(&served.socket);
+    b.go_structured(&drive);
+    let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+    assert_eq!(a.call(NBD_CMD_WRITE, 0, MIB, 8192, &pattern).error, 0);
+    assert_eq!(b.call(NBD_CMD_FLUSH, 0, 0, 0, &[]).error, 0);
+    served.kill();
+    assert_eq!(sdk_read(&g.name, "disk.vhd", MIB, 8192), pattern);
+    // The killed server left its lease: break it so the container goes.
+    sb.blobdrive_ok(&["break-lease", &drive]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fio_nbd_engine_random_read_write_verifies() {
+    let test = "fio_nbd_engine_random_read_write_verifies";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-fio").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "64M"]);
+    let served = Served::start(&sb, "a", &[&drive], &[]);
+    let uri = format!("--uri={}", served.uri(&drive));
+    tool(
+        "fio",
+        &[
+            "--name=nbd",
+            "--ioengine=nbd",
+            &uri,
+            "--rw=randrw",
+            "--bs=4k",
+            "--size=32M",
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--randseed=1234",
+            // No verify state file in the working directory.
+            "--verify_state_save=0",
+        ],
+    );
+    let (status, stopped) = served.stop();
+    assert!(status.success(), "serve stops cleanly");
+    assert_eq!(stopped["exports"][0]["counters"]["errors"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tcp_export_on_loopback_serves_the_same_drive() {
+    let test = "a_tcp_export_on_loopback_serves_the_same_drive";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-tcp").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    // Port 0: the system picks one, and the ready line says which.
+    let served = Served::start_at(
+        &sb,
+        "t",
+        &[&drive],
+        "tcp:127.0.0.1:0",
+        &["--metrics-listen", "0"],
+    );
+    let endpoint = served.ready["endpoint"].as_str().unwrap().to_string();
+    let addr = endpoint.strip_prefix("tcp:").expect("a tcp endpoint");
+    let uri = served.ready["exports"][0]["uri"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(uri, format!("nbd://{addr}/{drive}"));
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x42 4k 4k",
+            "-c",
+            "read -P 0x42 4k 4k",
+            &uri,
+        ],
+    );
+    let size = tool("nbdinfo", &["--size", &uri]);
+    assert_eq!(size.trim(), (16 * MIB).to_string());
+    // --metrics-listen serves the exported drive's counters for Prometheus.
+    let metrics = served.ready["metrics"]
+        .as_str()
+        .expect("the metrics address");
+    let mut http = std::net::TcpStream::connect(metrics).expect("metrics listener");
+    std::io::Write::write_all(&mut http, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut http, &mut text).unwrap();
+    assert!(text.contains(&format!("drive=\"{drive}\"")), "{text}");
+    assert!(served.stop().0.success());
+    assert_eq!(sdk_read(&g.name, "disk.vhd", 4096, 4096), vec![0x42; 4096]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_server_returns_once_it_serves_and_releases_the_lease_at_sigterm() {
+    let test = "a_background_server_returns_once_it_serves_and_releases_the_lease_at_sigterm";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-bg").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let socket = sb.root.path().join("bg.sock");
+    let log = sb.root.path().join("bg.log");
+    let nbd = format!("unix:{}", socket.display());
+    let out = sb.blobdrive_ok(&[
+        "serve",
+        &drive,
+        "--nbd",
+        &nbd,
+        "--json",
+        "--log-file",
+        &log.to_string_lossy(),
+        "-v",
+    ]);
+    let ready: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    let pid = ready["pid"].as_i64().expect("the daemon's pid") as i32;
+    // Stopped even if the test fails from here on.
+    struct Daemon(i32);
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            if process_alive(self.0) {
+                send_signal(self.0, libc::SIGKILL);
+            }
+        }
+    }
+    let daemon = Daemon(pid);
+    assert!(
+        process_alive(pid),
+        "the daemon serves after the command returned"
+    );
+    let uri = ready["exports"][0]["uri"].as_str().unwrap().to_string();
+    tool("qemu-io", &["-f", "raw", "-c", "write -P 0x33 0 64k", &uri]);
+    send_signal(pid, libc::SIGTERM);
+    let start = Instant::now();
+    while process_alive(pid) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(daemon);
+    assert!(!socket.exists(), "the socket is removed");
+    assert_eq!(sdk_read(&g.name, "disk.vhd", 0, 4096), vec![0x33; 4096]);
+    // The lease went with it: a read-write export starts again.
+    let again = Served::start(&sb, "again", &[&drive], &[]);
+    assert!(again.stop().0.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_write_export_of_an_attached_drive_is_refused_and_a_read_only_one_is_not() {
+    let test = "a_read_write_export_of_an_attached_drive_is_refused_and_a_read_only_one_is_not";
+    if !clients_present(test) || !system::can_run(test, true) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-attached").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "64M", "--mkfs", "ext4"]);
+    let attached = sb.mount("attached", Some(&drive), &[]);
+    let nbd = format!("unix:{}", sb.root.path().join("x.sock").display());
+    let out = sb.blobdrive(&["serve", &drive, "--nbd", &nbd]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("in use elsewhere"), "{stderr}");
+    let ro = Served::start(&sb, "ro", &[&drive], &["--read-only"]);
+    let size = tool("nbdinfo", &["--size", &ro.uri(&drive)]);
+    assert_eq!(size.trim(), (64 * MIB).to_string());
+    assert!(ro.stop().0.success());
+    attached.unmount();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_server_exports_several_drives_by_name() {
+    let test = "one_server_exports_several_drives_by_name";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-many").await;
+    let (a, b) = (format!("{}/a.vhd", g.name), format!("{}/b.vhd", g.name));
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &a, "--size", "16M"]);
+    sb.blobdrive_ok(&["create", &b, "--size", "32M"]);
+    let served = Served::start(&sb, "m", &[&a, &b], &[]);
+    let list = tool(
+        "nbdinfo",
+        &[
+            "--list",
+            &format!("nbd+unix:///?socket={}", served.socket.display()),
+        ],
+    );
+    assert!(list.contains(&format!("export=\"{a}\"")), "{list}");
+    assert!(list.contains(&format!("export=\"{b}\"")), "{list}");
+    assert_eq!(
+        tool("nbdinfo", &["--size", &served.uri(&a)]).trim(),
+        (16 * MIB).to_string()
+    );
+    assert_eq!(
+        tool("nbdinfo", &["--size", &served.uri(&b)]).trim(),
+        (32 * MIB).to_string()
+    );
+    assert!(served.stop().0.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_an_export_cannot_flush_after_its_lease_was_broken_go_to_a_recovery_file() {
+    let g = ContainerGuard::new("nbd-lost").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, MIB, 4096, &[0x61; 4096]).error, 0);
+    // Another host takes the drive over.
+    sb.blobdrive_ok(&["break-lease", &drive]);
+    let flush = c.call(NBD_CMD_FLUSH, 0, 0, 0, &[]);
+    assert_eq!(flush.error, NBD_EIO, "a flush without the lease fails");
+    drop(c);
+    let log = served.stderr.clone();
+    let (status, _) = served.stop();
+    assert_eq!(status.code(), Some(1), "the unflushed data is reported");
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(
+        text.contains("run 'blobdrive recover"),
+        "the error names the file: {text}"
+    );
+    let saved: Vec<_> = std::fs::read_dir(sb.recovery_dir())
+        .expect("a recovery directory")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "bdrec"))
+        .collect();
+    assert_eq!(saved.len(), 1, "one recovery file for the drive");
+}
