@@ -244,6 +244,9 @@ async fn serve(
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
+    // A closed terminal (an ssh session that dropped) stops the server as
+    // SIGTERM does, flushing first, instead of killing it with dirty data.
+    let mut sighup = signal(SignalKind::hangup())?;
     let mut exports: Vec<Arc<Export>> = Vec::new();
     for drive in &drives {
         match open_export(args, drive).await {
@@ -331,6 +334,7 @@ async fn serve(
         tokio::select! {
             _ = sigterm.recv() => tracing::info!("SIGTERM: stopping the NBD server"),
             _ = sigint.recv() => tracing::info!("SIGINT: stopping the NBD server"),
+            _ = sighup.recv() => tracing::info!("SIGHUP: stopping the NBD server"),
         }
     };
     let shared = Arc::new(Exports::new(exports.clone()));

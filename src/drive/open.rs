@@ -44,7 +44,11 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         }
         Mode::ReadOnly | Mode::Snapshot => Lease::none(&target),
     };
-    let read = match read_drive(store.as_ref(), opts.mode, lease.id(), &target, &meters).await {
+    // Only an id given to the open can have been used before (an attach's,
+    // which every serving process of the attach proposes again): a new
+    // random one fences lazily, before its first write (`WriteFence::new`).
+    let fence_with = lease.id().filter(|_| opts.lease_id.is_some());
+    let read = match read_drive(store.as_ref(), opts.mode, fence_with, &target, &meters).await {
         Ok(x) => x,
         Err(e) => {
             // Do not leave the drive locked behind a failed open; if that
@@ -158,8 +162,9 @@ const PINNED_OPEN_TRIES: u32 = 3;
 /// of a live blob (no lease keeps it still) pins every read to the ETag it
 /// saw first, so the footer, the map and every later read are of one state
 /// (`fetch.rs` turns a refused read into [`Error::Changed`]). A read-write
-/// open (under `lease_id`) fences the writes sent earlier under the same
-/// lease before it reads the footer and the map (see
+/// open under a lease id that was used before (`fence_with`: an attach's)
+/// fences the writes sent earlier under it before it reads the footer and
+/// the map (see
 /// [`PageStore::fence_earlier_writes`]); the ETag it keeps is the one from
 /// before that fence, whose raise of the sequence number changes no page,
 /// so that what the drive's ETag is compared with (its disk tier, a
@@ -167,7 +172,7 @@ const PINNED_OPEN_TRIES: u32 = 3;
 async fn read_drive(
     store: &dyn PageStore,
     mode: Mode,
-    lease_id: Option<&str>,
+    fence_with: Option<&str>,
     target: &str,
     meters: &Meters,
 ) -> Result<ReadDrive> {
@@ -183,8 +188,8 @@ async fn read_drive(
             Mode::ReadOnly => state.etag.as_deref(),
             Mode::ReadWrite | Mode::Snapshot => None,
         });
-        if mode == Mode::ReadWrite {
-            store.fence_earlier_writes(lease_id).await?;
+        if let (Mode::ReadWrite, Some(lease_id)) = (mode, fence_with) {
+            store.fence_earlier_writes(Some(lease_id)).await?;
         }
         let read = async {
             let located = super::resize::locate_footer(store, state.size_bytes).await?;
@@ -702,7 +707,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_read_write_open_fences_earlier_writes_before_it_reads_the_map() {
+    async fn an_attach_open_fences_earlier_writes_before_it_reads_the_map() {
         // A process that died holding the same lease may have a Put Page
         // in flight: it must be unable to land before the map is read, or
         // the map would miss pages the blob then holds.
@@ -711,9 +716,11 @@ mod tests {
             inner,
             calls: Mutex::new(Vec::new()),
         });
-        let drive = Drive::open(store.clone(), opts(Mode::ReadWrite))
-            .await
-            .unwrap();
+        let attach = DriveOptions {
+            lease_id: Some("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into()),
+            ..opts(Mode::ReadWrite)
+        };
+        let drive = Drive::open(store.clone(), attach).await.unwrap();
         drive.close().await.unwrap();
         let calls = store.calls.lock().unwrap().clone();
         let first = |c: &str| calls.iter().position(|x| *x == c).unwrap_or(usize::MAX);
@@ -721,6 +728,13 @@ mod tests {
             first("lease") < first("fence") && first("fence") < first("page ranges"),
             "{calls:?}"
         );
+        // A new random lease id cannot have been used: it fences lazily.
+        store.calls.lock().unwrap().clear();
+        let drive = Drive::open(store.clone(), opts(Mode::ReadWrite))
+            .await
+            .unwrap();
+        drive.close().await.unwrap();
+        assert!(!store.calls.lock().unwrap().contains(&"fence"));
         // A read-only open has no lease and writes nothing: no fence.
         store.calls.lock().unwrap().clear();
         let ro = Drive::open(store.clone(), opts(Mode::ReadOnly))

@@ -161,9 +161,10 @@ pub trait PageStore: Send + Sync + 'static {
 
     /// Makes sure no page write sent before now under this lease can land
     /// any more (a blob raises its sequence number, see `blob/fence.rs`):
-    /// called once the lease is held and before the sparse map is read, so
-    /// a write of a process that died holding the same lease can neither
-    /// land over this one's nor change the blob after its map was read.
+    /// called by an open under a lease id used before (an attach's) once the
+    /// lease is held and before the sparse map is read, so a write of a
+    /// process that died holding the same lease can neither land over this
+    /// one's nor change the blob after its map was read.
     async fn fence_earlier_writes(&self, lease_id: Option<&str>) -> Result<()>;
 
     /// Change the size of the whole blob to `blob_size_bytes` (a multiple of

@@ -76,6 +76,30 @@ pub enum Listener {
     Tcp(TcpListener),
 }
 
+/// Makes the socket just bound at `path` 0600 without following a link:
+/// in a directory others may write to, the path could be swapped for a
+/// symbolic link between the bind and a plain chmod, which would then
+/// change the mode of the link's target.
+fn restrict_socket(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let cant = |e: std::io::Error| anyhow::anyhow!("cannot restrict {}: {e}", path.display());
+    let handle = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(cant)?;
+    if !handle.metadata().map_err(cant)?.file_type().is_socket() {
+        anyhow::bail!("{} is no longer the socket just made", path.display());
+    }
+    // The descriptor's own path: chmod of what was opened, not of the name.
+    use std::os::fd::AsRawFd;
+    std::fs::set_permissions(
+        format!("/proc/self/fd/{}", handle.as_raw_fd()),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .map_err(cant)
+}
+
 impl Listener {
     /// Binds `endpoint`. A Unix path that is a socket nobody answers on is
     /// replaced; anything else there is refused.
@@ -85,7 +109,7 @@ impl Listener {
                 remove_stale_socket(path)?;
                 let listener = UnixListener::bind(path)
                     .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                restrict_socket(path)?;
                 Ok(Listener::Unix(listener, path.clone()))
             }
             Endpoint::Tcp(addr) => {

@@ -18,6 +18,7 @@
 //! requests in flight on a connection stay under [`MAX_IN_FLIGHT_BYTES`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -35,6 +36,12 @@ pub const MAX_IN_FLIGHT_BYTES: u32 = 64 * 1024 * 1024;
 const BUDGET_UNIT: u32 = 4096;
 /// Most block status descriptors in one reply (the specification's bound).
 const MAX_DESCRIPTORS: usize = 1 << 20;
+/// Most of a drive one BLOCK_STATUS looks at (the specification lets a
+/// reply cover less than was asked): bounds the work and the reply, at
+/// most one descriptor per 512-byte page, 1 MiB.
+const BLOCK_STATUS_SCAN_BYTES: u64 = 64 << 20;
+/// How long a stopping server waits for a client to take its replies.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 /// The read buffer of a connection.
 const READ_BUFFER_BYTES: usize = 256 * 1024;
 /// A reply up to this size goes out in one write (header and data copied
@@ -104,16 +111,26 @@ where
         if request.command == NBD_CMD_DISC {
             break ConnectionEnd::Disconnected;
         }
-        // Payload budget: a WRITE's data, a READ's reply.
+        // Payload budget: a WRITE's data, a READ's reply, the largest
+        // BLOCK_STATUS reply its (clipped) range can need.
         let want = match request.command {
             NBD_CMD_WRITE | NBD_CMD_READ if request.len_bytes <= MAX_PAYLOAD_BYTES => {
                 request.len_bytes.div_ceil(BUDGET_UNIT).max(1)
             }
+            NBD_CMD_BLOCK_STATUS => {
+                (u64::from(request.len_bytes).min(BLOCK_STATUS_SCAN_BYTES) / 512 * 8)
+                    .div_ceil(u64::from(BUDGET_UNIT))
+                    .max(1) as u32
+            }
             _ => 1,
         };
-        let permit = match budget.clone().acquire_many_owned(want).await {
-            Ok(p) => p,
-            Err(_) => break ConnectionEnd::Stopping,
+        // A stop must not wait for a client that takes no replies.
+        let permit = tokio::select! {
+            p = budget.clone().acquire_many_owned(want) => match p {
+                Ok(p) => p,
+                Err(_) => break ConnectionEnd::Stopping,
+            },
+            _ = stop.wait_for(|s| *s) => break ConnectionEnd::Stopping,
         };
         let mut payload = Bytes::new();
         if request.command == NBD_CMD_WRITE {
@@ -127,7 +144,12 @@ where
                 }
             } else {
                 let mut buf = BytesMut::zeroed(request.len_bytes as usize);
-                if let Err(e) = reader.read_exact(&mut buf).await {
+                let read = tokio::select! {
+                    r = reader.read_exact(&mut buf) => r,
+                    // Not acknowledged: nothing is lost by dropping it.
+                    _ = stop.wait_for(|s| *s) => break ConnectionEnd::Stopping,
+                };
+                if let Err(e) = read {
                     break ConnectionEnd::Broken(format!("truncated write payload: {e}"));
                 }
                 payload = buf.freeze();
@@ -153,8 +175,27 @@ where
             }
         });
     };
-    while tasks.join_next().await.is_some() {}
-    let _ = writer.lock().await.shutdown().await;
+    // Every request read was answered by the device before its reply is
+    // written; at a stop, a client that does not take its replies within
+    // the grace is dropped, so the final flush is never held up by it.
+    let grace = match end {
+        ConnectionEnd::Stopping => STOP_GRACE,
+        _ => Duration::MAX,
+    };
+    let drained =
+        tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(
+            seconds = STOP_GRACE.as_secs(),
+            "an NBD client took no replies after the stop; dropping its connection"
+        );
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+    let _ = tokio::time::timeout(STOP_GRACE, async {
+        let _ = writer.lock().await.shutdown().await;
+    })
+    .await;
     end
 }
 
@@ -348,7 +389,7 @@ async fn perform(
                 ));
             }
             let descriptors = allocation_descriptors(
-                device.allocation(offset, len),
+                device.allocation(offset, len.min(BLOCK_STATUS_SCAN_BYTES)),
                 request.flags & NBD_CMD_FLAG_REQ_ONE != 0,
             );
             if descriptors.is_empty() {
