@@ -100,7 +100,14 @@ mod tests {
     use crate::drive::{Drive, DriveOptions, MemoryStore, Mode};
     use crate::units::PAGE_SIZE;
 
-    async fn drive_of(store: Arc<MemoryStore>) -> Drive {
+    /// A fresh drive of `data_bytes` in memory, opened read-write.
+    async fn new_drive(data_bytes: u64) -> Drive {
+        let store = MemoryStore::new(data_bytes + crate::units::VHD_FOOTER_BYTES);
+        store.poke(
+            data_bytes,
+            &crate::vhd::Footer::new_fixed(data_bytes).to_bytes(),
+        );
+        let store = Arc::new(store);
         let opts = DriveOptions {
             mode: Mode::ReadWrite,
             cache_bytes: 8 << 20,
@@ -113,12 +120,7 @@ mod tests {
     #[tokio::test]
     async fn dirty_pages_are_data_before_and_after_the_flush() {
         let data_bytes = 16u64 << 20;
-        let store = MemoryStore::new(data_bytes + crate::units::VHD_FOOTER_BYTES);
-        store.poke(
-            data_bytes,
-            &crate::vhd::Footer::new_fixed(data_bytes).to_bytes(),
-        );
-        let drive = drive_of(Arc::new(store)).await;
+        let drive = new_drive(data_bytes).await;
         let all = PageRange::new(0, data_bytes / PAGE_SIZE);
         assert_eq!(
             drive.allocation(all),
@@ -160,12 +162,7 @@ mod tests {
     #[tokio::test]
     async fn zeros_written_to_stay_allocated_survive_the_flush_and_plain_zeros_do_not() {
         let data_bytes = 16u64 << 20;
-        let store = MemoryStore::new(data_bytes + crate::units::VHD_FOOTER_BYTES);
-        store.poke(
-            data_bytes,
-            &crate::vhd::Footer::new_fixed(data_bytes).to_bytes(),
-        );
-        let drive = drive_of(Arc::new(store)).await;
+        let drive = new_drive(data_bytes).await;
         let all = PageRange::new(0, data_bytes / PAGE_SIZE);
         drive.write_zeroes_allocated(1 << 20, 8192).await.unwrap();
         drive.write_at(2 << 20, &[0u8; 8192]).await.unwrap();
