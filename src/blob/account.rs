@@ -109,19 +109,26 @@ pub enum AuthMode {
     /// SAS token: `AZURE_STORAGE_SAS_TOKEN` or a connection string's signature.
     Sas,
     /// Microsoft Entra ID, first available of: service principal from the
-    /// environment, managed identity, Azure CLI.
+    /// environment, workload identity, managed identity, Azure CLI, Azure
+    /// Developer CLI.
     Login,
     /// Microsoft Entra ID through the managed identity (IMDS or `IDENTITY_ENDPOINT`).
     Msi,
     /// Microsoft Entra ID as a service principal (secret or certificate).
     Sp,
+    /// Microsoft Entra ID through workload identity federation (a federated
+    /// token file, `AZURE_FEDERATED_TOKEN_FILE`, as on AKS).
+    Workload,
     /// Microsoft Entra ID through the Azure CLI's login (`az login`).
     Cli,
+    /// Microsoft Entra ID through the Azure Developer CLI's login (`azd auth login`).
+    Azd,
 }
 
 impl AuthMode {
     /// Every mode's name, as `--auth` takes it.
-    pub const NAMES: [&'static str; 6] = ["key", "sas", "login", "msi", "sp", "cli"];
+    pub const NAMES: [&'static str; 8] =
+        ["key", "sas", "login", "msi", "sp", "workload", "cli", "azd"];
 
     fn token_mode(self) -> Option<token::TokenMode> {
         match self {
@@ -129,7 +136,9 @@ impl AuthMode {
             AuthMode::Login => Some(token::TokenMode::Login),
             AuthMode::Msi => Some(token::TokenMode::ManagedIdentity),
             AuthMode::Sp => Some(token::TokenMode::ServicePrincipal),
+            AuthMode::Workload => Some(token::TokenMode::WorkloadIdentity),
             AuthMode::Cli => Some(token::TokenMode::AzureCli),
+            AuthMode::Azd => Some(token::TokenMode::AzureDeveloperCli),
         }
     }
 }
@@ -143,7 +152,9 @@ impl std::str::FromStr for AuthMode {
             "login" => AuthMode::Login,
             "msi" | "managed-identity" => AuthMode::Msi,
             "sp" | "service-principal" => AuthMode::Sp,
+            "workload" | "workload-identity" => AuthMode::Workload,
             "cli" | "azure-cli" => AuthMode::Cli,
+            "azd" | "azure-developer-cli" => AuthMode::Azd,
             other => {
                 return Err(format!(
                     "unknown sign-in mode '{other}' (one of {})",

@@ -93,6 +93,12 @@ fn environment() -> Section {
                  user-assigned managed identity.",
             ),
             Item::Term(
+                "AZURE_FEDERATED_TOKEN_FILE",
+                "Workload identity (--auth workload, or login): a file holding a federated \
+                 token, such as the one AKS mounts into a pod, exchanged with AZURE_TENANT_ID \
+                 and AZURE_CLIENT_ID for an access token. It is read again for every token.",
+            ),
+            Item::Term(
                 "IDENTITY_ENDPOINT, IDENTITY_HEADER",
                 "The managed identity endpoint on App Service and Arc.",
             ),

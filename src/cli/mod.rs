@@ -60,9 +60,12 @@ else AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, \
 else the local Azurite development storage.\n\
 Sign-in (--auth, or AZURE_STORAGE_AUTH_MODE=login): key, sas, or Microsoft Entra ID: \
 login (service principal from AZURE_TENANT_ID/AZURE_CLIENT_ID/AZURE_CLIENT_SECRET or \
-AZURE_CLIENT_CERTIFICATE_PATH, else managed identity, else 'az login'), msi (managed identity; \
+AZURE_CLIENT_CERTIFICATE_PATH, else workload identity, else managed identity, else 'az login', \
+else 'azd auth login'), msi (managed identity; \
 AZURE_CLIENT_ID picks a user-assigned one; IDENTITY_ENDPOINT/IDENTITY_HEADER on App Service and Arc), \
-sp (service principal; AZURE_AUTHORITY_HOST for other clouds), cli (Azure CLI). \
+sp (service principal; AZURE_AUTHORITY_HOST for other clouds), workload (workload identity: \
+AZURE_FEDERATED_TOKEN_FILE with AZURE_TENANT_ID and AZURE_CLIENT_ID, as on AKS), cli (Azure CLI), \
+azd (Azure Developer CLI). \
 Entra sign-in needs a role such as Storage Blob Data Contributor on the account.\n\
 Secrets: the environment (or a mount's credentials= file) is the safe channel for a key, \
 connection string or SAS. blobdrive hides --connection-string values and SAS URLs from \
@@ -79,7 +82,7 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "NAME|URL")]
     pub account: Option<String>,
 
-    /// How to sign in: key, sas, login (Microsoft Entra ID, first available identity), msi, sp, cli [default: AZURE_STORAGE_AUTH_MODE, else key or SAS from the environment].
+    /// How to sign in: key, sas, login (Microsoft Entra ID, first available identity), msi, sp, workload, cli, azd [default: AZURE_STORAGE_AUTH_MODE, else key or SAS from the environment].
     #[arg(long, global = true, value_name = "MODE", value_parser = parse_auth_mode)]
     pub auth: Option<blob::AuthMode>,
 

@@ -1,11 +1,12 @@
 //! The Azure CLI's login: `az account get-access-token --resource
-//! https://storage.azure.com/ -o json`, run without a shell.
+//! https://storage.azure.com/ -o json`, run without a shell; and
+//! [`run_login_tool`], which the Azure Developer CLI's source shares.
 //!
-//! Invariant: the token is read from `az`'s standard output only and never
-//! logged; `az`'s standard error (which holds no token) gives the reason
+//! Invariant: the token is read from the tool's standard output only and
+//! never logged; its standard error (which holds no token) gives the reason
 //! when it fails, e.g. "Please run 'az login'".
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
@@ -36,70 +37,119 @@ impl TokenProvider for AzureCli {
     }
 
     async fn fetch(&self, _http: &reqwest::Client) -> Result<AccessToken, TokenError> {
-        let run = tokio::process::Command::new(&self.program)
-            .args([
+        let tool = LoginTool {
+            name: NAME,
+            program: &self.program,
+            args: &[
                 "account",
                 "get-access-token",
                 "--resource",
                 STORAGE_RESOURCE,
                 "-o",
                 "json",
-            ])
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output();
-        let out = match tokio::time::timeout(Duration::from_secs(60), run).await {
-            Err(_) => {
-                return Err(TokenError::new(
-                    TokenErrorKind::Failed,
-                    NAME,
-                    "'az account get-access-token' did not finish within 60 s",
-                ))
-            }
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(TokenError::new(
-                    TokenErrorKind::Unavailable,
-                    NAME,
-                    format!(
-                        "'{}' is not installed (not found on PATH)",
-                        self.program.display()
-                    ),
-                ))
-            }
-            Ok(Err(e)) => {
-                return Err(TokenError::new(
-                    TokenErrorKind::Unavailable,
-                    NAME,
-                    format!("cannot run '{}': {e}", self.program.display()),
-                ))
-            }
-            Ok(Ok(out)) => out,
+            ],
+            login_hint: "az login",
         };
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let reason: Vec<&str> = stderr
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .take(3)
-                .collect();
-            let not_logged_in = stderr.contains("az login");
-            return Err(TokenError::new(
-                if not_logged_in {
-                    TokenErrorKind::Unavailable
-                } else {
-                    TokenErrorKind::Refused
-                },
-                NAME,
-                format!(
-                    "'az account get-access-token' failed ({}): {}",
-                    out.status,
-                    reason.join(" ")
-                ),
-            ));
-        }
-        parse_cli_token(&out.stdout)
+        parse_cli_token(&run_login_tool(&tool).await?)
     }
+}
+
+/// A command-line tool that prints a token for its signed-in account.
+pub(super) struct LoginTool<'a> {
+    /// The source's name for messages.
+    pub name: &'a str,
+    /// The program (looked up on `PATH` when it is a bare name).
+    pub program: &'a Path,
+    /// Its arguments (no secrets: they are visible to other local users).
+    pub args: &'a [&'a str],
+    /// What its standard error says when nobody is signed in.
+    pub login_hint: &'a str,
+}
+
+/// Run `tool` without a shell and return its standard output. A missing
+/// program, or a "not signed in" answer, is [`TokenErrorKind::Unavailable`]
+/// (a chain moves on); another failure gives the first lines of its
+/// standard error.
+pub(super) async fn run_login_tool(tool: &LoginTool<'_>) -> Result<Vec<u8>, TokenError> {
+    let command = format!(
+        "'{} {}'",
+        program_name(tool.program),
+        tool.args[..2].join(" ")
+    );
+    let run = tokio::process::Command::new(tool.program)
+        .args(tool.args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(Duration::from_secs(60), run).await {
+        Err(_) => {
+            return Err(TokenError::new(
+                TokenErrorKind::Failed,
+                tool.name,
+                format!("{command} did not finish within 60 s"),
+            ))
+        }
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(TokenError::new(
+                TokenErrorKind::Unavailable,
+                tool.name,
+                format!(
+                    "'{}' is not installed (not found on PATH)",
+                    tool.program.display()
+                ),
+            ))
+        }
+        Ok(Err(e)) => {
+            return Err(TokenError::new(
+                TokenErrorKind::Unavailable,
+                tool.name,
+                format!("cannot run '{}': {e}", tool.program.display()),
+            ))
+        }
+        Ok(Ok(out)) => out,
+    };
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let reason: Vec<String> = stderr
+            .lines()
+            .map(console_message)
+            .filter(|l| !l.is_empty())
+            .take(3)
+            .collect();
+        let not_logged_in = stderr.contains(tool.login_hint);
+        return Err(TokenError::new(
+            if not_logged_in {
+                TokenErrorKind::Unavailable
+            } else {
+                TokenErrorKind::Refused
+            },
+            tool.name,
+            format!("{command} failed ({}): {}", out.status, reason.join(" ")),
+        ));
+    }
+    Ok(out.stdout)
+}
+
+/// The program's file name, for messages (`az`, `azd`).
+fn program_name(program: &Path) -> String {
+    program.file_name().map_or_else(
+        || program.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// One line of a tool's standard error as a person would read it: `azd`
+/// writes JSON lines (`{"type":"consoleMessage","data":{"message":...}}`),
+/// `az` plain text.
+fn console_message(line: &str) -> String {
+    let line = line.trim();
+    if let Ok(v) = serde_json::from_str::<Value>(line) {
+        if let Some(m) = v.pointer("/data/message").and_then(Value::as_str) {
+            let words: Vec<&str> = m.split_whitespace().collect();
+            return words.join(" ");
+        }
+    }
+    line.to_string()
 }
 
 /// `az`'s JSON: `accessToken` and `expires_on` (Unix seconds, CLI 2.54+),
@@ -158,5 +208,18 @@ mod tests {
         };
         let e = cli.fetch(&reqwest::Client::new()).await.unwrap_err();
         assert_eq!(e.kind, TokenErrorKind::Unavailable, "{e}");
+    }
+
+    #[test]
+    fn azd_console_messages_are_read_as_text() {
+        let line = r#"{"type":"consoleMessage","timestamp":"2026-01-18T00:00:00Z","data":{"message":"\nERROR: not logged in, run `azd auth login` to login\n"}}"#;
+        assert_eq!(
+            console_message(line),
+            "ERROR: not logged in, run `azd auth login` to login"
+        );
+        assert_eq!(
+            console_message("  ERROR: Please run 'az login'  "),
+            "ERROR: Please run 'az login'"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! The `login` chain (the Azure SDKs' default order): environment service
-//! principal, managed identity, Azure CLI. The first source that gives a
+//! principal, workload identity, managed identity, Azure CLI, Azure
+//! Developer CLI. The first source that gives a
 //! token is kept for the life of the client; a source that is not set up
 //! here is skipped; a source that is set up and refused stops the chain
 //! (a wrong secret must not silently fall back to another identity).
@@ -63,7 +64,7 @@ impl TokenProvider for Chain {
             TokenErrorKind::Unavailable,
             "sign-in (login)",
             format!(
-                "no Microsoft Entra identity is available; tried: {}. Set AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET (or AZURE_CLIENT_CERTIFICATE_PATH), run on Azure with a managed identity, or run 'az login'",
+                "no Microsoft Entra identity is available; tried: {}. Set AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET (or AZURE_CLIENT_CERTIFICATE_PATH), use workload identity (AZURE_FEDERATED_TOKEN_FILE), run on Azure with a managed identity, or run 'az login' or 'azd auth login'",
                 tried.join("; ")
             ),
         ))

@@ -1,14 +1,21 @@
 //! Microsoft Entra ID access tokens for the blob client: where tokens come
-//! from (managed identity, service principal, Azure CLI, or a chain of them)
-//! and the cache that keeps one valid token for all requests of a client.
+//! from (service principal, workload identity, managed identity, Azure CLI,
+//! Azure Developer CLI, or a chain of them) and the cache that keeps one
+//! valid token for all requests of a client.
 //!
 //! Layering: only `blob/client.rs` asks for tokens (through [`TokenCache`]);
 //! nothing above `blob/` sees one. Invariants: a token, client secret,
-//! identity header or certificate key lives in a [`Secret`], whose `Debug`
-//! prints `<redacted>` and which has no `Display`; token errors carry the
-//! identity service's own error code and description, never a request body.
+//! identity header, federated token or certificate key lives in a
+//! [`Secret`], whose `Debug` prints `<redacted>` and which has no `Display`;
+//! token errors carry the identity service's own error code and
+//! description, never a request body.
+//!
+//! The sources are written here rather than taken from `azure_identity`
+//! (the Azure SDK for Rust): ARCHITECTURE.md's sign-in section has the
+//! measurements and the reasons.
 
 mod azure_cli;
+mod azure_developer_cli;
 mod cache;
 mod chain;
 mod env;
@@ -22,6 +29,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 pub use azure_cli::AzureCli;
+pub use azure_developer_cli::AzureDeveloperCli;
 pub use cache::{TokenCache, DEFAULT_REFRESH_MARGIN};
 pub use chain::Chain;
 pub use env::{provider_from_lookup, TokenMode};

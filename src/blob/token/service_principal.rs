@@ -1,14 +1,19 @@
 //! Service principal (app registration) sign-in with the OAuth 2.0
 //! client-credentials grant at Microsoft Entra ID's v2.0 token endpoint
 //! (`{authority}/{tenant}/oauth2/v2.0/token`), proving itself with a client
-//! secret or a certificate (a signed client assertion).
+//! secret, a certificate (a signed client assertion), or a federated token
+//! (workload identity: a token the platform writes to a file, such as the
+//! service account token an AKS pod gets, sent as the client assertion).
 //!
 //! Reads the variables the Azure SDKs use: `AZURE_TENANT_ID`,
-//! `AZURE_CLIENT_ID`, `AZURE_CLIENT_SECRET` or `AZURE_CLIENT_CERTIFICATE_PATH`,
-//! and `AZURE_AUTHORITY_HOST` (sovereign clouds; tests). Invariant: the
-//! secret and the key are sent only in the POST body to the authority and
-//! are scrubbed from every message.
+//! `AZURE_CLIENT_ID`, `AZURE_CLIENT_SECRET` or `AZURE_CLIENT_CERTIFICATE_PATH`
+//! or `AZURE_FEDERATED_TOKEN_FILE`, and `AZURE_AUTHORITY_HOST` (sovereign
+//! clouds; tests). Invariants: the secret, the key and the federated token
+//! are sent only in the POST body to the authority and are scrubbed from
+//! every message; the federated token file is read again for every token
+//! (the kubelet rotates it).
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use url::Url;
@@ -49,6 +54,9 @@ pub enum SpSecret {
     Secret(Secret),
     /// A certificate.
     Certificate(ClientCertificate),
+    /// A file holding a federated token (workload identity), read afresh
+    /// for each token request.
+    FederatedToken(PathBuf),
 }
 
 /// A service principal.
@@ -82,7 +90,10 @@ impl ServicePrincipal {
         let client = lookup("AZURE_CLIENT_ID");
         let secret = lookup("AZURE_CLIENT_SECRET");
         let cert = lookup("AZURE_CLIENT_CERTIFICATE_PATH");
-        if tenant.is_none() && secret.is_none() && cert.is_none() {
+        // Tenant and client id without a secret or certificate, but with a
+        // federated token file, are workload identity's, not ours.
+        let federated = lookup("AZURE_FEDERATED_TOKEN_FILE").is_some();
+        if secret.is_none() && cert.is_none() && (tenant.is_none() || federated) {
             return Ok(None);
         }
         let mut missing = Vec::new();
@@ -104,16 +115,7 @@ impl ServicePrincipal {
         if lookup("AZURE_CLIENT_CERTIFICATE_PASSWORD").is_some() && secret.is_none() {
             return Err("AZURE_CLIENT_CERTIFICATE_PASSWORD is set, but password-protected certificates are not supported: give a PEM with an unencrypted key".into());
         }
-        let authority = lookup("AZURE_AUTHORITY_HOST").unwrap_or_else(|| DEFAULT_AUTHORITY.into());
-        let authority = Url::parse(authority.trim())
-            .map_err(|e| format!("AZURE_AUTHORITY_HOST is not a URL: {e}"))?;
-        if authority.scheme() != "https" && !is_loopback(&authority) {
-            return Err(format!(
-                "AZURE_AUTHORITY_HOST must be an https URL (got {}://{}): the secret would travel unencrypted",
-                authority.scheme(),
-                authority.host_str().unwrap_or_default()
-            ));
-        }
+        let authority = authority_from_lookup(lookup)?;
         let credential = match (secret, cert) {
             (Some(s), _) => SpSecret::Secret(Secret::new(s)),
             (None, Some(path)) => {
@@ -129,19 +131,53 @@ impl ServicePrincipal {
         }))
     }
 
-    /// The client-credentials form (and the secrets in it, to scrub).
-    fn form(&self, token_url: &str) -> Result<(Secret, Vec<Secret>), String> {
+    /// Workload identity from the environment: `AZURE_FEDERATED_TOKEN_FILE`
+    /// with `AZURE_TENANT_ID` and `AZURE_CLIENT_ID` (what AKS injects into a
+    /// pod whose service account is federated with an app). `Ok(None)` when
+    /// the token file is not named; an error names what is missing.
+    pub fn workload_identity_from_lookup(
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, String> {
+        let Some(file) = lookup("AZURE_FEDERATED_TOKEN_FILE") else {
+            return Ok(None);
+        };
+        let tenant = lookup("AZURE_TENANT_ID");
+        let client = lookup("AZURE_CLIENT_ID");
+        let missing: Vec<&str> = [("AZURE_TENANT_ID", &tenant), ("AZURE_CLIENT_ID", &client)]
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(n, _)| *n)
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "workload identity's variables are incomplete: AZURE_FEDERATED_TOKEN_FILE is set but {} not",
+                missing.join(" and ")
+            ));
+        }
+        Ok(Some(ServicePrincipal {
+            authority: authority_from_lookup(lookup)?,
+            tenant: tenant.expect("checked above"),
+            client_id: client.expect("checked above"),
+            credential: SpSecret::FederatedToken(PathBuf::from(file)),
+        }))
+    }
+
+    /// The client-credentials form (and the secret in it, to scrub). A
+    /// certificate's assertion is signed now; a federated token is read now.
+    async fn form(&self, token_url: &str) -> Result<(Secret, Secret), String> {
+        let assertion = match &self.credential {
+            SpSecret::Secret(_) => None,
+            SpSecret::Certificate(c) => Some(Secret::new(
+                c.signing.assertion(&self.client_id, token_url)?,
+            )),
+            SpSecret::FederatedToken(path) => Some(read_federated_token(path).await?),
+        };
         let mut form = url::form_urlencoded::Serializer::new(String::new());
         form.append_pair("grant_type", "client_credentials")
             .append_pair("client_id", &self.client_id)
             .append_pair("scope", STORAGE_SCOPE);
-        let proof = match &self.credential {
-            SpSecret::Secret(s) => {
-                form.append_pair("client_secret", s.expose());
-                s.clone()
-            }
-            SpSecret::Certificate(c) => {
-                let assertion = Secret::new(c.signing.assertion(&self.client_id, token_url)?);
+        let proof = match (&self.credential, assertion) {
+            (_, Some(assertion)) => {
                 form.append_pair(
                     "client_assertion_type",
                     "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
@@ -149,8 +185,13 @@ impl ServicePrincipal {
                 .append_pair("client_assertion", assertion.expose());
                 assertion
             }
+            (SpSecret::Secret(s), None) => {
+                form.append_pair("client_secret", s.expose());
+                s.clone()
+            }
+            (_, None) => unreachable!("only a secret comes without an assertion"),
         };
-        Ok((Secret::new(form.finish()), vec![proof]))
+        Ok((Secret::new(form.finish()), proof))
     }
 
     /// The tenant's v2.0 token endpoint.
@@ -162,12 +203,50 @@ impl ServicePrincipal {
     }
 }
 
+/// `AZURE_AUTHORITY_HOST`, or the public cloud's: https, or plain HTTP on
+/// loopback only (a local stand-in in tests).
+fn authority_from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Url, String> {
+    let authority = lookup("AZURE_AUTHORITY_HOST").unwrap_or_else(|| DEFAULT_AUTHORITY.into());
+    let authority = Url::parse(authority.trim())
+        .map_err(|e| format!("AZURE_AUTHORITY_HOST is not a URL: {e}"))?;
+    if authority.scheme() != "https" && !is_loopback(&authority) {
+        return Err(format!(
+            "AZURE_AUTHORITY_HOST must be an https URL (got {}://{}): the secret would travel unencrypted",
+            authority.scheme(),
+            authority.host_str().unwrap_or_default()
+        ));
+    }
+    Ok(authority)
+}
+
+/// The federated token in `path`, read now: the platform replaces the file
+/// before the token in it expires, so an old copy must not be kept.
+async fn read_federated_token(path: &Path) -> Result<Secret, String> {
+    let text = tokio::fs::read_to_string(path).await.map_err(|e| {
+        format!(
+            "cannot read the federated token file {} (AZURE_FEDERATED_TOKEN_FILE): {e}",
+            path.display()
+        )
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!(
+            "the federated token file {} (AZURE_FEDERATED_TOKEN_FILE) is empty",
+            path.display()
+        ));
+    }
+    Ok(Secret::new(token))
+}
+
 #[async_trait::async_trait]
 impl TokenProvider for ServicePrincipal {
     fn name(&self) -> String {
         let how = match &self.credential {
             SpSecret::Secret(_) => "secret",
             SpSecret::Certificate(_) => "certificate",
+            SpSecret::FederatedToken(_) => {
+                return format!("workload identity {}", self.client_id);
+            }
         };
         format!("service principal {} ({how})", self.client_id)
     }
@@ -176,7 +255,7 @@ impl TokenProvider for ServicePrincipal {
         let name = self.name();
         let fail = |m: String| TokenError::new(TokenErrorKind::Failed, &name, m);
         let url = self.token_url().map_err(fail)?;
-        let (form, secrets) = self.form(url.as_str()).map_err(fail)?;
+        let (form, proof) = self.form(url.as_str()).await.map_err(fail)?;
         let req = TokenRequest {
             source: &name,
             method: reqwest::Method::POST,
@@ -185,7 +264,7 @@ impl TokenProvider for ServicePrincipal {
             form: Some(form),
             timeout: Duration::from_secs(30),
             attempts: 4,
-            secrets,
+            secrets: vec![proof],
         };
         request_token(http, &req).await
     }
@@ -235,5 +314,43 @@ mod tests {
             "http://127.0.0.1:9999/t/oauth2/v2.0/token"
         );
         assert!(!format!("{sp:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn workload_identity_variables_are_not_taken_for_a_service_principal() {
+        let vars = &[
+            ("AZURE_TENANT_ID", "t"),
+            ("AZURE_CLIENT_ID", "c"),
+            ("AZURE_FEDERATED_TOKEN_FILE", "/var/run/secrets/token"),
+        ];
+        assert!(ServicePrincipal::from_lookup(&env(vars)).unwrap().is_none());
+        let wi = ServicePrincipal::workload_identity_from_lookup(&env(vars))
+            .unwrap()
+            .unwrap();
+        assert_eq!(wi.name(), "workload identity c");
+        assert_eq!(wi.authority.as_str(), "https://login.microsoftonline.com/");
+        let e = ServicePrincipal::workload_identity_from_lookup(&env(&[(
+            "AZURE_FEDERATED_TOKEN_FILE",
+            "/t",
+        )]))
+        .unwrap_err();
+        assert!(e.contains("AZURE_TENANT_ID and AZURE_CLIENT_ID"), "{e}");
+        assert!(ServicePrincipal::workload_identity_from_lookup(&env(&[]))
+            .unwrap()
+            .is_none());
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_or_empty_token_file_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        let e = read_federated_token(&path).await.unwrap_err();
+        assert!(e.contains("cannot read") && e.contains("token"), "{e}");
+        std::fs::write(&path, "\n").unwrap();
+        let e = read_federated_token(&path).await.unwrap_err();
+        assert!(e.contains("is empty"), "{e}");
+        std::fs::write(&path, "fed.token.value\n").unwrap();
+        let t = read_federated_token(&path).await.unwrap();
+        assert_eq!(t.expose(), "fed.token.value");
     }
 }
