@@ -1,7 +1,9 @@
 //! Signing in the way production does: Microsoft Entra ID bearer tokens over
 //! HTTPS. Each test starts its own Azurite with HTTPS (a certificate made
 //! here) and `--oauth basic`, and a local token endpoint that speaks the
-//! managed-identity and client-credentials protocols (tests/common).
+//! managed-identity and client-credentials protocols (tests/common); the
+//! Azure CLI and the Azure Developer CLI are stand-in scripts that hand out
+//! a token from that endpoint.
 //!
 //! Every log line of this test binary is captured at trace level, and the
 //! final checks look for every secret and token in it.
@@ -92,6 +94,26 @@ fn sp_vars(ts: &TokenServer, secret: &str) -> Vars {
         ("AZURE_CLIENT_SECRET", secret.to_string()),
         ("AZURE_AUTHORITY_HOST", ts.url.clone()),
     ]
+}
+
+/// What AKS puts in a pod that uses workload identity: the federated token
+/// file and the app it is federated with.
+fn workload_vars(ts: &TokenServer, token_file: &std::path::Path) -> Vars {
+    vec![
+        (
+            "AZURE_FEDERATED_TOKEN_FILE",
+            token_file.display().to_string(),
+        ),
+        ("AZURE_TENANT_ID", TENANT.to_string()),
+        ("AZURE_CLIENT_ID", CLIENT_ID.to_string()),
+        ("AZURE_AUTHORITY_HOST", ts.url.clone()),
+    ]
+}
+
+/// A fresh federated token (the kubelet's are service account JWTs; the
+/// token server only checks that one arrives).
+fn federated_token() -> String {
+    format!("federated-{}-never-print-me", uuid::Uuid::new_v4().simple())
 }
 
 fn pattern(len: usize, seed: u8) -> Bytes {
@@ -426,6 +448,208 @@ async fn service_principal_certificate_sends_a_verifiable_assertion() {
 }
 
 #[tokio::test]
+async fn workload_identity_sends_the_federated_token_and_reads_a_rotated_file() {
+    logs();
+    let az = HttpsAzurite::start();
+    // Tokens that live 2 s are never handed out twice (none is used with
+    // under 2 s to live), so every request asks the token server again.
+    let ts = TokenServer::start(2);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("azure-identity-token");
+    let first = federated_token();
+    std::fs::write(&file, &first).unwrap();
+    let acct = account(&az, AuthMode::Workload, workload_vars(&ts, &file), true);
+    assert!(!format!("{acct:?}").contains(&first));
+    let client = BlobClient::new(acct).unwrap();
+    let c = container();
+    assert!(client.create_container(&c).await.unwrap());
+    assert_eq!(
+        ts.state.assertions.lock().unwrap().as_slice(),
+        [first.clone()]
+    );
+
+    // The kubelet replaces the file with a new token before the old expires.
+    let second = federated_token();
+    std::fs::write(&file, format!("{second}\n")).unwrap();
+    let path = BlobPath::new(&c, "workload.vhd").unwrap();
+    client.create_page_blob(&path, 1 << 20).await.unwrap();
+    client
+        .put_pages(&path, 4096, pattern(1024, 9), None)
+        .await
+        .unwrap();
+    let got = client
+        .get_blob_range(&path, ByteRange::new(4096, 5120))
+        .await
+        .unwrap();
+    assert_eq!(got, pattern(1024, 9));
+    client.delete_container(&c).await.unwrap();
+
+    let seen = ts.state.assertions.lock().unwrap().clone();
+    assert!(seen.len() >= 4, "{} token requests", seen.len());
+    assert!(
+        seen[1..].iter().all(|a| *a == second),
+        "every request after the rotation sent the new file's token"
+    );
+    assert_eq!(ts.state.count("federated"), seen.len() as u64);
+    assert_eq!(ts.state.count("secret") + ts.state.count("certificate"), 0);
+    assert_eq!(client.token_fetches(), seen.len() as u64);
+}
+
+#[tokio::test]
+async fn login_chain_takes_workload_identity_before_managed_identity() {
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, federated_token()).unwrap();
+    // A pod on AKS: workload identity's variables, and IMDS reachable too.
+    let mut vars = workload_vars(&ts, &file);
+    vars.extend(imds_vars(&ts));
+    let client = BlobClient::new(account(&az, AuthMode::Login, vars, true)).unwrap();
+    client.list_containers().await.unwrap();
+    assert_eq!(ts.state.count("federated"), 1);
+    assert_eq!(ts.state.count("imds"), 0);
+
+    // A token file that cannot be read is said, naming the variable.
+    std::fs::remove_file(&file).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .envs(workload_vars(&ts, &file))
+        .args(["--auth", "workload", "--account", &az.endpoint()])
+        .args(["--ca-file", &az.pki.ca_path.display().to_string(), "list"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let last = stderr.trim().lines().last().unwrap_or_default();
+    assert!(last.starts_with("blobdrive: "), "{last}");
+    assert!(last.contains("AZURE_FEDERATED_TOKEN_FILE"), "{last}");
+    assert_eq!(ts.state.count("federated"), 1, "no request without a token");
+}
+
+/// Stand-ins for `az` and `azd` in `dir`: each records its arguments (one
+/// a line) in `NAME.args` and prints `NAME.json`, or, when `NAME.err`
+/// exists, prints that to standard error and fails as a signed-out tool does.
+fn fake_login_tools(dir: &std::path::Path, token: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let expires = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let az =
+        serde_json::json!({"accessToken": token, "expires_on": expires, "tokenType": "Bearer"});
+    let rfc3339 = time::OffsetDateTime::from_unix_timestamp(expires as i64)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let azd = serde_json::json!({"token": token, "expiresOn": rfc3339});
+    for (name, answer) in [("az", az), ("azd", azd)] {
+        let script = dir.join(name);
+        std::fs::write(
+            &script,
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$0.args\"\nif [ -e \"$0.err\" ]; then cat \"$0.err\" >&2; exit 1; fi\ncat \"$0.json\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.join(format!("{name}.json")), answer.to_string()).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn azure_cli_and_developer_cli_sign_in_with_their_tokens() {
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    // The token each tool would hold after its login: one from the token server.
+    let form = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("grant_type", "client_credentials")
+        .append_pair("client_id", CLIENT_ID)
+        .append_pair("client_secret", CLIENT_SECRET)
+        .append_pair("scope", "https://storage.azure.com/.default")
+        .finish();
+    let body = reqwest::Client::new()
+        .post(format!("{}/{TENANT}/oauth2/v2.0/token", ts.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let token = answer["access_token"].as_str().unwrap().to_string();
+    let bin = tempfile::tempdir().unwrap();
+    fake_login_tools(bin.path(), &token);
+    let path = format!("{}:/usr/bin:/bin", bin.path().display());
+    let ca = az.pki.ca_path.display().to_string();
+    let run = |mode: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+            .env_clear()
+            .env("PATH", &path)
+            .args([
+                "--auth",
+                mode,
+                "--account",
+                &az.endpoint(),
+                "--ca-file",
+                &ca,
+            ])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let c = container();
+    for (mode, tool, expected) in [
+        (
+            "cli",
+            "az",
+            "account get-access-token --resource https://storage.azure.com/ -o json",
+        ),
+        (
+            "azd",
+            "azd",
+            "auth token --output json --no-prompt --scope https://storage.azure.com/.default",
+        ),
+    ] {
+        let drive = format!("{c}/{tool}.vhd");
+        for args in [
+            vec!["create", drive.as_str(), "--size", "16M"],
+            vec!["info", drive.as_str()],
+            vec!["delete", drive.as_str()],
+        ] {
+            let out = run(mode, &args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "--auth {mode} {args:?}: {stderr}");
+            assert!(!stderr.contains(&token), "a token in: {stderr}");
+        }
+        let seen = std::fs::read_to_string(bin.path().join(format!("{tool}.args"))).unwrap();
+        assert_eq!(
+            seen.split_whitespace().collect::<Vec<_>>().join(" "),
+            expected
+        );
+    }
+
+    // Signed out: the tool's own words, one line.
+    std::fs::write(
+        bin.path().join("azd.err"),
+        r#"{"type":"consoleMessage","timestamp":"2026-01-18T00:00:00Z","data":{"message":"\nERROR: not logged in, run `azd auth login` to login\n"}}"#,
+    )
+    .unwrap();
+    let out = run("azd", &["list"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("Azure Developer CLI") && stderr.contains("run `azd auth login`"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
 async fn short_lived_tokens_are_refreshed_during_a_long_run() {
     logs();
     let az = HttpsAzurite::start();
@@ -757,9 +981,12 @@ async fn no_identity_available_names_every_source_tried() {
     for source in [
         "no Microsoft Entra identity is available",
         "environment service principal",
+        "workload identity",
         "managed identity",
         "Azure CLI",
         "az login",
+        "Azure Developer CLI",
+        "azd auth login",
     ] {
         assert!(stderr.contains(source), "{source} missing: {stderr}");
     }
@@ -829,6 +1056,19 @@ async fn no_secret_in_logs_errors_or_help() {
     ];
     let msi = BlobClient::new(account(&az, AuthMode::Msi, vars, true)).unwrap();
     msi.list_containers().await.unwrap();
+    let token_dir = tempfile::tempdir().unwrap();
+    let token_file = token_dir.path().join("token");
+    let federated = federated_token();
+    std::fs::write(&token_file, &federated).unwrap();
+    let wi = BlobClient::new(account(
+        &az,
+        AuthMode::Workload,
+        workload_vars(&ts, &token_file),
+        true,
+    ))
+    .unwrap();
+    wi.list_containers().await.unwrap();
+    let dbg = format!("{dbg}{wi:?}");
 
     // The command line at the highest verbosity, with every secret in its environment.
     let run = |args: &[&str]| {
@@ -837,6 +1077,7 @@ async fn no_secret_in_logs_errors_or_help() {
             .env("PATH", "/usr/bin:/bin")
             .envs(sp_vars(&ts, CLIENT_SECRET))
             .env("IDENTITY_HEADER", IDENTITY_HEADER)
+            .env("AZURE_FEDERATED_TOKEN_FILE", &token_file)
             .env("AZURE_STORAGE_KEY", "c2VjcmV0LWtleS1ieXRlcw==")
             .env("RUST_LOG", "trace")
             .args(args)
@@ -864,8 +1105,28 @@ async fn no_secret_in_logs_errors_or_help() {
             &ca,
             "list",
         ]),
+        run(&[
+            "-vvv",
+            "--auth",
+            "workload",
+            "--account",
+            &endpoint,
+            "--ca-file",
+            &ca,
+            "list",
+        ]),
     ];
     ts.state.refuse.store(true, Ordering::SeqCst);
+    outputs.push(run(&[
+        "-vvv",
+        "--auth",
+        "workload",
+        "--account",
+        &endpoint,
+        "--ca-file",
+        &ca,
+        "list",
+    ]));
     outputs.push(run(&[
         "-vvv",
         "--auth",
@@ -889,6 +1150,8 @@ async fn no_secret_in_logs_errors_or_help() {
             .iter()
             .map(|s| s.to_string()),
     );
+    assert_eq!(ts.state.count("federated"), 3, "workload identity was used");
+    secrets.push(federated);
     let logs = log_text();
     assert!(
         logs.contains("TRACE") || logs.contains("DEBUG"),

@@ -5,7 +5,9 @@
 //! - the App Service / Arc variant: `GET /msi/token?api-version=2019-08-01
 //!   &resource=...` with `X-IDENTITY-HEADER`;
 //! - the client-credentials grant: `POST /{tenant}/oauth2/v2.0/token` with a
-//!   client secret or a signed client assertion;
+//!   client secret, a signed client assertion (a certificate's: its JWT
+//!   header names the certificate) or another assertion (a federated token,
+//!   as workload identity sends);
 //! - and, under `/denied/`, a blob endpoint that refuses every request with
 //!   403 `AuthorizationPermissionMismatch` (a missing role assignment).
 //!
@@ -41,7 +43,8 @@ pub struct State {
     pub lie_about_expiry: AtomicBool,
     /// Refuse every token request with an AADSTS error.
     pub refuse: AtomicBool,
-    /// Token requests, by kind (`imds`, `app-service`, `secret`, `certificate`).
+    /// Token requests, by kind (`imds`, `app-service`, `secret`,
+    /// `certificate`, `federated`).
     pub requests: Mutex<HashMap<&'static str, u64>>,
     /// Every token issued.
     pub tokens: Mutex<Vec<String>>,
@@ -317,10 +320,10 @@ async fn serve(mut sock: tokio::net::TcpStream, state: Arc<State>) {
             .into_owned()
             .collect();
         let get = |k: &str| form.get(k).map(String::as_str);
-        let kind = if form.contains_key("client_assertion") {
-            "certificate"
-        } else {
-            "secret"
+        let kind = match get("client_assertion") {
+            Some(a) if names_a_certificate(a) => "certificate",
+            Some(_) => "federated",
+            None => "secret",
         };
         state.bump(kind);
         if state.refuse.load(Ordering::SeqCst)
@@ -336,7 +339,7 @@ async fn serve(mut sock: tokio::net::TcpStream, state: Arc<State>) {
                 "error_description": format!("AADSTS7000215: Invalid client secret provided. Ensure the secret being sent in the request is the client secret value, not the client secret ID, for a secret added to app '{CLIENT_ID}'.\r\nTrace ID: 9a8b7c6d"),
                 "error_codes": [7000215],
             }).to_string(), JSON, "")
-        } else if kind == "certificate"
+        } else if kind != "secret"
             && get("client_assertion_type")
                 != Some("urn:ietf:params:oauth:client-assertion-type:jwt-bearer")
         {
@@ -359,4 +362,17 @@ async fn serve(mut sock: tokio::net::TcpStream, state: Arc<State>) {
         (404, r#"{"error":"not_found"}"#.to_string(), JSON, "")
     };
     respond(&mut sock, status, extra, ctype, &body).await;
+}
+
+/// Is `assertion` a JWT whose header names a certificate (`x5t`), as a
+/// certificate's signed assertion is? A federated token is not.
+fn names_a_certificate(assertion: &str) -> bool {
+    let Some(header) = assertion.split('.').next() else {
+        return false;
+    };
+    URL_SAFE_NO_PAD
+        .decode(header)
+        .ok()
+        .and_then(|h| serde_json::from_slice::<serde_json::Value>(&h).ok())
+        .is_some_and(|h| h.get("x5t").is_some())
 }
