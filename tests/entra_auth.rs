@@ -463,10 +463,7 @@ async fn workload_identity_sends_the_federated_token_and_reads_a_rotated_file() 
     let client = BlobClient::new(acct).unwrap();
     let c = container();
     assert!(client.create_container(&c).await.unwrap());
-    assert_eq!(
-        ts.state.assertions.lock().unwrap().as_slice(),
-        [first.clone()]
-    );
+    assert_eq!(*ts.state.assertions.lock().unwrap(), vec![first.clone()]);
 
     // The kubelet replaces the file with a new token before the old expires.
     let second = federated_token();
