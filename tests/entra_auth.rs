@@ -493,6 +493,54 @@ async fn workload_identity_sends_the_federated_token_and_reads_a_rotated_file() 
 }
 
 #[tokio::test]
+async fn workload_identity_signs_in_at_an_https_authority_the_ca_file_vouches_for() {
+    logs();
+    let az = HttpsAzurite::start();
+    // The authority over TLS, its certificate from the same test CA.
+    let ts = TokenServer::start_https(3600, &az.pki);
+    assert!(ts.url.starts_with("https://"), "{}", ts.url);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, federated_token()).unwrap();
+    let client = BlobClient::new(account(
+        &az,
+        AuthMode::Workload,
+        workload_vars(&ts, &file),
+        true,
+    ))
+    .unwrap();
+    exercise_every_operation(&client).await;
+    assert_eq!(
+        ts.state.count("federated"),
+        1,
+        "one token serves every request"
+    );
+
+    // Without the CA, the authority is not trusted: no token is asked for.
+    let client = BlobClient::new(account(
+        &az,
+        AuthMode::Workload,
+        workload_vars(&ts, &file),
+        false,
+    ))
+    .unwrap();
+    let started = Instant::now();
+    let e = client.list_containers().await.unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("workload identity")
+            && msg.contains("not trusted")
+            && msg.contains("--ca-file"),
+        "{msg}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a certificate refusal is not retried"
+    );
+    assert_eq!(ts.state.count("federated"), 1);
+}
+
+#[tokio::test]
 async fn login_chain_takes_workload_identity_before_managed_identity() {
     logs();
     let az = HttpsAzurite::start();

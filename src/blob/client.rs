@@ -649,7 +649,7 @@ impl BlobClient {
             src = s.source();
         }
         let host = self.inner.account.endpoint.host_str().unwrap_or_default();
-        if is_certificate_problem(&msg) {
+        if super::error::is_certificate_problem(&msg) {
             // Not transient: retrying cannot make the certificate trusted.
             let hint = match &self.inner.account.options.ca_file {
                 Some(ca) => format!("it is not signed by the system's roots nor by {}", ca.path.display()),
@@ -765,19 +765,6 @@ impl Failed {
 /// (longer values are cut to 30 s anyway; writes get 10 minutes per MiB).
 fn server_timeout_secs(client: Duration) -> u64 {
     (client.as_secs() * 3 / 4).clamp(1, 30)
-}
-
-fn is_certificate_problem(msg: &str) -> bool {
-    [
-        "invalid peer certificate",
-        "UnknownIssuer",
-        "certificate verify failed",
-        "NotValidForName",
-        "CertExpired",
-        "BadSignature",
-    ]
-    .iter()
-    .any(|needle| msg.contains(needle))
 }
 
 /// Most bytes read of a body whose length the request does not know in

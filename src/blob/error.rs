@@ -182,3 +182,19 @@ impl std::error::Error for Error {}
 
 /// Result with the blob layer's error.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Does a transport error's text (with its causes) say the server's TLS
+/// certificate was refused? Such a failure is not transient: retrying
+/// cannot make the certificate trusted.
+pub(crate) fn is_certificate_problem(msg: &str) -> bool {
+    [
+        "invalid peer certificate",
+        "UnknownIssuer",
+        "certificate verify failed",
+        "NotValidForName",
+        "CertExpired",
+        "BadSignature",
+    ]
+    .iter()
+    .any(|needle| msg.contains(needle))
+}

@@ -1,5 +1,6 @@
-//! A small Microsoft Entra ID stand-in on loopback (plain HTTP, its own
-//! thread and runtime, so blocking tests can use it too). It speaks:
+//! A small Microsoft Entra ID stand-in on loopback (plain HTTP, or HTTPS
+//! with a test CA's certificate; its own thread and runtime, so blocking
+//! tests can use it too). It speaks:
 //! - the managed-identity protocol of IMDS: `GET /metadata/identity/oauth2/token
 //!   ?api-version=2018-02-01&resource=...` with `Metadata: true`;
 //! - the App Service / Arc variant: `GET /msi/token?api-version=2019-08-01
@@ -22,7 +23,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::https_azurite::TestPki;
 
 /// The tenant the server pretends to be.
 pub const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
@@ -67,7 +70,7 @@ impl State {
 
 /// The running server; stops when dropped.
 pub struct TokenServer {
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`https://` from [`TokenServer::start_https`]).
     pub url: String,
     /// Shared state.
     pub state: Arc<State>,
@@ -78,11 +81,41 @@ pub struct TokenServer {
 impl TokenServer {
     /// Start on a free loopback port, issuing tokens that live `lifetime_s`.
     pub fn start(lifetime_s: i64) -> TokenServer {
+        Self::start_with(lifetime_s, None)
+    }
+
+    /// As [`TokenServer::start`], over HTTPS with `pki`'s server
+    /// certificate (valid for 127.0.0.1), as a real authority is.
+    pub fn start_https(lifetime_s: i64, pki: &TestPki) -> TokenServer {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        use tokio_rustls::rustls;
+        let certs = CertificateDer::pem_file_iter(&pki.cert_path)
+            .expect("server certificate")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("server certificate");
+        let key = PrivateKeyDer::from_pem_file(&pki.key_path).expect("server key");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("TLS configuration");
+        Self::start_with(
+            lifetime_s,
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        )
+    }
+
+    fn start_with(lifetime_s: i64, tls: Option<tokio_rustls::TlsAcceptor>) -> TokenServer {
         let state = Arc::new(State::default());
         state.lifetime_s.store(lifetime_s, Ordering::SeqCst);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let st = state.clone();
         let thread = std::thread::spawn(move || {
@@ -97,7 +130,15 @@ impl TokenServer {
                         _ = &mut stopped => break,
                         accepted = listener.accept() => {
                             if let Ok((sock, _)) = accepted {
-                                tokio::spawn(serve(sock, st.clone()));
+                                let st = st.clone();
+                                match tls.clone() {
+                                    None => drop(tokio::spawn(serve(sock, st))),
+                                    Some(acceptor) => drop(tokio::spawn(async move {
+                                        if let Ok(sock) = acceptor.accept(sock).await {
+                                            serve(sock, st).await;
+                                        }
+                                    })),
+                                }
                             }
                         }
                     }
@@ -147,7 +188,7 @@ struct HttpRequest {
     body: Vec<u8>,
 }
 
-async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<HttpRequest> {
+async fn read_request<S: AsyncRead + Unpin>(sock: &mut S) -> Option<HttpRequest> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let head_end = loop {
@@ -193,8 +234,8 @@ async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<HttpRequest> {
     })
 }
 
-async fn respond(
-    sock: &mut tokio::net::TcpStream,
+async fn respond<S: AsyncWrite + Unpin>(
+    sock: &mut S,
     status: u16,
     extra: &str,
     content_type: &str,
@@ -257,7 +298,7 @@ fn refusal() -> (u16, String) {
     )
 }
 
-async fn serve(mut sock: tokio::net::TcpStream, state: Arc<State>) {
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, state: Arc<State>) {
     let Some(req) = read_request(&mut sock).await else {
         return;
     };

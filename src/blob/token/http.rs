@@ -13,6 +13,7 @@ use serde_json::Value;
 use tracing::debug;
 
 use super::{AccessToken, Secret, TokenError, TokenErrorKind};
+use crate::blob::error::is_certificate_problem;
 use crate::blob::retry::RetryPolicy;
 
 /// A prepared token request.
@@ -98,6 +99,16 @@ pub(crate) async fn request_token(
                 let connect = e.is_connect() || e.is_timeout();
                 let msg = scrub(transport_message(e));
                 debug!(source = req.source, attempt, error = %msg, "token request failed");
+                if is_certificate_problem(&msg) {
+                    return Err(TokenError::new(
+                        TokenErrorKind::Failed,
+                        req.source,
+                        format!(
+                            "the TLS certificate of {} is not trusted ({msg}); if it uses a private CA, pass its root certificate with --ca-file PEM",
+                            where_(&req.url)
+                        ),
+                    ));
+                }
                 if attempt < req.attempts {
                     tokio::time::sleep(policy.delay(attempt)).await;
                     continue;
