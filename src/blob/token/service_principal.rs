@@ -154,11 +154,14 @@ impl ServicePrincipal {
                 missing.join(" and ")
             ));
         }
+        // Absolute now: a mount's daemon reads it later from `/`.
+        let file = std::path::absolute(&file)
+            .map_err(|e| format!("AZURE_FEDERATED_TOKEN_FILE cannot be used: {e}"))?;
         Ok(Some(ServicePrincipal {
             authority: authority_from_lookup(lookup)?,
             tenant: tenant.expect("checked above"),
             client_id: client.expect("checked above"),
-            credential: SpSecret::FederatedToken(PathBuf::from(file)),
+            credential: SpSecret::FederatedToken(file),
         }))
     }
 
@@ -328,6 +331,20 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(wi.name(), "workload identity c");
+        let relative = &[
+            ("AZURE_TENANT_ID", "t"),
+            ("AZURE_CLIENT_ID", "c"),
+            ("AZURE_FEDERATED_TOKEN_FILE", "token"),
+        ];
+        let wi_rel = ServicePrincipal::workload_identity_from_lookup(&env(relative))
+            .unwrap()
+            .unwrap();
+        match wi_rel.credential {
+            SpSecret::FederatedToken(p) => {
+                assert_eq!(p, std::env::current_dir().unwrap().join("token"))
+            }
+            other => panic!("{other:?}"),
+        }
         assert_eq!(wi.authority.as_str(), "https://login.microsoftonline.com/");
         let e = ServicePrincipal::workload_identity_from_lookup(&env(&[(
             "AZURE_FEDERATED_TOKEN_FILE",
