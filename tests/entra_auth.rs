@@ -329,6 +329,74 @@ async fn every_blob_operation_works_with_a_managed_identity_token() {
     assert_eq!(client.token_fetches(), 1);
 }
 
+/// Move this thread (and every thread and process it starts from now on)
+/// into a network namespace of its own, with loopback up and IMDS's address
+/// on it. False (the test skips) when namespaces cannot be made here.
+fn own_network_with_imds_address(test: &str) -> bool {
+    if !system::can_run(test, false) {
+        return false;
+    }
+    // SAFETY: unshare takes no pointers; CLONE_NEWNET changes only this
+    // thread's network namespace, so other tests of the binary are untouched.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        let why = std::io::Error::last_os_error();
+        assert_ne!(
+            std::env::var(system::REQUIRE_ENV).as_deref(),
+            Ok("1"),
+            "{test}: cannot make a network namespace: {why}"
+        );
+        println!("SKIPPED: {test}: cannot make a network namespace: {why}");
+        return false;
+    }
+    for args in [
+        &["link", "set", "lo", "up"][..],
+        &["addr", "add", "169.254.169.254/32", "dev", "lo"][..],
+    ] {
+        let status = Command::new("ip").args(args).status().expect("run ip");
+        assert!(status.success(), "ip {args:?}: {status}");
+    }
+    true
+}
+
+#[test]
+fn managed_identity_asks_imds_at_its_fixed_address() {
+    logs();
+    let test = "managed_identity_asks_imds_at_its_fixed_address";
+    if !own_network_with_imds_address(test) {
+        return;
+    }
+    // Everything below lives in the namespace: Azurite, the token server
+    // on 169.254.169.254:80, the runtime's threads and the CLI's process.
+    let ts = TokenServer::start_at("169.254.169.254:80", 3600);
+    let az = HttpsAzurite::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // No BLOBDRIVE_IMDS_ENDPOINT: the well-known address.
+        let client = BlobClient::new(account(&az, AuthMode::Msi, vec![], true)).unwrap();
+        exercise_every_operation(&client).await;
+        // The login chain's quick probe finds it too.
+        let client = BlobClient::new(account(&az, AuthMode::Login, vec![], true)).unwrap();
+        client.list_containers().await.unwrap();
+    });
+    assert_eq!(ts.state.count("imds"), 2);
+    let out = Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .args(["--auth", "msi", "--account", &az.endpoint()])
+        .args(["--ca-file", &az.pki.ca_path.display().to_string(), "list"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(ts.state.count("imds"), 3);
+}
+
 #[tokio::test]
 async fn service_principal_with_a_secret_signs_in_with_client_credentials() {
     logs();

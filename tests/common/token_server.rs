@@ -81,7 +81,13 @@ pub struct TokenServer {
 impl TokenServer {
     /// Start on a free loopback port, issuing tokens that live `lifetime_s`.
     pub fn start(lifetime_s: i64) -> TokenServer {
-        Self::start_with(lifetime_s, None)
+        Self::start_with("127.0.0.1:0", lifetime_s, None)
+    }
+
+    /// As [`TokenServer::start`], on `addr` (such as IMDS's own
+    /// `169.254.169.254:80`, inside a test's network namespace).
+    pub fn start_at(addr: &str, lifetime_s: i64) -> TokenServer {
+        Self::start_with(addr, lifetime_s, None)
     }
 
     /// As [`TokenServer::start`], over HTTPS with `pki`'s server
@@ -104,15 +110,20 @@ impl TokenServer {
         .with_single_cert(certs, key)
         .expect("TLS configuration");
         Self::start_with(
+            "127.0.0.1:0",
             lifetime_s,
             Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
         )
     }
 
-    fn start_with(lifetime_s: i64, tls: Option<tokio_rustls::TlsAcceptor>) -> TokenServer {
+    fn start_with(
+        addr: &str,
+        lifetime_s: i64,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> TokenServer {
         let state = Arc::new(State::default());
         state.lifetime_s.store(lifetime_s, Ordering::SeqCst);
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let listener = std::net::TcpListener::bind(addr).expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let scheme = if tls.is_some() { "https" } else { "http" };
         let url = format!("{scheme}://{}", listener.local_addr().unwrap());
