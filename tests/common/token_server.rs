@@ -8,7 +8,7 @@
 //! - the client-credentials grant: `POST /{tenant}/oauth2/v2.0/token` with a
 //!   client secret, a signed client assertion (a certificate's: its JWT
 //!   header names the certificate) or another assertion (a federated token,
-//!   as workload identity sends);
+//!   as workload identity sends; refused, it quotes that assertion back);
 //! - and, under `/denied/`, a blob endpoint that refuses every request with
 //!   403 `AuthorizationPermissionMismatch` (a missing role assignment).
 //!
@@ -378,7 +378,30 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, state: Arc<State>
             None => "secret",
         };
         state.bump(kind);
-        if state.refuse.load(Ordering::SeqCst)
+        if state.refuse.load(Ordering::SeqCst) && kind == "federated" {
+            // As an authority may: quote the assertion it could not match,
+            // decoded and as sent (URL-encoded).
+            let body = String::from_utf8_lossy(&req.body);
+            let sent = body
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("client_assertion="))
+                .unwrap_or_default();
+            let description = format!(
+                "AADSTS700211: No matching federated identity record found for presented assertion issuer. Assertion: '{}'. As sent: '{sent}'.\r\nTrace ID: 0f1e2d3c",
+                get("client_assertion").unwrap_or_default()
+            );
+            (
+                400,
+                serde_json::json!({
+                    "error": "invalid_client",
+                    "error_description": description,
+                    "error_codes": [700211],
+                })
+                .to_string(),
+                JSON,
+                "",
+            )
+        } else if state.refuse.load(Ordering::SeqCst)
             || get("grant_type") != Some("client_credentials")
             || get("scope") != Some("https://storage.azure.com/.default")
             || get("client_id") != Some(CLIENT_ID)

@@ -137,7 +137,7 @@ pub(crate) async fn request_token(
             tokio::time::sleep(policy.delay(attempt)).await;
             continue;
         }
-        let detail = scrub(service_error(&body));
+        let detail = refusal_detail(&body, &scrub);
         let kind = if transient {
             TokenErrorKind::Failed
         } else {
@@ -172,22 +172,38 @@ pub(crate) fn transport_message(e: reqwest::Error) -> String {
     msg
 }
 
+/// The longest service description put in a message (bytes).
+const MAX_DETAIL: usize = 600;
+
+/// `line` cut to at most `max` bytes (on a character boundary), with `...`
+/// when something was cut.
+fn cut(line: &str, max: usize) -> String {
+    if line.len() <= max {
+        return line.to_string();
+    }
+    let mut end = max;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &line[..end])
+}
+
+/// The service's words from an error answer `body`, scrubbed by `scrub`
+/// and then cut to [`MAX_DETAIL`]. Scrubbing comes first: a cut made before
+/// could split a secret the service echoed (an authority may quote the
+/// client assertion) and leave its first part, which no longer matches.
+fn refusal_detail(body: &[u8], scrub: &dyn Fn(String) -> String) -> String {
+    cut(&scrub(service_error(body)), MAX_DETAIL)
+}
+
 /// The service's own words from an error answer: OAuth's `error` and
 /// `error_description` (Entra ID, IMDS), App Service's `message`, else the
-/// first line of the body. Multi-line descriptions are folded into one line.
+/// first line of the body. Multi-line descriptions are folded into one
+/// line, whole: the caller scrubs secrets from it, then cuts it.
 fn service_error(body: &[u8]) -> String {
     let fold = |s: &str| {
         let one: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-        let mut line = one.join(" ");
-        if line.len() > 600 {
-            let mut cut = 600;
-            while !line.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            line.truncate(cut);
-            line.push_str("...");
-        }
-        line
+        one.join(" ")
     };
     if let Ok(v) = serde_json::from_slice::<Value>(body) {
         let code = v.get("error").and_then(|e| match e {
@@ -270,6 +286,33 @@ mod tests {
         let e = parse_token("x", br#"{"access_token":"abc"}"#).unwrap_err();
         assert!(e.message.contains("expires"), "{e}");
         assert!(!format!("{t:?}").contains("abc"));
+    }
+
+    #[test]
+    fn an_echoed_long_secret_is_redacted_before_the_description_is_cut() {
+        let assertion = format!("eyJhbGciOiJSUzI1NiJ9.{}.sig", "x".repeat(1000));
+        let secret = Secret::new(assertion.clone());
+        let form: String = url::form_urlencoded::byte_serialize(b"a+b/c~").collect();
+        let body = serde_json::json!({
+            "error": "invalid_client",
+            "error_description": format!("AADSTS700211: no issuer for assertion {assertion} nor {form}"),
+        })
+        .to_string();
+        let plus = Secret::new("a+b/c~");
+        let scrub = |s: String| plus.scrub(&secret.scrub(&s));
+        let detail = refusal_detail(body.as_bytes(), &scrub);
+        assert_eq!(
+            detail,
+            "invalid_client: AADSTS700211: no issuer for assertion <redacted> nor <redacted>"
+        );
+        assert!(!detail.contains("eyJ"), "{detail}");
+        let long = refusal_detail(
+            serde_json::json!({"error_description": "y".repeat(700)})
+                .to_string()
+                .as_bytes(),
+            &|s| s,
+        );
+        assert_eq!(long.len(), MAX_DETAIL + 3, "{long}");
     }
 
     #[test]

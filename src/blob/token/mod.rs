@@ -60,14 +60,42 @@ impl Secret {
         &self.0
     }
 
-    /// `text` with every occurrence of this secret replaced by `<redacted>`
-    /// (defence in depth for messages built from a service's answer).
+    /// `text` with every occurrence of this secret, as it is and as it
+    /// travels in a form or query (URL-encoded), replaced by `<redacted>`
+    /// (defence in depth for messages built from a service's answer, which
+    /// may quote the request).
     pub fn scrub(&self, text: &str) -> String {
         if self.0.len() < 4 {
             return text.to_string();
         }
-        text.replace(&*self.0, "<redacted>")
+        let text = text.replace(&*self.0, "<redacted>");
+        let form: String = url::form_urlencoded::byte_serialize(self.0.as_bytes()).collect();
+        let mut text = text.replace(&form, "<redacted>");
+        // Percent-encoding also comes with lower-case hex digits.
+        let lower_hex = lower_percent_hex(&form);
+        if lower_hex != form {
+            text = text.replace(&lower_hex, "<redacted>");
+        }
+        text
     }
+}
+
+/// `encoded` with the hex digits of its `%XX` escapes in lower case.
+fn lower_percent_hex(encoded: &str) -> String {
+    let mut out = String::with_capacity(encoded.len());
+    let mut hex_left = 0;
+    for c in encoded.chars() {
+        if hex_left > 0 {
+            out.push(c.to_ascii_lowercase());
+            hex_left -= 1;
+        } else {
+            if c == '%' {
+                hex_left = 2;
+            }
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl fmt::Debug for Secret {
@@ -139,4 +167,19 @@ pub trait TokenProvider: Send + Sync + fmt::Debug {
 
     /// Ask the source for a new token for [`STORAGE_RESOURCE`].
     async fn fetch(&self, http: &reqwest::Client) -> Result<AccessToken, TokenError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scrub_redacts_a_secret_plain_and_url_encoded() {
+        let s = Secret::new("a~b/c+d=e f");
+        let text = "plain a~b/c+d=e f, form a%7Eb%2Fc%2Bd%3De+f, lower a%7eb%2fc%2bd%3de+f";
+        assert_eq!(
+            s.scrub(text),
+            "plain <redacted>, form <redacted>, lower <redacted>"
+        );
+    }
 }
