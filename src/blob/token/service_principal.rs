@@ -222,23 +222,128 @@ fn authority_from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Url,
     Ok(authority)
 }
 
+/// The most a federated token file may hold (a service account token is
+/// about 1 KB).
+const MAX_FEDERATED_TOKEN: u64 = 64 * 1024;
+/// How long one read of the file may take. The read runs while the token
+/// cache holds its refresh lock, so every blob request waits on it: a
+/// stalled network filesystem must not hold them for ever.
+const FEDERATED_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The pause before reading an empty or unreadable file once more.
+const FEDERATED_REREAD_DELAY: Duration = Duration::from_millis(200);
+
 /// The federated token in `path`, read now: the platform replaces the file
-/// before the token in it expires, so an old copy must not be kept.
+/// before the token in it expires, so an old copy must not be kept. An
+/// empty or unreadable file is read once more after a short pause (a
+/// platform that rewrites the file in place shows it empty for a moment).
 async fn read_federated_token(path: &Path) -> Result<Secret, String> {
-    let text = tokio::fs::read_to_string(path).await.map_err(|e| {
-        format!(
-            "cannot read the federated token file {} (AZURE_FEDERATED_TOKEN_FILE): {e}",
-            path.display()
-        )
-    })?;
+    match read_federated_token_once(path).await {
+        Err(ReadFailure::Retry(_)) => {
+            tokio::time::sleep(FEDERATED_REREAD_DELAY).await;
+            read_federated_token_once(path)
+                .await
+                .map_err(ReadFailure::message)
+        }
+        other => other.map_err(ReadFailure::message),
+    }
+}
+
+/// Why one read of the federated token file failed.
+enum ReadFailure {
+    /// Empty or unreadable: worth one more read.
+    Retry(String),
+    /// Not a regular file, too large, not text, too slow.
+    Final(String),
+}
+
+impl ReadFailure {
+    fn message(self) -> String {
+        match self {
+            ReadFailure::Retry(m) | ReadFailure::Final(m) => m,
+        }
+    }
+}
+
+/// The message for the federated token file at `path` and `what` is wrong.
+fn token_file_problem(path: &Path, what: &str) -> String {
+    format!(
+        "the federated token file {} (AZURE_FEDERATED_TOKEN_FILE) {what}",
+        path.display()
+    )
+}
+
+async fn read_federated_token_once(path: &Path) -> Result<Secret, ReadFailure> {
+    let owned = path.to_path_buf();
+    // Blocking file calls, off the runtime's threads: a read that never
+    // returns (a stalled network filesystem) then holds one blocking
+    // thread, and the time limit still answers.
+    let read = tokio::task::spawn_blocking(move || read_bounded(&owned));
+    let text = match tokio::time::timeout(FEDERATED_READ_TIMEOUT, read).await {
+        Err(_) => {
+            return Err(ReadFailure::Final(token_file_problem(
+                path,
+                &format!(
+                    "could not be read within {} s",
+                    FEDERATED_READ_TIMEOUT.as_secs()
+                ),
+            )))
+        }
+        Ok(Err(e)) => {
+            return Err(ReadFailure::Final(token_file_problem(
+                path,
+                &format!("could not be read: {e}"),
+            )))
+        }
+        Ok(Ok(result)) => result?,
+    };
     let token = text.trim();
     if token.is_empty() {
-        return Err(format!(
-            "the federated token file {} (AZURE_FEDERATED_TOKEN_FILE) is empty",
-            path.display()
-        ));
+        return Err(ReadFailure::Retry(token_file_problem(path, "is empty")));
     }
     Ok(Secret::new(token))
+}
+
+/// Read the regular file at `path` (symbolic links followed, as the
+/// kubelet's are), at most [`MAX_FEDERATED_TOKEN`] bytes. A FIFO or a
+/// device is refused before it is read, so it cannot block or stream.
+fn read_bounded(path: &Path) -> Result<String, ReadFailure> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let unreadable = |e: std::io::Error| {
+        ReadFailure::Retry(format!(
+            "cannot read the federated token file {} (AZURE_FEDERATED_TOKEN_FILE): {e}",
+            path.display()
+        ))
+    };
+    let not_regular = || ReadFailure::Final(token_file_problem(path, "is not a regular file"));
+    if !std::fs::metadata(path).map_err(unreadable)?.is_file() {
+        return Err(not_regular());
+    }
+    // O_NONBLOCK: should a FIFO take the file's place after the check, the
+    // open does not wait for a writer (and the check below refuses it).
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(unreadable)?;
+    if !file.metadata().map_err(unreadable)?.is_file() {
+        return Err(not_regular());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FEDERATED_TOKEN + 1)
+        .read_to_end(&mut bytes)
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > MAX_FEDERATED_TOKEN {
+        return Err(ReadFailure::Final(token_file_problem(
+            path,
+            &format!(
+                "is larger than {} KiB: not a token",
+                MAX_FEDERATED_TOKEN / 1024
+            ),
+        )));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| ReadFailure::Final(token_file_problem(path, "is not text")))
 }
 
 #[async_trait::async_trait]
@@ -369,5 +474,54 @@ mod tests {
         std::fs::write(&path, "fed.token.value\n").unwrap();
         let t = read_federated_token(&path).await.unwrap();
         assert_eq!(t.expose(), "fed.token.value");
+    }
+
+    #[tokio::test]
+    async fn a_token_file_that_is_not_a_small_regular_file_is_refused_without_reading_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // A FIFO with no writer: reading it would wait for ever.
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = read_federated_token(&fifo).await.unwrap_err();
+        assert!(e.contains("is not a regular file"), "{e}");
+        // An endless device.
+        let e = read_federated_token(Path::new("/dev/zero"))
+            .await
+            .unwrap_err();
+        assert!(e.contains("is not a regular file"), "{e}");
+        // Too large to be a token.
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b'a'; 64 * 1024 + 1]).unwrap();
+        let e = read_federated_token(&big).await.unwrap_err();
+        assert!(e.contains("larger than 64 KiB"), "{e}");
+        // A symbolic link to a token (the kubelet's layout) is followed.
+        let real = dir.path().join("real");
+        std::fs::write(&real, "linked.token").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert_eq!(
+            read_federated_token(&link).await.unwrap().expose(),
+            "linked.token"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_token_file_seen_empty_while_it_is_rewritten_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "").unwrap();
+        let writer = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                // Well within the pause before the second read.
+                std::thread::sleep(Duration::from_millis(50));
+                std::fs::write(&path, "rewritten.token").unwrap();
+            })
+        };
+        let token = read_federated_token(&path).await;
+        writer.join().unwrap();
+        assert_eq!(token.unwrap().expose(), "rewritten.token");
     }
 }
