@@ -662,7 +662,7 @@ async fn login_chain_takes_workload_identity_before_managed_identity() {
 }
 
 /// Stand-ins for `az` and `azd` in `dir`: each records its arguments (one
-/// a line) in `NAME.args` and prints `NAME.json`, or, when `NAME.err`
+/// a line) in `NAME.args` and its environment in `NAME.env`, and prints `NAME.json`, or, when `NAME.err`
 /// exists, prints that to standard error and fails as a signed-out tool does.
 fn fake_login_tools(dir: &std::path::Path, token: &str) {
     use std::os::unix::fs::PermissionsExt;
@@ -682,7 +682,7 @@ fn fake_login_tools(dir: &std::path::Path, token: &str) {
         let script = dir.join(name);
         std::fs::write(
             &script,
-            "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$0.args\"\nif [ -e \"$0.err\" ]; then cat \"$0.err\" >&2; exit 1; fi\ncat \"$0.json\"\n",
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$0.args\"\nenv > \"$0.env\"\nif [ -e \"$0.err\" ]; then cat \"$0.err\" >&2; exit 1; fi\ncat \"$0.json\"\n",
         )
         .unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -722,6 +722,11 @@ async fn azure_cli_and_developer_cli_sign_in_with_their_tokens() {
         Command::new(env!("CARGO_BIN_EXE_blobdrive"))
             .env_clear()
             .env("PATH", &path)
+            // The daemon's other credentials, which the tools must not see.
+            .env("AZURE_STORAGE_KEY", "c2VjcmV0LWtleS1ieXRlcw==")
+            .env("AZURE_STORAGE_SAS_TOKEN", "sv=2024&sig=never-shown")
+            .env("AZURE_CLIENT_SECRET", CLIENT_SECRET)
+            .env("IDENTITY_HEADER", IDENTITY_HEADER)
             .args([
                 "--auth",
                 mode,
@@ -757,6 +762,15 @@ async fn azure_cli_and_developer_cli_sign_in_with_their_tokens() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success(), "--auth {mode} {args:?}: {stderr}");
             assert!(!stderr.contains(&token), "a token in: {stderr}");
+        }
+        let env = std::fs::read_to_string(bin.path().join(format!("{tool}.env"))).unwrap();
+        for withheld in [
+            "AZURE_STORAGE_KEY",
+            "AZURE_STORAGE_SAS_TOKEN",
+            "AZURE_CLIENT_SECRET",
+            "IDENTITY_HEADER",
+        ] {
+            assert!(!env.contains(withheld), "{tool} saw {withheld}");
         }
         let seen = std::fs::read_to_string(bin.path().join(format!("{tool}.args"))).unwrap();
         assert_eq!(

@@ -10,20 +10,22 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
-use super::azure_cli::{run_login_tool, LoginTool};
+use super::azure_cli::{find_program, run_login_tool, LoginTool, TOOL_TIMEOUT};
 use super::{AccessToken, Secret, TokenError, TokenErrorKind, TokenProvider, STORAGE_SCOPE};
 
 /// Tokens from the Azure Developer CLI's signed-in account (`azd auth login`).
 #[derive(Clone, Debug)]
 pub struct AzureDeveloperCli {
-    /// The `azd` program (looked up on `PATH` when it is a bare name).
+    /// The `azd` program: an absolute path, or the bare name when it was
+    /// not found on `PATH` (then it is not run).
     pub program: PathBuf,
 }
 
-impl Default for AzureDeveloperCli {
-    fn default() -> Self {
+impl AzureDeveloperCli {
+    /// `azd` as found now on `path` (the `PATH` value).
+    pub fn on_path(path: Option<&str>) -> Self {
         AzureDeveloperCli {
-            program: PathBuf::from("azd"),
+            program: find_program("azd", path),
         }
     }
 }
@@ -49,7 +51,9 @@ impl TokenProvider for AzureDeveloperCli {
                 "--scope",
                 STORAGE_SCOPE,
             ],
-            login_hint: "azd auth login",
+            // Older releases said `azd login`.
+            login_hints: &["azd auth login", "azd login"],
+            timeout: TOOL_TIMEOUT,
         };
         parse_azd_token(&run_login_tool(&tool).await?)
     }

@@ -23,11 +23,14 @@ pub enum TokenMode {
 }
 
 /// The provider for `mode`, configured from `lookup` (environment
-/// variables). An error says what is missing, never a value.
+/// variables). An error says what is missing, never a value. `az` and
+/// `azd` are found on `PATH` now, so a mount's daemon (built from this
+/// before it starts) never searches `PATH` itself.
 pub fn provider_from_lookup(
     mode: TokenMode,
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Arc<dyn TokenProvider>, String> {
+    let path = lookup("PATH");
     match mode {
         TokenMode::ManagedIdentity => Ok(Arc::new(ManagedIdentity::from_lookup(lookup)?)),
         TokenMode::ServicePrincipal => match ServicePrincipal::from_lookup(lookup)? {
@@ -38,8 +41,8 @@ pub fn provider_from_lookup(
             Some(wi) => Ok(Arc::new(wi)),
             None => Err("--auth workload needs AZURE_FEDERATED_TOKEN_FILE, AZURE_TENANT_ID and AZURE_CLIENT_ID (set in a pod that uses workload identity)".into()),
         },
-        TokenMode::AzureCli => Ok(Arc::new(AzureCli::default())),
-        TokenMode::AzureDeveloperCli => Ok(Arc::new(AzureDeveloperCli::default())),
+        TokenMode::AzureCli => Ok(Arc::new(AzureCli::on_path(path.as_deref()))),
+        TokenMode::AzureDeveloperCli => Ok(Arc::new(AzureDeveloperCli::on_path(path.as_deref()))),
         TokenMode::Login => {
             let mut sources: Vec<Arc<dyn TokenProvider>> = Vec::new();
             let mut skipped = Vec::new();
@@ -58,8 +61,8 @@ pub fn provider_from_lookup(
             let mut msi = ManagedIdentity::from_lookup(lookup)?;
             msi.probe = true;
             sources.push(Arc::new(msi));
-            sources.push(Arc::new(AzureCli::default()));
-            sources.push(Arc::new(AzureDeveloperCli::default()));
+            sources.push(Arc::new(AzureCli::on_path(path.as_deref())));
+            sources.push(Arc::new(AzureDeveloperCli::on_path(path.as_deref())));
             Ok(Arc::new(Chain::new(sources, skipped)))
         }
     }
