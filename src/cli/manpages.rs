@@ -455,7 +455,10 @@ fn mount_helper_page() -> String {
                     "credentials=PATH",
                     "A file (mode 0600) of AZURE_STORAGE_CONNECTION_STRING=... lines (or \
                      AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN), \
-                     so no secret sits in /etc/fstab.",
+                     so no secret sits in /etc/fstab; for workload identity, \
+                     AZURE_STORAGE_ACCOUNT, AZURE_STORAGE_AUTH_MODE=workload, \
+                     AZURE_FEDERATED_TOKEN_FILE, AZURE_TENANT_ID and AZURE_CLIENT_ID (and \
+                     AZURE_AUTHORITY_HOST). It sets no other variable.",
                 ),
                 Item::Term(
                     "defaults, auto, noauto, user, users, nouser, owner, group, _netdev, nofail, comment=..., x-*",

@@ -6,7 +6,7 @@
 //! - blobdrive's own: `ro`/`rw`, `snapshot=T`, `cache-size=S`, `max-dirty=S`, `key-file=F`, `passphrase-file=F`, `flush-delay=D`, `break-lease`,
 //!   `log-file=PATH`, `partition=N|auto`, `metrics-listen=[ADDR:]PORT`, `metrics-textfile=DIR`,
 //!   `metrics-allow-remote`, `credentials=PATH` (a file of `AZURE_STORAGE_*=...` lines,
-//!   so no secret sits in fstab);
+//!   so no secret sits in fstab, or of workload identity's variables);
 //! - fstab and systemd ones, which concern mount(8) or systemd and are ignored
 //!   here: `defaults`, `auto`, `noauto`, `user`, `users`, `nouser`, `owner`,
 //!   `group`, `_netdev`, `nofail`, `comment=*`, `x-*` (`x-systemd.*`, ...);
@@ -30,12 +30,19 @@ use super::{print_error_line, run_with_args, EXIT_OK, EXIT_USAGE};
 /// The name under which the binary acts as the mount helper.
 pub const HELPER_NAME: &str = "mount.blobdrive";
 
-/// Environment variables a `credentials=` file may set.
-const CREDENTIAL_VARIABLES: [&str; 4] = [
+/// Environment variables a `credentials=` file may set: the account's, the
+/// sign-in mode, and workload identity's (what a pod's environment holds,
+/// for mounts made through mount(8), which does not pass it on).
+const CREDENTIAL_VARIABLES: [&str; 9] = [
     "AZURE_STORAGE_CONNECTION_STRING",
     "AZURE_STORAGE_ACCOUNT",
     "AZURE_STORAGE_KEY",
     "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_STORAGE_AUTH_MODE",
+    "AZURE_FEDERATED_TOKEN_FILE",
+    "AZURE_TENANT_ID",
+    "AZURE_CLIENT_ID",
+    "AZURE_AUTHORITY_HOST",
 ];
 
 /// True when the program was started as `mount.blobdrive`.
@@ -178,18 +185,26 @@ fn load_credentials(path: &str) -> Result<(), String> {
         "credentials file",
         std::fs::metadata(path).ok().as_ref(),
     );
-    for line in text.lines().map(str::trim) {
-        let line = line.strip_prefix("export ").unwrap_or(line);
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        let key = key.trim();
-        if CREDENTIAL_VARIABLES.contains(&key) {
-            let value = value.trim().trim_matches('"').trim_matches('\'');
-            std::env::set_var(key, value);
-        }
+    for (key, value) in credential_lines(&text) {
+        std::env::set_var(key, value);
     }
     Ok(())
+}
+
+/// The [`CREDENTIAL_VARIABLES`] that `KEY=VALUE` lines of `text` set
+/// (`export ` and quotes allowed); other lines are passed over.
+fn credential_lines(text: &str) -> Vec<(&str, &str)> {
+    text.lines()
+        .map(str::trim)
+        .filter_map(|line| {
+            let line = line.strip_prefix("export ").unwrap_or(line);
+            let (key, value) = line.split_once('=')?;
+            let key = key.trim();
+            CREDENTIAL_VARIABLES
+                .contains(&key)
+                .then(|| (key, value.trim().trim_matches('"').trim_matches('\'')))
+        })
+        .collect()
 }
 
 /// Entry point when invoked as `mount.blobdrive`; returns the exit code.
@@ -299,5 +314,32 @@ mod tests {
         assert!(parse(&args("c/d.vhd /mnt -x")).is_err());
         assert!(invoked_as_helper(&OsString::from("/sbin/mount.blobdrive")));
         assert!(!invoked_as_helper(&OsString::from("/usr/bin/blobdrive")));
+    }
+
+    #[test]
+    fn a_credentials_file_sets_account_and_workload_identity_variables_only() {
+        let text = "# account\n\
+            AZURE_STORAGE_ACCOUNT=acct\n\
+            export AZURE_STORAGE_AUTH_MODE=\"workload\"\n\
+            AZURE_FEDERATED_TOKEN_FILE=/var/run/secrets/azure/tokens/azure-identity-token\n\
+            AZURE_TENANT_ID='72f988bf-86f1-41af-91ab-2d7cd011db47'\n\
+            AZURE_CLIENT_ID=0b7e1a53-5d2c-4c1e-9f57-3c1f2b9e4d10\n\
+            AZURE_AUTHORITY_HOST=https://login.microsoftonline.us\n\
+            PATH=/tmp/evil\n\
+            LD_PRELOAD=/tmp/evil.so\n";
+        assert_eq!(
+            credential_lines(text),
+            vec![
+                ("AZURE_STORAGE_ACCOUNT", "acct"),
+                ("AZURE_STORAGE_AUTH_MODE", "workload"),
+                (
+                    "AZURE_FEDERATED_TOKEN_FILE",
+                    "/var/run/secrets/azure/tokens/azure-identity-token"
+                ),
+                ("AZURE_TENANT_ID", "72f988bf-86f1-41af-91ab-2d7cd011db47"),
+                ("AZURE_CLIENT_ID", "0b7e1a53-5d2c-4c1e-9f57-3c1f2b9e4d10"),
+                ("AZURE_AUTHORITY_HOST", "https://login.microsoftonline.us"),
+            ]
+        );
     }
 }
