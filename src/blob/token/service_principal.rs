@@ -115,6 +115,7 @@ impl ServicePrincipal {
         if lookup("AZURE_CLIENT_CERTIFICATE_PASSWORD").is_some() && secret.is_none() {
             return Err("AZURE_CLIENT_CERTIFICATE_PASSWORD is set, but password-protected certificates are not supported: give a PEM with an unencrypted key".into());
         }
+        check_tenant(tenant.as_deref().expect("checked above"))?;
         let authority = authority_from_lookup(lookup)?;
         let credential = match (secret, cert) {
             (Some(s), _) => SpSecret::Secret(Secret::new(s)),
@@ -154,6 +155,7 @@ impl ServicePrincipal {
                 missing.join(" and ")
             ));
         }
+        check_tenant(tenant.as_deref().expect("checked above"))?;
         // Absolute now: a mount's daemon reads it later from `/`.
         let file = std::path::absolute(&file)
             .map_err(|e| format!("AZURE_FEDERATED_TOKEN_FILE cannot be used: {e}"))?;
@@ -203,6 +205,26 @@ impl ServicePrincipal {
         let tenant: String = url::form_urlencoded::byte_serialize(self.tenant.as_bytes()).collect();
         Url::parse(&format!("{base}/{tenant}/oauth2/v2.0/token"))
             .map_err(|e| format!("cannot build the token URL: {e}"))
+    }
+}
+
+/// Is `tenant` a tenant id or domain (a GUID, `contoso.onmicrosoft.com`)?
+/// It becomes a segment of the token URL's path, so anything else (a `/`,
+/// `..`, `?`) could send the request elsewhere on the authority.
+fn check_tenant(tenant: &str) -> Result<(), String> {
+    let fits = !tenant.is_empty()
+        && tenant != "."
+        && tenant != ".."
+        && tenant
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
+    if fits {
+        Ok(())
+    } else {
+        Err(
+            "AZURE_TENANT_ID is not a tenant id or domain name (letters, digits, '.' and '-' only)"
+                .into(),
+        )
     }
 }
 
@@ -400,6 +422,38 @@ mod tests {
             "{e}"
         );
         assert!(!e.contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn a_tenant_that_is_not_an_id_or_domain_is_refused() {
+        for bad in ["..", ".", "a/b", "t?x=1", "t#", "t%2F..", "", "t t"] {
+            let sp: &'static [(&str, &str)] = Box::leak(Box::new([
+                ("AZURE_TENANT_ID", bad),
+                ("AZURE_CLIENT_ID", "c"),
+                ("AZURE_CLIENT_SECRET", "s3cret-value"),
+            ]));
+            let e = ServicePrincipal::from_lookup(&env(sp)).unwrap_err();
+            assert!(
+                e.contains("AZURE_TENANT_ID is not a tenant id"),
+                "{bad:?}: {e}"
+            );
+            let wi: &'static [(&str, &str)] = Box::leak(Box::new([
+                ("AZURE_TENANT_ID", bad),
+                ("AZURE_CLIENT_ID", "c"),
+                ("AZURE_FEDERATED_TOKEN_FILE", "/t"),
+            ]));
+            let e = ServicePrincipal::workload_identity_from_lookup(&env(wi)).unwrap_err();
+            assert!(
+                e.contains("AZURE_TENANT_ID is not a tenant id"),
+                "{bad:?}: {e}"
+            );
+        }
+        for good in [
+            "72f988bf-86f1-41af-91ab-2d7cd011db47",
+            "contoso.onmicrosoft.com",
+        ] {
+            assert_eq!(check_tenant(good), Ok(()));
+        }
     }
 
     #[test]
