@@ -672,6 +672,56 @@ async fn login_chain_takes_workload_identity_before_managed_identity() {
     assert_eq!(ts.state.count("federated"), 1, "no request without a token");
 }
 
+/// `mount -t blobdrive` from /etc/fstab: mount(8) passes no environment,
+/// so workload identity's variables come from the `credentials=` file.
+/// The Azurite certificate is not trusted here (the helper has no
+/// `--ca-file`), so the mount stops at the first blob request, after the
+/// file's federated token was sent for a token.
+#[tokio::test]
+async fn an_fstab_mount_signs_in_with_workload_identity_from_its_credentials_file() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    logs();
+    let az = HttpsAzurite::start();
+    let ts = TokenServer::start(3600);
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    let federated = federated_token();
+    std::fs::write(&token_file, &federated).unwrap();
+    let credentials = dir.path().join("account.env");
+    let mut lines = vec![
+        format!("AZURE_STORAGE_ACCOUNT={}", az.endpoint()),
+        "AZURE_STORAGE_AUTH_MODE=workload".to_string(),
+    ];
+    lines.extend(
+        workload_vars(&ts, &token_file)
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}")),
+    );
+    std::fs::write(&credentials, lines.join("\n") + "\n").unwrap();
+    std::fs::set_permissions(&credentials, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mountpoint = dir.path().join("mnt");
+    std::fs::create_dir(&mountpoint).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_blobdrive"))
+        .arg0("mount.blobdrive")
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .arg(format!("{}/disk.vhd", container()))
+        .arg(&mountpoint)
+        .args(["-o", &format!("ro,credentials={}", credentials.display())])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("certificate"), "{stderr}");
+    assert_eq!(ts.state.count("federated"), 1, "{stderr}");
+    assert_eq!(
+        *ts.state.assertions.lock().unwrap(),
+        vec![federated.clone()]
+    );
+    assert_no_secret("the helper's output", &stderr, &[federated]);
+}
+
 /// Stand-ins for `az` and `azd` in `dir`: each records its arguments (one
 /// a line) in `NAME.args` and its environment in `NAME.env`, and prints `NAME.json`, or, when `NAME.err`
 /// exists, prints that to standard error and fails as a signed-out tool does.
