@@ -854,6 +854,24 @@ async fn azure_cli_and_developer_cli_sign_in_with_their_tokens() {
         stderr.contains("Azure Developer CLI") && stderr.contains("run `azd auth login`"),
         "{stderr}"
     );
+
+    // Run as root, an az that others may change is not run.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::fs::PermissionsExt;
+        let az_path = bin.path().join("az");
+        std::fs::set_permissions(&az_path, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::remove_file(bin.path().join("az.args")).unwrap();
+        let out = run("cli", &["list"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(&format!("refusing to run {} as root", az_path.display())),
+            "{stderr}"
+        );
+        assert!(!bin.path().join("az.args").exists(), "az was run");
+    }
 }
 
 #[tokio::test]
