@@ -229,10 +229,16 @@ pub(super) async fn run_login_tool(tool: &LoginTool<'_>) -> Result<Vec<u8>, Toke
         } else {
             TokenErrorKind::Refused
         };
+        let reason = reason(&stderr);
+        let reason = if reason.is_empty() {
+            String::new()
+        } else {
+            format!(": {reason}")
+        };
         return Err(TokenError::new(
             kind,
             tool.name,
-            format!("{command} failed ({status}): {}", reason(&stderr)),
+            format!("{command} failed ({status}){reason}"),
         ));
     }
     Ok(stdout)
