@@ -769,3 +769,130 @@ async fn writes_an_export_cannot_flush_after_its_lease_was_broken_go_to_a_recove
         .collect();
     assert_eq!(saved.len(), 1, "one recovery file for the drive");
 }
+
+/// The rows of `list --mounted --json` that are exports (they have `nbd`).
+fn listed_exports(sb: &Sandbox) -> Vec<serde_json::Value> {
+    let out = sb.blobdrive_ok(&["list", "--mounted", "--json"]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).expect("list --mounted is JSON");
+    rows.into_iter()
+        .filter(|r| r.get("nbd").is_some())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_server_is_listed_counted_logged_and_stopped_by_unmount_after_its_final_flush()
+{
+    let g = ContainerGuard::new("nbd-ctl").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let socket = sb.root.path().join("ctl.sock");
+    let nbd = format!("unix:{}", socket.display());
+    // No --log-file: the log goes to the run directory. A long flush delay
+    // keeps the write dirty until the final flush.
+    let out = sb.blobdrive_ok(&[
+        "serve",
+        &drive,
+        "--nbd",
+        &nbd,
+        "--json",
+        "--flush-delay",
+        "1h",
+        "-v",
+    ]);
+    let ready: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    let pid = ready["pid"].as_i64().expect("the daemon's pid") as i32;
+    struct Daemon(i32);
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            if process_alive(self.0) {
+                send_signal(self.0, libc::SIGKILL);
+            }
+        }
+    }
+    let _daemon = Daemon(pid);
+    let mut c = nbd_support::Client::connect(&socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 4096, &[0x5a; 4096]).error, 0);
+    // Past the end: refused, counted, and the connection stays.
+    assert_eq!(
+        c.call(NBD_CMD_READ, 0, 64 * MIB, 4096, &[]).error,
+        NBD_EINVAL
+    );
+    drop(c);
+
+    let rows = listed_exports(&sb);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["drive"], drive.as_str());
+    assert_eq!(rows[0]["nbd"], nbd.as_str());
+    assert_eq!(rows[0]["mode"], "read-write");
+    assert_eq!(rows[0]["pid"].as_i64(), Some(i64::from(pid)));
+    assert_eq!(rows[0]["alive"], true);
+    let log = PathBuf::from(rows[0]["log_file"].as_str().expect("a default log file"));
+    assert!(log.starts_with(sb.root.path().join("run")), "{log:?}");
+
+    // `stats` by the socket path, and by the export's name.
+    let stats: serde_json::Value =
+        serde_json::from_str(&sb.blobdrive_ok(&["stats", &socket.to_string_lossy(), "--json"]))
+            .expect("stats is JSON");
+    assert_eq!(stats["endpoint"], nbd.as_str());
+    let counters = &stats["devices"][drive.as_str()];
+    assert_eq!(counters["nbd_write_requests"], 1, "{stats}");
+    assert_eq!(counters["nbd_errors"], 1, "{stats}");
+    let text = sb.blobdrive_ok(&["stats", &drive, "--prometheus"]);
+    for line in [
+        format!("blobdrive_nbd_requests_total{{drive=\"{drive}\",command=\"write\"}} 1"),
+        format!("blobdrive_nbd_bytes_total{{drive=\"{drive}\",direction=\"write\"}} 4096"),
+        format!("blobdrive_nbd_refused_requests_total{{drive=\"{drive}\"}} 1"),
+        "blobdrive_nbd_connections_total 1".to_string(),
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line} in:\n{text}");
+    }
+
+    // `unmount SOCKET` returns once the final flush is in the blob.
+    sb.blobdrive_ok(&["unmount", &socket.to_string_lossy()]);
+    assert_eq!(sdk_read(&g.name, "disk.vhd", 0, 4096), vec![0x5a; 4096]);
+    let start = Instant::now();
+    while process_alive(pid) {
+        assert!(start.elapsed() < Duration::from_secs(10), "still running");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(listed_exports(&sb).is_empty(), "forgotten once stopped");
+    assert!(!socket.exists(), "the socket is removed");
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(logged.contains("NBD server stopped"), "{logged}");
+    // The lease went with it: the drive attaches (here, exports) again.
+    let again = Served::start(&sb, "again", &[&drive], &[]);
+    assert!(again.stop().0.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unmount_of_a_server_whose_final_flush_fails_exits_non_zero_and_names_the_recovery_file() {
+    let g = ContainerGuard::new("nbd-stopfail").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let mut served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, MIB, 4096, &[0x61; 4096]).error, 0);
+    drop(c);
+    // Another host takes the drive over: the final flush cannot be sent.
+    sb.blobdrive_ok(&["break-lease", &drive]);
+    let out = sb.blobdrive(&["unmount", &drive]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("blobdrive recover"), "{stderr}");
+    assert_eq!(
+        served.wait(Duration::from_secs(30)).code(),
+        Some(1),
+        "the server says it too"
+    );
+    let saved = std::fs::read_dir(sb.recovery_dir())
+        .expect("a recovery directory")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "bdrec"))
+        .count();
+    assert_eq!(saved, 1, "one recovery file for the drive");
+}

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use crate::blob;
 
 pub mod argv;
+pub mod attach_flags;
 pub mod break_lease;
 pub mod cache;
 pub mod completions;

@@ -32,8 +32,21 @@ use crate::fs::FsError;
 
 /// Payload bytes a connection may have in flight (reads and writes).
 pub const MAX_IN_FLIGHT_BYTES: u32 = 64 * 1024 * 1024;
+/// Payload bytes all connections together may have in flight: what bounds
+/// the server's memory for request data, whatever `--max-connections` is.
+pub const MAX_SERVER_IN_FLIGHT_BYTES: u64 = 256 * 1024 * 1024;
 /// Units of the in-flight budget (semaphore permits are counted in these).
-const BUDGET_UNIT: u32 = 4096;
+pub const BUDGET_UNIT: u32 = 4096;
+
+/// The server-wide payload budget every connection draws from (after its
+/// own), in [`BUDGET_UNIT`]s.
+pub fn server_budget(max_bytes: u64) -> Arc<Semaphore> {
+    let units =
+        (max_bytes / u64::from(BUDGET_UNIT)).max(u64::from(MAX_PAYLOAD_BYTES / BUDGET_UNIT));
+    Arc::new(Semaphore::new(
+        units.min(Semaphore::MAX_PERMITS as u64) as usize
+    ))
+}
 /// Most block status descriptors in one reply (the specification's bound).
 const MAX_DESCRIPTORS: usize = 1 << 20;
 /// Most of a drive one BLOCK_STATUS looks at (the specification lets a
@@ -77,6 +90,7 @@ pub async fn serve<R, W>(
     reader: R,
     writer: W,
     session: Negotiated,
+    server_budget: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
 ) -> ConnectionEnd
 where
@@ -124,9 +138,18 @@ where
             }
             _ => 1,
         };
-        // A stop must not wait for a client that takes no replies.
+        // A stop must not wait for a client that takes no replies. The
+        // connection's own budget first, then the server's: one greedy
+        // connection holds at most its own share of the server's.
         let permit = tokio::select! {
             p = budget.clone().acquire_many_owned(want) => match p {
+                Ok(p) => p,
+                Err(_) => break ConnectionEnd::Stopping,
+            },
+            _ = stop.wait_for(|s| *s) => break ConnectionEnd::Stopping,
+        };
+        let server_permit = tokio::select! {
+            p = server_budget.clone().acquire_many_owned(want) => match p {
                 Ok(p) => p,
                 Err(_) => break ConnectionEnd::Stopping,
             },
@@ -170,6 +193,7 @@ where
             }
             .await;
             drop(permit);
+            drop(server_permit);
             if let Err(e) = sent {
                 tracing::debug!(error = %e, "NBD reply not sent: the client is gone");
             }
@@ -224,14 +248,28 @@ fn nbd_error(e: &FsError) -> u32 {
     }
 }
 
+/// A refused request's reply; its warning is rate-limited per kind
+/// (`refusals.rs`).
 fn refused(request: &Request, error: u32, why: String) -> Reply {
-    tracing::warn!(
-        command = request.command_name(),
-        command_number = request.command,
-        offset_bytes = request.offset_bytes,
-        len_bytes = request.len_bytes,
-        "NBD request refused: {why}"
-    );
+    let kind = (request.command_name(), error);
+    if let Some(left_out) = super::refusals::global().admit(kind, std::time::Instant::now()) {
+        tracing::warn!(
+            command = request.command_name(),
+            command_number = request.command,
+            offset_bytes = request.offset_bytes,
+            len_bytes = request.len_bytes,
+            left_out,
+            "NBD request refused: {why}{}",
+            if left_out > 0 {
+                format!(
+                    " ({left_out} more like it in the last {} s not logged)",
+                    super::refusals::INTERVAL.as_secs()
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     Reply::Error(error, why)
 }
 

@@ -1,0 +1,183 @@
+//! What this host serves over NBD: one JSON file per `blobdrive serve`
+//! process in `<run dir>/serve/<key>.json`, beside the attach registry
+//! (`registry.rs`), so `blobdrive list --mounted` shows exports as it shows
+//! attaches, and `blobdrive stats` and `unmount` find the server's control
+//! socket from what the user knows: the NBD socket path, the `tcp:` endpoint
+//! or an export's name.
+//!
+//! `<key>` is the mount key (`mountpoint::mount_key`) of the server's
+//! [`control key`](ServedEntry::key): the canonical path of its Unix socket,
+//! or its `tcp:IP:PORT` endpoint. The control socket is the one a mount at
+//! that path would have (`control::socket_path_of_canonical`). The server
+//! writes its entry once it serves and removes it when it exits; an entry
+//! whose process is gone is shown as stale, never hidden (its drives may
+//! still be leased).
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+use super::mountpoint::{mount_key, run_dir};
+use super::registry::{process_alive, AttachMode};
+use crate::private_dir;
+
+/// One export of a serving process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedDrive {
+    /// Storage account name.
+    pub account: String,
+    /// The export name: `container/blob`, or `container/blob@TIME` for a snapshot.
+    pub export: String,
+    /// The NBD URI clients use.
+    pub uri: String,
+    /// Read-write, read-only or snapshot.
+    pub mode: AttachMode,
+}
+
+/// One `blobdrive serve` process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedEntry {
+    /// Where clients connect: `unix:PATH` or `tcp:IP:PORT`.
+    pub endpoint: String,
+    /// What names the server's control socket: the canonical path of its
+    /// Unix socket, or its `tcp:IP:PORT` endpoint.
+    pub key: PathBuf,
+    /// The serving process.
+    pub pid: u32,
+    /// The drives it exports.
+    pub exports: Vec<ServedDrive>,
+    /// Where its log goes (`--log-file`, or the default in the run directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_file: Option<PathBuf>,
+    /// When it started serving, seconds since the Unix epoch.
+    pub since_unix_secs: u64,
+    /// False when the process is gone (the entry is stale); not stored.
+    #[serde(skip_deserializing, default = "alive_default")]
+    pub alive: bool,
+}
+
+fn alive_default() -> bool {
+    true
+}
+
+/// Directory of the serve registry.
+fn serve_dir() -> PathBuf {
+    run_dir().join("serve")
+}
+
+fn entry_file(key: &Path) -> PathBuf {
+    serve_dir().join(format!("{}.json", mount_key(key)))
+}
+
+/// Where a background server logs without `--log-file`:
+/// `<run dir>/serve/<key of ENDPOINT>.log` (0600, appended to), `endpoint`
+/// as `--nbd` names it. None when the run directory cannot be made (the
+/// log then goes nowhere, as a mount's does).
+pub fn default_log_file(endpoint: &str) -> Option<PathBuf> {
+    private_dir::ensure(&serve_dir()).ok()?;
+    Some(serve_dir().join(format!("{}.log", mount_key(Path::new(endpoint)))))
+}
+
+/// Records `entry` (atomically: a reader never sees half a file).
+pub fn write(entry: &ServedEntry) -> anyhow::Result<()> {
+    let path = entry_file(&entry.key);
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_string_pretty(entry).context("cannot encode serve entry")?;
+    private_dir::ensure(&serve_dir())
+        .with_context(|| format!("cannot create {}", serve_dir().display()))?;
+    private_dir::create_file(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Forgets the server whose control key is `key`; a missing entry is fine.
+pub fn remove(key: &Path) {
+    let path = entry_file(key);
+    if let Err(err) = std::fs::remove_file(&path) {
+        if err.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(%err, path = %path.display(), "cannot remove serve entry");
+        }
+    }
+}
+
+/// Every serving process this host records, sorted by endpoint; stale
+/// entries (process gone) have `alive == false`.
+pub fn list_served() -> Vec<ServedEntry> {
+    let Ok(dir) = std::fs::read_dir(serve_dir()) else {
+        return Vec::new();
+    };
+    let mut entries: Vec<ServedEntry> = dir
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter_map(|p| read_entry(&p))
+        .collect();
+    entries.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+    entries
+}
+
+/// The server `target` names: its NBD socket path, its endpoint
+/// (`unix:PATH`, `tcp:IP:PORT`) or one of its export names. A directory
+/// (a mount point) is never taken for an export name.
+pub fn find(target: &Path) -> Option<ServedEntry> {
+    let text = target.to_string_lossy();
+    let canonical = target.canonicalize().ok();
+    if canonical.as_deref().is_some_and(Path::is_dir) {
+        return None;
+    }
+    list_served().into_iter().find(|e| {
+        e.endpoint == text
+            || e.key == target
+            || canonical.as_deref() == Some(e.key.as_path())
+            || e.exports.iter().any(|x| x.export == text)
+    })
+}
+
+fn read_entry(path: &Path) -> Option<ServedEntry> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut entry: ServedEntry = match serde_json::from_str(&text) {
+        Ok(entry) => entry,
+        Err(err) => {
+            tracing::warn!(%err, path = %path.display(), "unreadable serve entry");
+            return None;
+        }
+    };
+    entry.alive = process_alive(entry.pid);
+    Some(entry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_served_export_is_found_by_socket_endpoint_or_name() {
+        let dir = tempfile::tempdir().unwrap();
+        std::env::set_var(super::super::mountpoint::RUN_DIR_ENV, dir.path());
+        let entry = ServedEntry {
+            endpoint: "tcp:127.0.0.1:10809".into(),
+            key: PathBuf::from("tcp:127.0.0.1:10809"),
+            pid: std::process::id(),
+            exports: vec![ServedDrive {
+                account: "devstoreaccount1".into(),
+                export: "c/disk.vhd".into(),
+                uri: "nbd://127.0.0.1:10809/c/disk.vhd".into(),
+                mode: AttachMode::ReadWrite,
+            }],
+            log_file: None,
+            since_unix_secs: 1,
+            alive: true,
+        };
+        write(&entry).unwrap();
+        assert_eq!(list_served(), vec![entry.clone()]);
+        assert!(find(Path::new("tcp:127.0.0.1:10809")).is_some());
+        assert!(find(Path::new("c/disk.vhd")).is_some());
+        assert!(find(Path::new("c/other.vhd")).is_none());
+        remove(&entry.key);
+        assert!(list_served().is_empty());
+        std::env::remove_var(super::super::mountpoint::RUN_DIR_ENV);
+    }
+}

@@ -1,0 +1,66 @@
+//! Rate-limited warnings for refused requests: a client that sends a
+//! million bad requests gets a million error replies, not a million log
+//! lines. The first refusal of a kind (command and error) is logged at
+//! once; later ones within [`INTERVAL`] are counted, and the next line of
+//! that kind after the interval says how many were left out.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// At most one line per kind of refusal in this time.
+pub const INTERVAL: Duration = Duration::from_secs(10);
+
+/// When a kind was last logged and how many refusals of it were not.
+#[derive(Default)]
+pub struct Refusals {
+    kinds: Mutex<HashMap<(&'static str, u32), (Instant, u64)>>,
+}
+
+impl Refusals {
+    /// Whether a refusal of `kind` at `now` is logged, and how many of the
+    /// same kind were left out since the last line; `None` to stay quiet.
+    pub fn admit(&self, kind: (&'static str, u32), now: Instant) -> Option<u64> {
+        let mut kinds = self.kinds.lock().unwrap_or_else(|p| p.into_inner());
+        match kinds.get_mut(&kind) {
+            Some((last, left_out)) if now.duration_since(*last) < INTERVAL => {
+                *left_out += 1;
+                None
+            }
+            Some((last, left_out)) => {
+                *last = now;
+                Some(std::mem::take(left_out))
+            }
+            None => {
+                kinds.insert(kind, (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// The refusals of this process (all connections, all exports).
+pub fn global() -> &'static Refusals {
+    static REFUSALS: std::sync::OnceLock<Refusals> = std::sync::OnceLock::new();
+    REFUSALS.get_or_init(Refusals::default)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_per_kind_per_interval_with_the_count_left_out() {
+        let r = Refusals::default();
+        let t0 = Instant::now();
+        let kind = ("write", 1);
+        assert_eq!(r.admit(kind, t0), Some(0));
+        for i in 1..=5 {
+            assert_eq!(r.admit(kind, t0 + Duration::from_millis(i)), None);
+        }
+        // Another kind is not held back by the first.
+        assert_eq!(r.admit(("read", 22), t0), Some(0));
+        assert_eq!(r.admit(kind, t0 + INTERVAL), Some(5));
+        assert_eq!(r.admit(kind, t0 + INTERVAL + INTERVAL), Some(0));
+    }
+}
