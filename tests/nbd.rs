@@ -788,6 +788,7 @@ async fn a_background_server_is_listed_counted_logged_and_stopped_by_unmount_aft
     sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
     let socket = sb.root.path().join("ctl.sock");
     let nbd = format!("unix:{}", socket.display());
+    let textfiles = sb.dir("textfiles");
     // No --log-file: the log goes to the run directory. A long flush delay
     // keeps the write dirty until the final flush.
     let out = sb.blobdrive_ok(&[
@@ -798,6 +799,8 @@ async fn a_background_server_is_listed_counted_logged_and_stopped_by_unmount_aft
         "--json",
         "--flush-delay",
         "1h",
+        "--metrics-textfile",
+        &textfiles.to_string_lossy(),
         "-v",
     ]);
     let ready: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
@@ -848,6 +851,20 @@ async fn a_background_server_is_listed_counted_logged_and_stopped_by_unmount_aft
     ] {
         assert!(text.lines().any(|l| l == line), "no {line} in:\n{text}");
     }
+    if blobdrive::attach::tool_exists("promtool") {
+        promtool_check(&text);
+    }
+    // node_exporter's textfile, written at once and removed at the end.
+    let prom = || {
+        std::fs::read_dir(&textfiles)
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "prom"))
+    };
+    let file = prom().expect("a textfile");
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert!(written.contains("blobdrive_nbd_connections_total"), "{written}");
 
     // `unmount SOCKET` returns once the final flush is in the blob.
     sb.blobdrive_ok(&["unmount", &socket.to_string_lossy()]);
@@ -858,6 +875,7 @@ async fn a_background_server_is_listed_counted_logged_and_stopped_by_unmount_aft
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(listed_exports(&sb).is_empty(), "forgotten once stopped");
+    assert!(prom().is_none(), "the textfile is removed");
     assert!(!socket.exists(), "the socket is removed");
     let logged = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(logged.contains("NBD server stopped"), "{logged}");
@@ -895,4 +913,29 @@ async fn unmount_of_a_server_whose_final_flush_fails_exits_non_zero_and_names_th
         .filter(|e| e.path().extension().is_some_and(|x| x == "bdrec"))
         .count();
     assert_eq!(saved, 1, "one recovery file for the drive");
+}
+
+/// `promtool check metrics` accepts `text` (names, types, help, no lint).
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
