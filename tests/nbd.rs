@@ -864,7 +864,10 @@ async fn a_background_server_is_listed_counted_logged_and_stopped_by_unmount_aft
     };
     let file = prom().expect("a textfile");
     let written = std::fs::read_to_string(&file).unwrap();
-    assert!(written.contains("blobdrive_nbd_connections_total"), "{written}");
+    assert!(
+        written.contains("blobdrive_nbd_connections_total"),
+        "{written}"
+    );
 
     // `unmount SOCKET` returns once the final flush is in the blob.
     sb.blobdrive_ok(&["unmount", &socket.to_string_lossy()]);
@@ -938,4 +941,26 @@ fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_of_a_served_drive_first_flushes_what_its_clients_wrote() {
+    let g = ContainerGuard::new("nbd-snap").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 4096, &[0x7e; 4096]).error, 0);
+    assert_eq!(
+        sdk_read(&g.name, "disk.vhd", 0, 4096),
+        vec![0; 4096],
+        "not flushed yet"
+    );
+    let time = sb.blobdrive_ok(&["snapshot", &drive]);
+    assert!(!time.trim().is_empty());
+    assert_eq!(sdk_read(&g.name, "disk.vhd", 0, 4096), vec![0x7e; 4096]);
+    drop(c);
+    assert!(served.stop().0.success());
 }

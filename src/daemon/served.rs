@@ -136,6 +136,17 @@ pub fn find(target: &Path) -> Option<ServedEntry> {
     })
 }
 
+/// The live server on this host exporting `drive` (`container/blob`) of
+/// `account` read-write, if any: the one `blobdrive snapshot` asks to flush.
+pub fn find_read_write(account: &str, drive: &str) -> Option<ServedEntry> {
+    list_served().into_iter().find(|e| {
+        e.alive
+            && e.exports.iter().any(|x| {
+                x.mode == AttachMode::ReadWrite && x.account == account && x.export == drive
+            })
+    })
+}
+
 fn read_entry(path: &Path) -> Option<ServedEntry> {
     let text = std::fs::read_to_string(path).ok()?;
     let mut entry: ServedEntry = match serde_json::from_str(&text) {
@@ -176,6 +187,8 @@ mod tests {
         assert!(find(Path::new("tcp:127.0.0.1:10809")).is_some());
         assert!(find(Path::new("c/disk.vhd")).is_some());
         assert!(find(Path::new("c/other.vhd")).is_none());
+        assert!(find_read_write("devstoreaccount1", "c/disk.vhd").is_some());
+        assert!(find_read_write("other", "c/disk.vhd").is_none());
         remove(&entry.key);
         assert!(list_served().is_empty());
         std::env::remove_var(super::super::mountpoint::RUN_DIR_ENV);
