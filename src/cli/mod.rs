@@ -38,6 +38,7 @@ pub mod recover;
 pub mod resize;
 pub mod restore;
 pub mod serve;
+pub mod serve_control;
 pub mod snapshot;
 pub mod stats;
 pub mod unmount;
