@@ -11,16 +11,19 @@ use std::time::{Duration, Instant};
 /// At most one line per kind of refusal in this time.
 pub const INTERVAL: Duration = Duration::from_secs(10);
 
+/// A kind of refusal: the command's name and the error answered.
+pub type Kind = (&'static str, u32);
+
 /// When a kind was last logged and how many refusals of it were not.
 #[derive(Default)]
 pub struct Refusals {
-    kinds: Mutex<HashMap<(&'static str, u32), (Instant, u64)>>,
+    kinds: Mutex<HashMap<Kind, (Instant, u64)>>,
 }
 
 impl Refusals {
     /// Whether a refusal of `kind` at `now` is logged, and how many of the
     /// same kind were left out since the last line; `None` to stay quiet.
-    pub fn admit(&self, kind: (&'static str, u32), now: Instant) -> Option<u64> {
+    pub fn admit(&self, kind: Kind, now: Instant) -> Option<u64> {
         let mut kinds = self.kinds.lock().unwrap_or_else(|p| p.into_inner());
         match kinds.get_mut(&kind) {
             Some((last, left_out)) if now.duration_since(*last) < INTERVAL => {
