@@ -50,7 +50,8 @@ pub struct ListArgs {
     #[arg(long)]
     pub all: bool,
     /// Instead: the drives this host has attached (drive, snapshot, directory,
-    /// loop device, mode, daemon pid), like CloudDrive's GetMountedDrives.
+    /// loop device, mode, daemon pid), like CloudDrive's GetMountedDrives,
+    /// then those it serves over NBD (drive, endpoint, mode, pid).
     #[arg(long, conflicts_with_all = ["container", "stored", "no_stored", "all"])]
     pub mounted: bool,
 }
