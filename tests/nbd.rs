@@ -964,3 +964,26 @@ async fn a_snapshot_of_a_served_drive_first_flushes_what_its_clients_wrote() {
     drop(c);
     assert!(served.stop().0.success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_stops_leaves_the_socket_another_server_made_at_its_path() {
+    let test = "a_server_that_stops_leaves_the_socket_another_server_made_at_its_path";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-sock").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let first = Served::start(&sb, "s", &[&drive], &["--read-only"]);
+    // Someone removes the path and a second server listens there.
+    std::fs::remove_file(&first.socket).unwrap();
+    let second = Served::start(&sb, "s", &[&drive], &["--read-only"]);
+    assert!(first.stop().0.success());
+    assert!(second.socket.exists(), "the second server's socket stays");
+    let size = tool("nbdinfo", &["--size", &second.uri(&drive)]);
+    assert_eq!(size.trim(), (16 * MIB).to_string());
+    let path = second.socket.clone();
+    assert!(second.stop().0.success());
+    assert!(!path.exists(), "removed by the server that made it");
+}
