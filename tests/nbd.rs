@@ -612,6 +612,24 @@ async fn a_tcp_export_on_loopback_serves_the_same_drive() {
     );
     let size = tool("nbdinfo", &["--size", &uri]);
     assert_eq!(size.trim(), (16 * MIB).to_string());
+    // The server's end of a TCP connection is probed (keepalive): `ss`
+    // shows its timer while the client idles in the handshake.
+    let idle = std::net::TcpStream::connect(addr).expect("connects");
+    let port = addr.rsplit(':').next().unwrap();
+    let filter = format!("( sport = :{port} )");
+    let start = Instant::now();
+    loop {
+        let ss = tool("ss", &["-tnoH", "state", "established", &filter]);
+        if ss.contains("timer:(keepalive") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no keepalive timer on the server's socket: {ss}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(idle);
     // --metrics-listen serves the exported drive's counters for Prometheus.
     let metrics = served.ready["metrics"]
         .as_str()
