@@ -1005,3 +1005,72 @@ async fn a_server_that_stops_leaves_the_socket_another_server_made_at_its_path()
     assert!(second.stop().0.success());
     assert!(!path.exists(), "removed by the server that made it");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_unmount_during_a_slow_final_flush_waits_for_the_same_answer_and_never_advises_break_lease(
+) {
+    use common::fault_proxy::{Fault, FaultProxy};
+    let g = ContainerGuard::new("nbd-stop2").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let proxy = FaultProxy::start(&common::account().endpoint, Fault::ServerBusy, 0).await;
+    let mut account = common::account();
+    account.endpoint = proxy.endpoint.clone();
+    // Storage hangs during the final flush, which gives up after a few
+    // seconds (and saves a recovery file): a slow stop, with one answer.
+    let sb = Sandbox::new(account.connection_string()).with_env("BLOBDRIVE_RETRY_TOTAL_SECS", "4");
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let mut served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 4096, &[0x33; 4096]).error, 0);
+    drop(c);
+    proxy.hang_all(true);
+    let socket = served.socket.to_string_lossy().to_string();
+    let first = sb
+        .command(&["unmount", &socket])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs unmount");
+    let start = Instant::now();
+    while !served
+        .log()
+        .contains("stop requested over the control socket")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{}",
+            served.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // While it flushes, the server still answers: `stats` says so, and a
+    // second `unmount` (by the export's name) waits for the end.
+    let stats: serde_json::Value =
+        serde_json::from_str(&sb.blobdrive_ok(&["stats", &socket, "--json"])).expect("JSON");
+    assert_eq!(stats["state"], "stopping", "{stats}");
+    let second = sb
+        .command(&["unmount", &drive])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs unmount");
+    let first = first.wait_with_output().unwrap();
+    let second = second.wait_with_output().unwrap();
+    let (e1, e2) = (
+        String::from_utf8_lossy(&first.stderr),
+        String::from_utf8_lossy(&second.stderr),
+    );
+    assert_eq!(first.status.code(), Some(1), "{e1}");
+    assert_eq!(second.status.code(), Some(1), "{e2}");
+    for e in [&e1, &e2] {
+        assert!(e.contains("blobdrive recover"), "the final result: {e}");
+        assert!(
+            !e.contains("break-lease"),
+            "no advice to break the lease: {e}"
+        );
+        assert_eq!(e.trim().lines().count(), 1, "one line: {e}");
+    }
+    assert_eq!(served.wait(Duration::from_secs(30)).code(), Some(1));
+    proxy.hang_all(false);
+}

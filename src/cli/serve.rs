@@ -8,11 +8,13 @@
 //! opens it: a read-write export holds the lease (and is refused while the
 //! drive is attached elsewhere), its lease is watched and its unflushed pages
 //! go to a recovery file when they cannot reach the blob; a read-only or
-//! snapshot export holds none. At the end the listener goes first, then the
-//! requests in flight are answered, then the drives are flushed and closed
-//! by the mount's own end (`daemon::closing`: a recovery file first when
-//! the flush fails); a close that fails makes the exit non-zero, and the
-//! `unmount` that asked for the stop fails with the same line.
+//! snapshot export holds none. At the end no new client is accepted (the
+//! socket stays bound until the process exits), the requests in flight are
+//! answered, active clients are disconnected, then the drives are flushed
+//! and closed by the mount's own end (`daemon::closing`: a recovery file
+//! first when the flush fails); a close that fails makes the exit non-zero.
+//! The control socket answers to the end (`stats` says `stopping`), and
+//! every `unmount` that asked meanwhile gets the same final line.
 //!
 //! A served process is visible like an attach: an entry in the run
 //! directory (`daemon::served`, shown by `list --mounted`), a control socket
@@ -31,7 +33,7 @@ use anyhow::anyhow;
 use clap::Args;
 use serde::Serialize;
 
-use super::serve_control::{bind_control, Served};
+use super::serve_control::{ControlSocket, Served};
 use super::{CmdResult, CodedError, Context};
 use crate::blob::{BlobClient, BlobPath};
 use crate::daemon::closing;
@@ -254,25 +256,27 @@ async fn serve(
         .as_ref()
         .and_then(|l| l.local_addr().ok())
         .map(|a| a.to_string());
-    let served = Arc::new(Served {
-        exports: Arc::new(Exports::new(exports.clone())),
-        endpoint: listener.address(),
-    });
+    let served = Arc::new(Served::new(
+        Arc::new(Exports::new(exports.clone())),
+        listener.address(),
+    ));
     // The name the control socket, the registry entry and the metrics
     // textfile go by: the socket's canonical path, or the TCP endpoint.
     let key = match &endpoint {
         Endpoint::Unix(path) => path.canonicalize().unwrap_or_else(|_| path.clone()),
         Endpoint::Tcp(_) => PathBuf::from(listener.address()),
     };
-    let control_socket = bind_control(&key);
-    let (unmount_tx, mut unmount_rx) = tokio::sync::mpsc::channel(4);
-    let (control_path, control_task) = match control_socket {
-        Some((path, l)) => {
-            let answers: Arc<dyn Controlled> = served.clone();
-            let task = tokio::spawn(control::serve(l, answers, unmount_tx));
-            (Some(path), Some(task))
+    let (control_socket, control_listener) = match ControlSocket::bind(&key) {
+        Ok(bound) => bound,
+        Err(err) => {
+            close_unserved(exports).await;
+            return Err(err);
         }
-        None => (None, None),
+    };
+    let (unmount_tx, mut unmount_rx) = tokio::sync::mpsc::channel(4);
+    let control_task = {
+        let answers: Arc<dyn Controlled> = served.clone();
+        tokio::spawn(control::serve(control_listener, answers, unmount_tx))
     };
     let render: crate::metrics::export::Render = {
         let served = served.clone();
@@ -369,11 +373,14 @@ async fn serve(
         }
     };
     crate::nbd::serve(&listener, served.exports.clone(), limits, shutdown).await;
+    // No client is served from here on, but the NBD socket stays bound and
+    // the control socket keeps answering until the end: `stats` says
+    // "stopping", and every further `unmount` waits for the final result,
+    // so nothing takes this server for dead while it flushes.
+    served
+        .stopping
+        .store(true, std::sync::atomic::Ordering::Release);
     let stopped = lines("stopped", true);
-    drop(listener);
-    if let Some(task) = control_task {
-        task.abort();
-    }
     exporters.stop();
     // The mount's end: flush, a recovery file when that fails, then close.
     closing::flush_before_close(&*served).await;
@@ -382,15 +389,24 @@ async fn serve(
         Ok(()) => tracing::info!("NBD server stopped; every drive flushed and closed"),
         Err(line) => tracing::error!("NBD server stopped: {line}"),
     }
-    // Gone from the registry and the run directory before the requester
-    // hears back, so what it sees next is final.
-    served::remove(&key);
-    if let Some(path) = &control_path {
-        let _ = std::fs::remove_file(path);
-    }
+    // Gone from the registry and the run directory before the requesters
+    // hear back, so what they see next is final; what another server made
+    // at the same names since is left alone.
+    served::remove_own(&key);
+    control_socket.remove_if_ours();
+    drop(listener);
     if let Some(request) = stop_request {
         request.answer(result.clone()).await;
     }
+    // Every other `unmount` that came meanwhile gets the same answer,
+    // including one whose connection was accepted just before the socket
+    // went.
+    while let Ok(Some(request)) =
+        tokio::time::timeout(std::time::Duration::from_millis(100), unmount_rx.recv()).await
+    {
+        request.answer(result.clone()).await;
+    }
+    control_task.abort();
     if args.json {
         println!("{}", serde_json::to_string(&stopped)?);
         flush_stdout();

@@ -4,7 +4,8 @@
 //! mount's end closes them (`daemon::closing::Closing`), and the binding of
 //! that control socket.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::daemon::closing::{self, Closing};
@@ -20,9 +21,30 @@ pub(super) struct Served {
     pub exports: Arc<Exports>,
     /// `unix:PATH` or `tcp:IP:PORT`.
     pub endpoint: String,
+    /// Set once the server stops: its final flush is under way (`stats`
+    /// says `"state": "stopping"`).
+    pub stopping: AtomicBool,
 }
 
 impl Served {
+    /// Serves `exports` at `endpoint` (not stopping).
+    pub fn new(exports: Arc<Exports>, endpoint: String) -> Served {
+        Served {
+            exports,
+            endpoint,
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    /// `"serving"`, or `"stopping"` once the final flush began.
+    fn state(&self) -> &'static str {
+        if self.stopping.load(Ordering::Acquire) {
+            "stopping"
+        } else {
+            "serving"
+        }
+    }
+
     /// Each export's drive counters, with its NBD counters (`nbd_*`) added.
     fn devices(&self) -> serde_json::Map<String, serde_json::Value> {
         self.exports
@@ -61,6 +83,7 @@ impl Controlled for Served {
         serde_json::json!({
             "endpoint": self.endpoint,
             "pid": std::process::id(),
+            "state": self.state(),
             "devices": self.devices(),
         })
     }
@@ -124,18 +147,42 @@ impl Closing for Served {
 }
 
 /// The control socket of the server: bound under the name of its endpoint
-/// (`daemon::served`), so `blobdrive stats` and `unmount` reach it. A run
-/// directory this user may not use leaves the server without one (said in
-/// the log); it still stops on SIGTERM.
-pub(super) fn bind_control(key: &std::path::Path) -> Option<(PathBuf, tokio::net::UnixListener)> {
-    let path = control::socket_path_of_canonical(key);
-    match control::bind(&path) {
-        Ok(listener) => Some((path, listener)),
-        Err(err) => {
-            tracing::warn!(
-                "no control socket ({err:#}): 'blobdrive stats' and 'unmount' cannot reach this server"
-            );
-            None
+/// (`daemon::served`), so `blobdrive stats` and `unmount` reach it. It
+/// answers until the server's very end, so a second `unmount` (or `stats`,
+/// or a service manager's stop) during the final flush waits for it rather
+/// than taking the server for dead. A run directory this user may not use,
+/// or another daemon answering under that name, fails the start (as it
+/// fails a mount).
+pub(super) struct ControlSocket {
+    /// Where it is bound.
+    pub path: PathBuf,
+    /// Its device and inode once bound: removed at the end only if the
+    /// path still names this socket.
+    identity: Option<(u64, u64)>,
+}
+
+impl ControlSocket {
+    /// Binds the control socket for the server whose control key is `key`.
+    pub fn bind(key: &Path) -> anyhow::Result<(ControlSocket, tokio::net::UnixListener)> {
+        let path = control::socket_path_of_canonical(key);
+        let listener = control::bind(&path)
+            .map_err(|err| anyhow::anyhow!("no control socket for this server: {err:#}"))?;
+        let identity = identity(&path);
+        Ok((ControlSocket { path, identity }, listener))
+    }
+
+    /// Removes the socket file if it is still the one bound here (another
+    /// server may have bound its own at the path since).
+    pub fn remove_if_ours(&self) {
+        if self.identity.is_some() && identity(&self.path) == self.identity {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }

@@ -103,6 +103,16 @@ pub fn remove(key: &Path) {
     }
 }
 
+/// Forgets the server whose control key is `key` if the entry is this
+/// process's (another server may have recorded itself under the same key
+/// since this one stopped serving).
+pub fn remove_own(key: &Path) {
+    let path = entry_file(key);
+    if read_entry(&path).is_some_and(|e| e.pid == std::process::id()) {
+        remove(key);
+    }
+}
+
 /// Every serving process this host records, sorted by endpoint; stale
 /// entries (process gone) have `alive == false`.
 pub fn list_served() -> Vec<ServedEntry> {
