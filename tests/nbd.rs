@@ -994,11 +994,24 @@ async fn a_server_that_stops_leaves_the_socket_another_server_made_at_its_path()
     let sb = sandbox();
     sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
     let first = Served::start(&sb, "s", &[&drive], &["--read-only"]);
-    // Someone removes the path and a second server listens there.
+    // Someone removes its sockets (NBD and control) and a second server
+    // listens at the same path.
     std::fs::remove_file(&first.socket).unwrap();
+    for entry in std::fs::read_dir(sb.root.path().join("run")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|x| x == "sock") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
     let second = Served::start(&sb, "s", &[&drive], &["--read-only"]);
     assert!(first.stop().0.success());
     assert!(second.socket.exists(), "the second server's socket stays");
+    // Its registry entry and control socket stay too.
+    let rows = listed_exports(&sb);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["pid"].as_i64(), Some(i64::from(second.pid())));
+    let stats = sb.blobdrive_ok(&["stats", &second.socket.to_string_lossy(), "--json"]);
+    assert!(stats.contains("\"serving\""), "{stats}");
     let size = tool("nbdinfo", &["--size", &second.uri(&drive)]);
     assert_eq!(size.trim(), (16 * MIB).to_string());
     let path = second.socket.clone();
@@ -1049,6 +1062,28 @@ async fn a_second_unmount_during_a_slow_final_flush_waits_for_the_same_answer_an
     let stats: serde_json::Value =
         serde_json::from_str(&sb.blobdrive_ok(&["stats", &socket, "--json"])).expect("JSON");
     assert_eq!(stats["state"], "stopping", "{stats}");
+    // Its socket stays bound: a new server at the same path is refused in
+    // one line (it would otherwise lose its entry and socket to this
+    // one's end).
+    let nbd = format!("unix:{socket}");
+    let other = sb
+        .command(&[
+            "serve",
+            &drive,
+            "--read-only",
+            "--foreground",
+            "--nbd",
+            &nbd,
+        ])
+        .env(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            common::connection_string(),
+        )
+        .output()
+        .unwrap();
+    let why = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success(), "{why}");
+    assert!(why.contains("another server is listening there"), "{why}");
     let second = sb
         .command(&["unmount", &drive])
         .stdout(Stdio::piped())

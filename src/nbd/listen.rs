@@ -98,16 +98,19 @@ pub enum Listener {
 /// Makes the socket just bound at `path` 0600 without following a link:
 /// in a directory others may write to, the path could be swapped for a
 /// symbolic link between the bind and a plain chmod, which would then
-/// change the mode of the link's target.
-fn restrict_socket(path: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+/// change the mode of the link's target. Returns the socket's (device,
+/// inode), taken from the same handle, so the identity the server later
+/// checks before unlinking is the one it restricted.
+fn restrict_socket(path: &std::path::Path) -> anyhow::Result<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
     let cant = |e: std::io::Error| anyhow::anyhow!("cannot restrict {}: {e}", path.display());
     let handle = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(cant)?;
-    if !handle.metadata().map_err(cant)?.file_type().is_socket() {
+    let meta = handle.metadata().map_err(cant)?;
+    if !meta.file_type().is_socket() {
         anyhow::bail!("{} is no longer the socket just made", path.display());
     }
     // The descriptor's own path: chmod of what was opened, not of the name.
@@ -116,7 +119,8 @@ fn restrict_socket(path: &std::path::Path) -> anyhow::Result<()> {
         format!("/proc/self/fd/{}", handle.as_raw_fd()),
         std::fs::Permissions::from_mode(0o600),
     )
-    .map_err(cant)
+    .map_err(cant)?;
+    Ok((meta.dev(), meta.ino()))
 }
 
 impl Listener {
@@ -128,9 +132,7 @@ impl Listener {
                 remove_stale_socket(path)?;
                 let listener = UnixListener::bind(path)
                     .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
-                restrict_socket(path)?;
-                let made = socket_identity(path)
-                    .map_err(|e| anyhow::anyhow!("cannot stat {}: {e}", path.display()))?;
+                let made = restrict_socket(path)?;
                 Ok(Listener::Unix(listener, path.clone(), made))
             }
             Endpoint::Tcp(addr) => {
