@@ -221,6 +221,8 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     /// Payload bytes all connections together may have in flight.
     pub max_in_flight_bytes: u64,
+    /// Time a client has to send a WRITE's payload or take a reply.
+    pub io_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -229,6 +231,7 @@ impl Default for Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             max_in_flight_bytes: transmission::MAX_SERVER_IN_FLIGHT_BYTES,
+            io_timeout: transmission::IO_TIMEOUT,
         }
     }
 }
@@ -457,7 +460,15 @@ async fn connection(
         "NBD client connected"
     );
     let (reader, writer) = stream.into_halves();
-    let end = transmission::serve(reader, writer, negotiated, payload_budget, stop).await;
+    let end = transmission::serve(
+        reader,
+        writer,
+        negotiated,
+        payload_budget,
+        limits.io_timeout,
+        stop,
+    )
+    .await;
     match end {
         transmission::ConnectionEnd::Broken(why) => {
             tracing::warn!(connection = id, peer, export = %export, "NBD connection closed: {why}")

@@ -15,7 +15,11 @@
 //! read and dropped to stay in frame), a write to a read-only export
 //! (`NBD_EPERM`), an unknown command (`NBD_EINVAL`). Only a wrong magic or
 //! a truncated request closes it. Memory is bounded: the payloads of the
-//! requests in flight on a connection stay under [`MAX_IN_FLIGHT_BYTES`].
+//! requests in flight on a connection stay under [`MAX_IN_FLIGHT_BYTES`],
+//! those of all connections under the server's budget. A client that stops
+//! in the middle of a WRITE's payload, or takes no replies, for
+//! [`IO_TIMEOUT`] (a suspended `nbdcopy`) is disconnected, which frees the
+//! budget it held for every other client.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +57,9 @@ const MAX_DESCRIPTORS: usize = 1 << 20;
 /// reply cover less than was asked): bounds the work and the reply, at
 /// most one descriptor per 512-byte page, 1 MiB.
 const BLOCK_STATUS_SCAN_BYTES: u64 = 64 << 20;
+/// How long a client may take to send a WRITE's payload, or to take one
+/// reply, while the payload budget is held for it.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stopping server waits for a client to take its replies.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// The read buffer of a connection.
@@ -91,6 +98,7 @@ pub async fn serve<R, W>(
     writer: W,
     session: Negotiated,
     server_budget: Arc<Semaphore>,
+    io_timeout: Duration,
     mut stop: watch::Receiver<bool>,
 ) -> ConnectionEnd
 where
@@ -104,12 +112,20 @@ where
     let session = Arc::new(session);
     let budget = Arc::new(Semaphore::new((MAX_IN_FLIGHT_BYTES / BUDGET_UNIT) as usize));
     let mut tasks = JoinSet::new();
+    // Set by a reply that could not be written in time: the stream is out
+    // of frame, so the connection ends and no later reply is tried.
+    let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stalled_wake = Arc::new(tokio::sync::Notify::new());
     let end = loop {
+        if stalled.load(std::sync::atomic::Ordering::Acquire) {
+            break stalled_end(io_timeout);
+        }
         while tasks.try_join_next().is_some() {}
         let mut header = [0u8; REQUEST_BYTES];
         let read = tokio::select! {
             r = reader.read_exact(&mut header) => r,
             _ = stop.wait_for(|s| *s) => break ConnectionEnd::Stopping,
+            _ = stalled_wake.notified() => break stalled_end(io_timeout),
         };
         match read {
             Ok(_) => {}
@@ -160,42 +176,65 @@ where
             let len = u64::from(request.len_bytes);
             if request.len_bytes > MAX_PAYLOAD_BYTES {
                 // Stay in frame: read the payload and drop it.
-                let copied =
-                    tokio::io::copy(&mut (&mut reader).take(len), &mut tokio::io::sink()).await;
-                if !matches!(copied, Ok(n) if n == len) {
+                let copied = tokio::time::timeout(
+                    io_timeout,
+                    tokio::io::copy(&mut (&mut reader).take(len), &mut tokio::io::sink()),
+                )
+                .await;
+                if !matches!(copied, Ok(Ok(n)) if n == len) {
                     break ConnectionEnd::Broken("truncated write payload".into());
                 }
             } else {
                 let mut buf = BytesMut::zeroed(request.len_bytes as usize);
                 let read = tokio::select! {
-                    r = reader.read_exact(&mut buf) => r,
+                    r = tokio::time::timeout(io_timeout, reader.read_exact(&mut buf)) => r,
                     // Not acknowledged: nothing is lost by dropping it.
                     _ = stop.wait_for(|s| *s) => break ConnectionEnd::Stopping,
                 };
-                if let Err(e) = read {
-                    break ConnectionEnd::Broken(format!("truncated write payload: {e}"));
+                match read {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        break ConnectionEnd::Broken(format!("truncated write payload: {e}"))
+                    }
+                    // Not acknowledged either: the budget goes back.
+                    Err(_) => {
+                        break ConnectionEnd::Broken(format!(
+                            "no write payload for {} s: disconnected (its payload budget freed)",
+                            io_timeout.as_secs()
+                        ))
+                    }
                 }
                 payload = buf.freeze();
             }
         }
         let session = session.clone();
         let writer = writer.clone();
+        let stalled = stalled.clone();
+        let stalled_wake = stalled_wake.clone();
         tasks.spawn(async move {
             let reply = answer(&session, &request, payload).await;
             let bytes = encode(&session, &request, reply);
             let bytes = coalesce(bytes);
             let mut w = writer.lock().await;
-            let sent = async {
+            if stalled.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            let sent = tokio::time::timeout(io_timeout, async {
                 for part in bytes {
                     w.write_all(&part).await?;
                 }
                 w.flush().await
-            }
+            })
             .await;
             drop(permit);
             drop(server_permit);
-            if let Err(e) = sent {
-                tracing::debug!(error = %e, "NBD reply not sent: the client is gone");
+            match sent {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(error = %e, "NBD reply not sent: the client is gone"),
+                Err(_) => {
+                    stalled.store(true, std::sync::atomic::Ordering::Release);
+                    stalled_wake.notify_one();
+                }
             }
         });
     };
@@ -221,6 +260,14 @@ where
     })
     .await;
     end
+}
+
+/// How a connection whose client took no reply in time ends.
+fn stalled_end(io_timeout: Duration) -> ConnectionEnd {
+    ConnectionEnd::Broken(format!(
+        "the client took no reply for {} s: disconnected (its payload budget freed)",
+        io_timeout.as_secs()
+    ))
 }
 
 /// Joins the parts of a small reply into one buffer, so it leaves in one
