@@ -1109,3 +1109,32 @@ async fn a_second_unmount_during_a_slow_final_flush_waits_for_the_same_answer_an
     assert_eq!(served.wait(Duration::from_secs(30)).code(), Some(1));
     proxy.hang_all(false);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_whose_run_directory_others_may_write_to_is_refused_in_one_line() {
+    use std::os::unix::fs::PermissionsExt;
+    let g = ContainerGuard::new("nbd-rundir").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    // Anyone may write to it, and it is not sticky: not a run directory.
+    let shared = sb.dir("shared");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let socket = sb.root.path().join("r.sock");
+    let nbd = format!("unix:{}", socket.display());
+    for foreground in [false, true] {
+        let mut args = vec!["serve", drive.as_str(), "--read-only", "--nbd", &nbd];
+        if foreground {
+            args.push("--foreground");
+        }
+        let out = sb
+            .command(&args)
+            .env("BLOBDRIVE_RUN_DIR", &shared)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "refused: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains("run directory"), "{stderr}");
+    }
+}

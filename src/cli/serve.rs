@@ -175,7 +175,7 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
     // final flush after a SIGTERM is still written somewhere.
     let log_file = match &args.log_file {
         Some(path) => Some(path.clone()),
-        None => served::default_log_file(&endpoint.to_string()),
+        None => Some(served::default_log_file(&endpoint.to_string())?),
     };
     match crate::daemon::fork_background(log_file.as_deref())? {
         Background::Parent(Ok(lines)) => {

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
-use super::mountpoint::{mount_key, run_dir};
+use super::mountpoint::{ensure_run_dir, mount_key, run_dir};
 use super::registry::{process_alive, AttachMode};
 use crate::private_dir;
 
@@ -73,11 +73,23 @@ fn entry_file(key: &Path) -> PathBuf {
 
 /// Where a background server logs without `--log-file`:
 /// `<run dir>/serve/<key of ENDPOINT>.log` (0600, appended to), `endpoint`
-/// as `--nbd` names it. None when the run directory cannot be made (the
-/// log then goes nowhere, as a mount's does).
-pub fn default_log_file(endpoint: &str) -> Option<PathBuf> {
-    private_dir::ensure(&serve_dir()).ok()?;
-    Some(serve_dir().join(format!("{}.log", mount_key(Path::new(endpoint)))))
+/// as `--nbd` names it. Fails, saying why in one line, when the run
+/// directory is not this user's to use (the server could not be reached
+/// by `stats` or `unmount` either).
+pub fn default_log_file(endpoint: &str) -> anyhow::Result<PathBuf> {
+    ensure_serve_dir()?;
+    Ok(serve_dir().join(format!("{}.log", mount_key(Path::new(endpoint)))))
+}
+
+/// Makes (or checks) the run directory, as a mount does
+/// (`mountpoint::ensure_run_dir`: the shared directory above this user's
+/// too), then the registry directory in it.
+fn ensure_serve_dir() -> anyhow::Result<()> {
+    ensure_run_dir().map_err(|e| {
+        anyhow::anyhow!("cannot use the run directory {}: {e}", run_dir().display())
+    })?;
+    private_dir::ensure(&serve_dir())
+        .with_context(|| format!("cannot create {}", serve_dir().display()))
 }
 
 /// Records `entry` (atomically: a reader never sees half a file).
@@ -85,8 +97,7 @@ pub fn write(entry: &ServedEntry) -> anyhow::Result<()> {
     let path = entry_file(&entry.key);
     let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_string_pretty(entry).context("cannot encode serve entry")?;
-    private_dir::ensure(&serve_dir())
-        .with_context(|| format!("cannot create {}", serve_dir().display()))?;
+    ensure_serve_dir()?;
     private_dir::create_file(&tmp)
         .and_then(|mut f| f.write_all(text.as_bytes()))
         .with_context(|| format!("cannot write {}", tmp.display()))?;
