@@ -1138,3 +1138,38 @@ async fn a_server_whose_run_directory_others_may_write_to_is_refused_in_one_line
         assert!(stderr.contains("run directory"), "{stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_refused_connections_is_logged_once_then_counted_at_exit() {
+    let g = ContainerGuard::new("nbd-flood").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let served = Served::start(
+        &sb,
+        "f",
+        &[&drive],
+        &["--read-only", "--max-connections", "1"],
+    );
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    for _ in 0..20 {
+        let mut s = std::os::unix::net::UnixStream::connect(&served.socket).expect("connects");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(std::io::Read::read(&mut s, &mut buf).unwrap_or(0), 0);
+    }
+    drop(c);
+    let log = served.stderr.clone();
+    assert!(served.stop().0.success());
+    let text = std::fs::read_to_string(log).unwrap();
+    let refused = text
+        .lines()
+        .filter(|l| l.contains("maximum of connections"))
+        .count();
+    assert_eq!(refused, 1, "one line for the flood:\n{text}");
+    assert!(
+        text.contains("19 more NBD refusals like the last one logged"),
+        "the rest counted at exit:\n{text}"
+    );
+}

@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 
 use super::export::{ExportCounters, Exports};
 use super::handshake::negotiate;
-use super::transmission;
+use super::{refusals, transmission};
 
 /// Connections served at once by default.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
@@ -252,6 +252,17 @@ pub async fn serve(
     let owner = crate::private_dir::euid();
     tokio::pin!(shutdown);
     let mut next_id = 0u64;
+    // The counts of refusals left out are logged when their interval ends,
+    // even when no later refusal of the kind comes.
+    let reporter = tokio::spawn(async {
+        let mut tick = tokio::time::interval(refusals::INTERVAL);
+        loop {
+            tick.tick().await;
+            for (kind, left_out) in refusals::global().expired(std::time::Instant::now()) {
+                refusals::log_left_out(kind, left_out);
+            }
+        }
+    });
     loop {
         while connections.try_join_next().is_some() {}
         let accepted = tokio::select! {
@@ -270,22 +281,30 @@ pub async fn serve(
         let id = next_id;
         if let Some(uid) = peer.uid {
             if uid != 0 && uid != owner {
-                tracing::warn!(
-                    connection = id,
-                    uid,
-                    "NBD connection from another user refused (only root or uid {owner} may connect)"
-                );
+                if let Some(left_out) = admit_refusal("connection from another user") {
+                    tracing::warn!(
+                        connection = id,
+                        uid,
+                        left_out,
+                        "NBD connection from another user refused (only root or uid {owner} may connect){}",
+                        refusals::note(left_out)
+                    );
+                }
                 ExportCounters::bump(&exports.counters.refused_connections, 1);
                 continue;
             }
         }
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(
-                connection = id,
-                peer = %peer.name,
-                max = limits.max_connections,
-                "NBD connection refused: the server already serves its maximum of connections"
-            );
+            if let Some(left_out) = admit_refusal("connection over the maximum") {
+                tracing::warn!(
+                    connection = id,
+                    peer = %peer.name,
+                    max = limits.max_connections,
+                    left_out,
+                    "NBD connection refused: the server already serves its maximum of connections{}",
+                    refusals::note(left_out)
+                );
+            }
             ExportCounters::bump(&exports.counters.refused_connections, 1);
             continue;
         };
@@ -300,6 +319,16 @@ pub async fn serve(
     }
     let _ = stop_tx.send(true);
     while connections.join_next().await.is_some() {}
+    reporter.abort();
+    for (kind, left_out) in refusals::global().take_all() {
+        refusals::log_left_out(kind, left_out);
+    }
+}
+
+/// Whether a connection refused at accept is logged (`refusals.rs`), and
+/// how many like it were left out since the last line.
+fn admit_refusal(what: &'static str) -> Option<u64> {
+    refusals::global().admit((what, 0), std::time::Instant::now())
 }
 
 /// Who connected.

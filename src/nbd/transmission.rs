@@ -307,14 +307,7 @@ fn refused(request: &Request, error: u32, why: String) -> Reply {
             len_bytes = request.len_bytes,
             left_out,
             "NBD request refused: {why}{}",
-            if left_out > 0 {
-                format!(
-                    " ({left_out} more like it in the last {} s not logged)",
-                    super::refusals::INTERVAL.as_secs()
-                )
-            } else {
-                String::new()
-            }
+            super::refusals::note(left_out)
         );
     }
     Reply::Error(error, why)
