@@ -39,7 +39,7 @@ pub fn run(_ctx: &Context, args: &UnmountArgs) -> CmdResult {
     // A server whose process lives is never taken for dead, whatever its
     // control socket said: it may be in its final flush, and breaking its
     // lease then would lose what it is writing.
-    if let Some(server) = served::find(&args.dir).filter(|e| e.alive) {
+    if let Some(server) = served::find(&args.dir).ok().flatten().filter(|e| e.alive) {
         if gone.is_some() {
             anyhow::bail!(
                 "the NBD server of {} (pid {}) is still running but its control socket does \
@@ -53,7 +53,7 @@ pub fn run(_ctx: &Context, args: &UnmountArgs) -> CmdResult {
         }
         return Err(err);
     }
-    if let Some(server) = served::find(&args.dir).filter(|e| !e.alive) {
+    if let Some(server) = served::find(&args.dir).ok().flatten().filter(|e| !e.alive) {
         served::remove(&server.key);
         if let Some(gone) = gone {
             control::remove_dead_mount(gone)?;

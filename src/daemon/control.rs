@@ -253,7 +253,7 @@ fn request_once(
     timeout: Option<Duration>,
 ) -> anyhow::Result<String> {
     // An NBD server answers under the name of its endpoint (see `served`).
-    let (dir, path) = match super::served::find(mountpoint) {
+    let (dir, path) = match super::served::find(mountpoint)? {
         Some(served) => {
             let socket = socket_path_of_canonical(&served.key);
             (served.key, socket)

@@ -142,19 +142,40 @@ pub fn list_served() -> Vec<ServedEntry> {
 
 /// The server `target` names: its NBD socket path, its endpoint
 /// (`unix:PATH`, `tcp:IP:PORT`) or one of its export names. A directory
-/// (a mount point) is never taken for an export name.
-pub fn find(target: &Path) -> Option<ServedEntry> {
+/// (a mount point, or an attach's directory even when gone) is never taken
+/// for an export name. Among servers exporting the name, a live one is
+/// preferred to a stale entry; two live ones make the name ambiguous, an
+/// error that lists their endpoints.
+pub fn find(target: &Path) -> anyhow::Result<Option<ServedEntry>> {
     let text = target.to_string_lossy();
     let canonical = target.canonicalize().ok();
-    if canonical.as_deref().is_some_and(Path::is_dir) {
-        return None;
+    let all = list_served();
+    if let Some(e) = all.iter().find(|e| {
+        e.endpoint == text || e.key == target || canonical.as_deref() == Some(e.key.as_path())
+    }) {
+        return Ok(Some(e.clone()));
     }
-    list_served().into_iter().find(|e| {
-        e.endpoint == text
-            || e.key == target
-            || canonical.as_deref() == Some(e.key.as_path())
-            || e.exports.iter().any(|x| x.export == text)
-    })
+    if canonical.as_deref().is_some_and(Path::is_dir)
+        || super::registry::find_by_dir(target).is_some()
+    {
+        return Ok(None);
+    }
+    let (live, stale): (Vec<ServedEntry>, Vec<ServedEntry>) = all
+        .into_iter()
+        .filter(|e| e.exports.iter().any(|x| x.export == text))
+        .partition(|e| e.alive);
+    match live.len() {
+        0 => Ok(stale.into_iter().next()),
+        1 => Ok(live.into_iter().next()),
+        _ => {
+            let endpoints: Vec<&str> = live.iter().map(|e| e.endpoint.as_str()).collect();
+            anyhow::bail!(
+                "{text} is exported by {} servers ({}): name one by its socket or endpoint",
+                live.len(),
+                endpoints.join(", ")
+            )
+        }
+    }
 }
 
 /// The live server on this host exporting `drive` (`container/blob`) of
@@ -205,9 +226,33 @@ mod tests {
         };
         write(&entry).unwrap();
         assert_eq!(list_served(), vec![entry.clone()]);
-        assert!(find(Path::new("tcp:127.0.0.1:10809")).is_some());
-        assert!(find(Path::new("c/disk.vhd")).is_some());
-        assert!(find(Path::new("c/other.vhd")).is_none());
+        let found = |t: &str| find(Path::new(t)).unwrap();
+        assert!(found("tcp:127.0.0.1:10809").is_some());
+        assert!(found("c/disk.vhd").is_some());
+        assert!(found("c/other.vhd").is_none());
+        // A stale entry exporting the same name (sorted first) is passed over.
+        let stale = ServedEntry {
+            endpoint: "tcp:127.0.0.1:1".into(),
+            key: PathBuf::from("tcp:127.0.0.1:1"),
+            pid: 999_999_999,
+            ..entry.clone()
+        };
+        write(&stale).unwrap();
+        assert_eq!(found("c/disk.vhd").unwrap().pid, entry.pid);
+        // Two live ones: ambiguous, in one line naming both.
+        let other = ServedEntry {
+            endpoint: "tcp:127.0.0.1:2".into(),
+            key: PathBuf::from("tcp:127.0.0.1:2"),
+            ..entry.clone()
+        };
+        write(&other).unwrap();
+        let err = find(Path::new("c/disk.vhd")).unwrap_err().to_string();
+        assert!(
+            err.contains("tcp:127.0.0.1:2") && err.contains("tcp:127.0.0.1:10809"),
+            "{err}"
+        );
+        remove(&stale.key);
+        remove(&other.key);
         assert!(find_read_write("devstoreaccount1", "c/disk.vhd").is_some());
         assert!(find_read_write("other", "c/disk.vhd").is_none());
         remove(&entry.key);
