@@ -788,13 +788,11 @@ async fn writes_an_export_cannot_flush_after_its_lease_was_broken_go_to_a_recove
     assert_eq!(saved.len(), 1, "one recovery file for the drive");
 }
 
-/// The rows of `list --mounted --json` that are exports (they have `nbd`).
+/// The rows of `list --mounted --json` that are exports (`"kind": "nbd"`).
 fn listed_exports(sb: &Sandbox) -> Vec<serde_json::Value> {
     let out = sb.blobdrive_ok(&["list", "--mounted", "--json"]);
     let rows: Vec<serde_json::Value> = serde_json::from_str(&out).expect("list --mounted is JSON");
-    rows.into_iter()
-        .filter(|r| r.get("nbd").is_some())
-        .collect()
+    rows.into_iter().filter(|r| r["kind"] == "nbd").collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]

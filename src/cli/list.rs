@@ -51,7 +51,8 @@ pub struct ListArgs {
     pub all: bool,
     /// Instead: the drives this host has attached (drive, snapshot, directory,
     /// loop device, mode, daemon pid), like CloudDrive's GetMountedDrives,
-    /// then those it serves over NBD (drive, endpoint, mode, pid).
+    /// then those it serves over NBD (drive, endpoint, mode, pid); with
+    /// --json each row's `kind` says which (`attach` or `nbd`).
     #[arg(long, conflicts_with_all = ["container", "stored", "no_stored", "all"])]
     pub mounted: bool,
 }
@@ -257,8 +258,8 @@ async fn entry(
 }
 
 /// `list --mounted`: the attach registry of this host, then the drives
-/// `blobdrive serve` exports. JSON: one array; an attach has the keys
-/// `account`, `drive`, `snapshot`, `dir`, `loop_device`, `fs_type`,
+/// `blobdrive serve` exports. JSON: one array; every row has `kind`
+/// (`attach` or `nbd`); an attach has the keys `account`, `drive`, `snapshot`, `dir`, `loop_device`, `fs_type`,
 /// `partition` (only when a partition is attached), `mode` (`read-write`,
 /// `read-only`, `snapshot`), `pid`, `fuse_dir`, `since_unix_secs`, `alive`
 /// (false: the daemon is gone, the entry is stale); an export has
@@ -270,11 +271,18 @@ fn print_mounted(json: bool) {
     if json {
         let mut rows: Vec<serde_json::Value> = mounted
             .iter()
-            .map(|m| serde_json::to_value(m).unwrap_or_default())
+            .map(|m| {
+                let mut row = serde_json::to_value(m).unwrap_or_default();
+                if let Some(map) = row.as_object_mut() {
+                    map.insert("kind".into(), "attach".into());
+                }
+                row
+            })
             .collect();
         for server in &served {
             for export in &server.exports {
                 rows.push(serde_json::json!({
+                    "kind": "nbd",
                     "account": export.account,
                     "drive": export.export,
                     "mode": export.mode,

@@ -334,9 +334,12 @@ fn command_sections(name: &str) -> Vec<Section> {
                 ),
                 Item::Para(
                     "unmount and stats name a server by its socket path, its tcp:IP:PORT \
-                     endpoint or an export's name. Without --log-file a background server \
-                     logs to a file in the run directory, which 'blobdrive list --mounted \
-                     --json' names.",
+                     endpoint or an export's name. unmount stops the server under its \
+                     clients (active connections are disconnected, unlike a busy mount, \
+                     which unmount refuses) and returns after the final flush; a second \
+                     unmount meanwhile waits for the same answer. Without --log-file a \
+                     background server logs to a file in the run directory, which \
+                     'blobdrive list --mounted --json' names (its rows have kind \"nbd\").",
                 ),
             ],
         }),

@@ -16,7 +16,9 @@ use crate::daemon::{attach, registry, served};
 #[derive(Debug, Args)]
 pub struct UnmountArgs {
     /// The mount point given to `mount`; or, for a drive `serve` exports,
-    /// its NBD socket path, its `tcp:IP:PORT` endpoint or its name `C/B`.
+    /// its NBD socket path, its `tcp:IP:PORT` endpoint or its name `C/B`
+    /// (the server is stopped under its clients: active connections are
+    /// disconnected).
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
 }
