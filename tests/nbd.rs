@@ -1171,3 +1171,35 @@ async fn a_flood_of_refused_connections_is_logged_once_then_counted_at_exit() {
         "the rest counted at exit:\n{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unmount_never_takes_a_live_server_whose_control_socket_refuses_for_dead() {
+    let g = ContainerGuard::new("nbd-live").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let served = Served::start(&sb, "l", &[&drive], &["--flush-delay", "1h"]);
+    // Its control socket refuses (as one whose listener is gone would).
+    let control = std::fs::read_dir(sb.root.path().join("run"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "sock"))
+        .expect("a control socket");
+    std::fs::remove_file(&control).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&control).unwrap());
+    let out = sb.blobdrive(&["unmount", &drive]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("still running"), "{stderr}");
+    assert!(!stderr.contains("break-lease"), "{stderr}");
+    assert!(control.exists(), "nothing of the live server is removed");
+    assert_eq!(listed_exports(&sb).len(), 1, "still listed");
+    // It still serves, and SIGTERM still stops it cleanly.
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 4096, &[0x44; 4096]).error, 0);
+    drop(c);
+    assert!(served.stop().0.success());
+    assert_eq!(sdk_read(&g.name, "disk.vhd", 0, 4096), vec![0x44; 4096]);
+}
