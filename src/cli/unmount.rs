@@ -38,21 +38,14 @@ pub fn run(_ctx: &Context, args: &UnmountArgs) -> CmdResult {
         Some(gone @ NoDaemon::Gone { .. }) => Some(gone),
         _ => None,
     };
-    // A server whose process lives is never taken for dead, whatever its
-    // control socket said: it may be in its final flush, and breaking its
-    // lease then would lose what it is writing.
-    if let Some(server) = served::find(&args.dir).ok().flatten().filter(|e| e.alive) {
-        if gone.is_some() {
-            anyhow::bail!(
-                "the NBD server of {} (pid {}) is still running but its control socket does \
-                 not answer (it may be finishing its final flush); wait for pid {} to exit, \
-                 or stop it with 'kill -TERM {}'",
-                server.endpoint,
-                server.pid,
-                server.pid,
-                server.pid
-            )
-        }
+    // A server whose process lives is never taken for dead (the control
+    // request said so in its error): breaking its lease would lose what it
+    // has not flushed.
+    if served::find(&args.dir)
+        .ok()
+        .flatten()
+        .is_some_and(|e| e.alive)
+    {
         return Err(err);
     }
     if let Some(server) = served::find(&args.dir).ok().flatten().filter(|e| !e.alive) {

@@ -253,11 +253,9 @@ fn request_once(
     timeout: Option<Duration>,
 ) -> anyhow::Result<String> {
     // An NBD server answers under the name of its endpoint (see `served`).
-    let (dir, path) = match super::served::find(mountpoint)? {
-        Some(served) => {
-            let socket = socket_path_of_canonical(&served.key);
-            (served.key, socket)
-        }
+    let server = super::served::find(mountpoint)?;
+    let (dir, path) = match &server {
+        Some(served) => (served.key.clone(), socket_path_of_canonical(&served.key)),
         None => {
             let dir = canonical_mountpoint(mountpoint)?;
             let socket = find_socket(&dir);
@@ -284,9 +282,18 @@ fn request_once(
             }
             .into())
         }
-        Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
-            return Err(NoDaemon::Gone { dir, socket: path }.into())
-        }
+        // A server whose process lives is never said to be gone: its
+        // lease must not be broken under it.
+        Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => match server {
+            Some(s) if s.alive => bail!(
+                "the NBD server of {} (pid {}) is running but its control socket does not \
+                 answer; wait for it to exit, or stop it with 'kill -TERM {}'",
+                s.endpoint,
+                s.pid,
+                s.pid
+            ),
+            _ => return Err(NoDaemon::Gone { dir, socket: path }.into()),
+        },
         Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
             bail!(
                 "cannot reach the daemon of {}: {}",
