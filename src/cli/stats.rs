@@ -51,7 +51,13 @@ fn render(stats: &serde_json::Value) -> String {
         text.push_str(&format!("mount {mountpoint}\n"));
     }
     if let Some(endpoint) = stats.get("endpoint").and_then(|m| m.as_str()) {
-        text.push_str(&format!("NBD server {endpoint}\n"));
+        // "stopping": its final flush is under way.
+        match stats.get("state").and_then(|s| s.as_str()) {
+            Some("stopping") => {
+                text.push_str(&format!("NBD server {endpoint} (stopping: final flush)\n"))
+            }
+            _ => text.push_str(&format!("NBD server {endpoint}\n")),
+        }
     }
     let devices = stats.get("devices").and_then(|d| d.as_object());
     match devices {

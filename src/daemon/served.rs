@@ -9,7 +9,8 @@
 //! [`control key`](ServedEntry::key): the canonical path of its Unix socket,
 //! or its `tcp:IP:PORT` endpoint. The control socket is the one a mount at
 //! that path would have (`control::socket_path_of_canonical`). The server
-//! writes its entry once it serves and removes it when it exits; an entry
+//! writes its entry once it serves and removes it when it exits (only if
+//! the entry is still its own: another server may have taken the name); an entry
 //! whose process is gone is shown as stale, never hidden (its drives may
 //! still be leased).
 
