@@ -1060,6 +1060,8 @@ async fn a_second_unmount_during_a_slow_final_flush_waits_for_the_same_answer_an
     let stats: serde_json::Value =
         serde_json::from_str(&sb.blobdrive_ok(&["stats", &socket, "--json"])).expect("JSON");
     assert_eq!(stats["state"], "stopping", "{stats}");
+    let text = sb.blobdrive_ok(&["stats", &socket]);
+    assert!(text.contains("(stopping: final flush)"), "{text}");
     // Its socket stays bound: a new server at the same path is refused in
     // one line (it would otherwise lose its entry and socket to this
     // one's end).
