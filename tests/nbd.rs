@@ -1028,7 +1028,7 @@ async fn a_second_unmount_during_a_slow_final_flush_waits_for_the_same_answer_an
     account.endpoint = proxy.endpoint.clone();
     // Storage hangs during the final flush, which gives up after a few
     // seconds (and saves a recovery file): a slow stop, with one answer.
-    let sb = Sandbox::new(account.connection_string()).with_env("BLOBDRIVE_RETRY_TOTAL_SECS", "4");
+    let sb = Sandbox::new(account.connection_string()).with_env("BLOBDRIVE_RETRY_TOTAL_SECS", "6");
     sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
     let mut served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
     let mut c = nbd_support::Client::connect(&served.socket);
@@ -1055,8 +1055,7 @@ async fn a_second_unmount_during_a_slow_final_flush_waits_for_the_same_answer_an
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // While it flushes, the server still answers: `stats` says so, and a
-    // second `unmount` (by the export's name) waits for the end.
+    // While it flushes, the server still answers: `stats` says so.
     let stats: serde_json::Value =
         serde_json::from_str(&sb.blobdrive_ok(&["stats", &socket, "--json"])).expect("JSON");
     assert_eq!(stats["state"], "stopping", "{stats}");
@@ -1084,21 +1083,22 @@ async fn a_second_unmount_during_a_slow_final_flush_waits_for_the_same_answer_an
     let why = String::from_utf8_lossy(&other.stderr);
     assert!(!other.status.success(), "{why}");
     assert!(why.contains("another server is listening there"), "{why}");
-    let second = sb
-        .command(&["unmount", &drive])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("runs unmount");
-    let first = first.wait_with_output().unwrap();
-    let second = second.wait_with_output().unwrap();
-    let (e1, e2) = (
-        String::from_utf8_lossy(&first.stderr),
-        String::from_utf8_lossy(&second.stderr),
-    );
-    assert_eq!(first.status.code(), Some(1), "{e1}");
-    assert_eq!(second.status.code(), Some(1), "{e2}");
-    for e in [&e1, &e2] {
+    // Two more (by the export's name and by the endpoint) wait for the end.
+    let later: Vec<_> = [drive.as_str(), nbd.as_str()]
+        .iter()
+        .map(|target| {
+            sb.command(&["unmount", target])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("runs unmount")
+        })
+        .collect();
+    let mut outputs = vec![first.wait_with_output().unwrap()];
+    outputs.extend(later.into_iter().map(|c| c.wait_with_output().unwrap()));
+    for out in &outputs {
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{e}");
         assert!(e.contains("blobdrive recover"), "the final result: {e}");
         assert!(
             !e.contains("break-lease"),
