@@ -19,6 +19,9 @@
 #   BENCH_CEILING_SECONDS   seconds per ceiling level (default 3)
 #   BENCH_READ_ROUNDS       cold sequential reads, each after a raw pass (default 5)
 #   BENCH_LOG_ROUNDS        sequential writes with the write log on, and off, alternating (default 10 each, 4 with --quick)
+#   BENCH_NBD_ROUNDS        NBD / loop-on-FUSE pairs of fio jobs, alternating (default 4, 2 with --quick)
+#   BENCH_NBD_MIB           region the NBD step's fio jobs use, MiB (default: BENCH_GIB's, at most 1024)
+#   BENCH_ONLY=nbd          run only the NBD step and its report (no ceiling, no other step)
 #   BENCH_KILLS             kill -9s of an attach's serving process for the stall figure (default 10)
 #   BENCH_STALL_RW          fio's --rw for the writes under those kills (default write)
 #   BENCH_STALL_IOPS        their rate, writes/s (default 1000; 0: unthrottled)
@@ -247,6 +250,117 @@ daemon_cpu_end() { # KEY MIB
   dm_holder_ticks=$((h1 - dm_h0))
   put "$1" "$(per_gib "$dm_c0" "$((c1 + dm_holder_ticks))" "$2")"
 }
+
+# --- NBD against the FUSE path (issue 32): the same fio jobs, side by side ------
+
+# fio through `blobdrive serve` (fio's nbd engine) and through a loop device
+# (direct I/O) on the same drive's FUSE file in a namespace mount: the path an
+# attach's filesystem takes, less the filesystem. Each path is opened afresh
+# (a cold cache) before its reads. The CPU figures are the serving process's
+# (serve, or the namespace daemon); the kernel's FUSE and loop work is not in
+# them. The two paths alternate, BENCH_NBD_ROUNDS pairs (the first path of a
+# pair alternates too), so the machine's drift hits both; each figure is
+# judged on the pairs' ratios (scripts/bench-nbd-report.py).
+nbd_rounds() {
+  local n_nbd=${BENCH_NBD_ROUNDS:-$((quick ? 2 : 4))} nbd_mib=${BENCH_NBD_MIB:-$fio_mib} round
+  say "NBD vs loop on FUSE: sequential 1 MiB ($nbd_mib MiB) and random 4 KiB fio (${fio_seconds}s), $n_nbd alternating pairs"
+  put nbd_load_avg_start "$(cut -d' ' -f1 /proc/loadavg)"
+  "$bin" create "$c-nbd/nbd.vhd" --size "$((nbd_mib + 256))M" >/dev/null
+  nbd_sock=$work/nbd.sock
+  nbd_uri="nbd+unix:///$c-nbd/nbd.vhd?socket=$nbd_sock"
+  for ((round = 1; round <= n_nbd; round++)); do
+    if ((round % 2)); then
+      path_round nbd serve_pid_of "$round"
+      path_round fuse ns_pid_of "$round"
+    else
+      path_round fuse ns_pid_of "$round"
+      path_round nbd serve_pid_of "$round"
+    fi
+  done
+  put nbd_mib "$nbd_mib"
+  put nbd_load_avg "$(cut -d' ' -f1 /proc/loadavg)"
+}
+serve_start() {
+  "$bin" serve "$c-nbd/nbd.vhd" --nbd "unix:$nbd_sock" --foreground >/dev/null 2>>"$work/serve.log" &
+  serve_pid=$!
+  local i
+  for ((i = 0; i < 200; i++)); do
+    [ -S "$nbd_sock" ] && return 0
+    sleep 0.05
+  done
+  say "blobdrive serve did not start: $(cat "$work/serve.log")"
+  exit 1
+}
+serve_stop() {
+  kill -TERM "$serve_pid"
+  wait "$serve_pid"
+  serve_pid=
+}
+loop_start() {
+  mount_drive "$c-nbd" "$work/nbdns"
+  loop_dev=$(losetup -f --show --direct-io=on "$work/nbdns/nbd.vhd")
+}
+loop_stop() {
+  losetup -d "$loop_dev"
+  loop_dev=
+  unmount "$work/nbdns"
+}
+# path_fio PATH NAME RW BS [extra...]: fio on the nbd path or the loop device;
+# prints "MiB/s IOPS".
+path_fio() {
+  local path=$1 name=$2 rw=$3 bs=$4
+  shift 4
+  local target=(--ioengine=libaio --direct=1 "--filename=$loop_dev")
+  [ "$path" = nbd ] && target=(--ioengine=nbd "--uri=$nbd_uri")
+  fio --name="$name" "${target[@]}" --rw="$rw" --bs="$bs" --iodepth=32 \
+    --size="${nbd_mib}M" --group_reporting --output-format=json "$@" >"$work/fio-$path-$name.json"
+  # The nbd engine says "fio: connected to NBD server" before the JSON.
+  python3 -c '
+import json, sys
+text = open(sys.argv[1]).read()
+j = json.loads(text[text.index("{"):])["jobs"][0]
+print(round((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 2**20, 1), round(j["read"]["iops"] + j["write"]["iops"]))' "$work/fio-$path-$name.json"
+}
+# path_round PATH PID_OF N: the four jobs on one path, round N; PID_OF
+# prints the serving process's pid.
+path_round() {
+  local path=$1 pid_of=$2 n=$3 start stop c0 h0 v
+  [ "$path" = nbd ] && start=serve_start stop=serve_stop
+  [ "$path" = fuse ] && start=loop_start stop=loop_stop
+  $start
+  c0=$(cpu_ticks "$($pid_of)") h0=$(host_ticks)
+  v=$(path_fio "$path" seqwrite write 1M --end_fsync=1)
+  put "${path}_seq_write_mibps_$n" "${v% *}"
+  put "${path}_cpu_seq_write_$n" "$(per_gib "$c0" "$(cpu_ticks "$($pid_of)")" "$nbd_mib")"
+  put "${path}_host_cpu_seq_write_$n" "$(per_gib "$h0" "$(host_ticks)" "$nbd_mib")"
+  $stop
+  $start
+  c0=$(cpu_ticks "$($pid_of)") h0=$(host_ticks)
+  v=$(path_fio "$path" seqread read 1M)
+  put "${path}_seq_read_mibps_$n" "${v% *}"
+  put "${path}_cpu_seq_read_$n" "$(per_gib "$c0" "$(cpu_ticks "$($pid_of)")" "$nbd_mib")"
+  put "${path}_host_cpu_seq_read_$n" "$(per_gib "$h0" "$(host_ticks)" "$nbd_mib")"
+  v=$(path_fio "$path" randread randread 4k --runtime="$fio_seconds" --time_based)
+  put "${path}_rand_read_iops_$n" "${v#* }"
+  v=$(path_fio "$path" randwrite randwrite 4k --runtime="$fio_seconds" --time_based --end_fsync=1)
+  put "${path}_rand_write_iops_$n" "${v#* }"
+  $stop
+}
+# The whole host's CPU ticks (user, nice, system, irq, softirq): fio, the
+# kernel's FUSE and loop work, the server and Azurite together.
+host_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+serve_pid_of() { echo "$serve_pid"; }
+ns_pid_of() { daemon_pid "$work/nbdns"; }
+
+# BENCH_ONLY=nbd: this step alone (no ceiling), its report, and the end.
+if [ "${BENCH_ONLY:-}" = nbd ]; then
+  c=bench
+  nbd_rounds
+  mkdir -p "$(dirname "$out")"
+  cp "$res" "$(dirname "$out")/results.txt"
+  python3 scripts/bench-nbd-report.py "$res" "$(dirname "$out")/bench-nbd.json"
+  exit 0
+fi
 
 # With --model, the workloads through the service model instead (its own
 # steps and report), then the end of the run.
@@ -499,91 +613,9 @@ put tmpfs_read_iops "$(fio_run tmpfsread "$shm/fio.img" randread "$fio_mib" --di
 put tmpfs_write_iops "$(fio_run tmpfswrite "$shm/fio.img" randwrite "$fio_mib" --direct="$tmpfs_direct")"
 rm -f "$shm/fio.img"
 
-# --- NBD against the FUSE path (issue 32): the same fio jobs, side by side ------
+# --- NBD against the FUSE path (issue 32), alternating pooled pairs ---------------
 
-# fio through `blobdrive serve` (fio's nbd engine) and through a loop device
-# (direct I/O) on the same drive's FUSE file in a namespace mount: the path an
-# attach's filesystem takes, less the filesystem. Each path is opened afresh
-# (a cold cache) before its reads. The CPU figures are the serving process's
-# (serve, or the namespace daemon); the kernel's FUSE and loop work is not in
-# them.
-say "NBD vs loop on FUSE: sequential 1 MiB and random 4 KiB fio, ${fio_seconds}s per random job"
-"$bin" create "$c-nbd/nbd.vhd" --size "$((fio_mib + 256))M" >/dev/null
-nbd_sock=$work/nbd.sock
-nbd_uri="nbd+unix:///$c-nbd/nbd.vhd?socket=$nbd_sock"
-serve_start() {
-  "$bin" serve "$c-nbd/nbd.vhd" --nbd "unix:$nbd_sock" --foreground >/dev/null 2>>"$work/serve.log" &
-  serve_pid=$!
-  local i
-  for ((i = 0; i < 200; i++)); do
-    [ -S "$nbd_sock" ] && return 0
-    sleep 0.05
-  done
-  say "blobdrive serve did not start: $(cat "$work/serve.log")"
-  exit 1
-}
-serve_stop() {
-  kill -TERM "$serve_pid"
-  wait "$serve_pid"
-  serve_pid=
-}
-loop_start() {
-  mount_drive "$c-nbd" "$work/nbdns"
-  loop_dev=$(losetup -f --show --direct-io=on "$work/nbdns/nbd.vhd")
-}
-loop_stop() {
-  losetup -d "$loop_dev"
-  loop_dev=
-  unmount "$work/nbdns"
-}
-# path_fio PATH NAME RW BS [extra...]: fio on the nbd path or the loop device;
-# prints "MiB/s IOPS".
-path_fio() {
-  local path=$1 name=$2 rw=$3 bs=$4
-  shift 4
-  local target=(--ioengine=libaio --direct=1 "--filename=$loop_dev")
-  [ "$path" = nbd ] && target=(--ioengine=nbd "--uri=$nbd_uri")
-  fio --name="$name" "${target[@]}" --rw="$rw" --bs="$bs" --iodepth=32 \
-    --size="${fio_mib}M" --group_reporting --output-format=json "$@" >"$work/fio-$path-$name.json"
-  # The nbd engine says "fio: connected to NBD server" before the JSON.
-  python3 -c '
-import json, sys
-text = open(sys.argv[1]).read()
-j = json.loads(text[text.index("{"):])["jobs"][0]
-print(round((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 2**20, 1), round(j["read"]["iops"] + j["write"]["iops"]))' "$work/fio-$path-$name.json"
-}
-# path_round PATH PID_OF: the four jobs on one path; PID_OF prints the
-# serving process's pid.
-path_round() {
-  local path=$1 pid_of=$2 start stop c0 v
-  [ "$path" = nbd ] && start=serve_start stop=serve_stop
-  [ "$path" = fuse ] && start=loop_start stop=loop_stop
-  $start
-  c0=$(cpu_ticks "$($pid_of)") h0=$(host_ticks)
-  v=$(path_fio "$path" seqwrite write 1M --end_fsync=1)
-  put "${path}_seq_write_mibps" "${v% *}"
-  put "${path}_cpu_seq_write" "$(per_gib "$c0" "$(cpu_ticks "$($pid_of)")" "$fio_mib")"
-  put "${path}_host_cpu_seq_write" "$(per_gib "$h0" "$(host_ticks)" "$fio_mib")"
-  $stop
-  $start
-  c0=$(cpu_ticks "$($pid_of)") h0=$(host_ticks)
-  v=$(path_fio "$path" seqread read 1M)
-  put "${path}_seq_read_mibps" "${v% *}"
-  put "${path}_cpu_seq_read" "$(per_gib "$c0" "$(cpu_ticks "$($pid_of)")" "$fio_mib")"
-  put "${path}_host_cpu_seq_read" "$(per_gib "$h0" "$(host_ticks)" "$fio_mib")"
-  v=$(path_fio "$path" randread randread 4k --runtime="$fio_seconds" --time_based)
-  put "${path}_rand_read_iops" "${v#* }"
-  v=$(path_fio "$path" randwrite randwrite 4k --runtime="$fio_seconds" --time_based --end_fsync=1)
-  put "${path}_rand_write_iops" "${v#* }"
-  $stop
-}
-# The whole host's CPU ticks (user, nice, system, irq, softirq): fio, the
-# kernel's FUSE and loop work, the server and Azurite together.
-host_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
-serve_pid_of() { echo "$serve_pid"; }
-ns_pid_of() { daemon_pid "$work/nbdns"; }
-path_round nbd serve_pid_of
-path_round fuse ns_pid_of
+nbd_rounds
 
 # --- the write-back cache (issue 18): a burst, its drain, sustained writes ------
 
@@ -898,18 +930,6 @@ rows = [
     ("encrypted cold seq read (vs plain)", r["crypt_read_mibps"], "MiB/s", r["plain_read_mibps"], ">= 0.95", lambda x: x >= 0.95),
     ("seq write + fsync, write log on", r["log_on_write_mibps"], "MiB/s", r["log_on_pass_mibps"], "(vs raw Puts just before)", None),
     ("seq write + fsync, write log off", r["log_off_write_mibps"], "MiB/s", r["log_off_pass_mibps"], "(vs raw Puts just before)", None),
-    # NBD (serve) against a loop device on the FUSE file, the same fio jobs;
-    # "ceiling" is the FUSE path's figure. 0.95 leaves room for noise.
-    ("NBD seq write 1M + fsync (vs loop on FUSE)", r["nbd_seq_write_mibps"], "MiB/s", r["fuse_seq_write_mibps"], ">= 0.95", lambda x: x >= 0.95),
-    ("NBD cold seq read 1M (vs loop on FUSE)", r["nbd_seq_read_mibps"], "MiB/s", r["fuse_seq_read_mibps"], ">= 0.95", lambda x: x >= 0.95),
-    ("NBD rand 4k read, qd32 (vs loop on FUSE)", r["nbd_rand_read_iops"], "IOPS", r["fuse_rand_read_iops"], ">= 0.95", lambda x: x >= 0.95),
-    ("NBD rand 4k write, qd32 (vs loop on FUSE)", r["nbd_rand_write_iops"], "IOPS", r["fuse_rand_write_iops"], ">= 0.95", lambda x: x >= 0.95),
-    ("NBD server CPU, seq write (vs FUSE daemon)", r["nbd_cpu_seq_write"], "s/GiB", r["fuse_cpu_seq_write"], "<= 1.0", lambda x: x <= 1.0),
-    ("NBD server CPU, cold seq read (vs FUSE daemon)", r["nbd_cpu_seq_read"], "s/GiB", r["fuse_cpu_seq_read"], "<= 1.0", lambda x: x <= 1.0),
-    # Everything on the host (fio, kernel, server, Azurite): what the FUSE
-    # and loop copies cost shows here, not in the daemon's own figure.
-    ("NBD host CPU, seq write (vs loop on FUSE)", r["nbd_host_cpu_seq_write"], "s/GiB", r["fuse_host_cpu_seq_write"], "(all processes)", None),
-    ("NBD host CPU, cold seq read (vs loop on FUSE)", r["nbd_host_cpu_seq_read"], "s/GiB", r["fuse_host_cpu_seq_read"], "(all processes)", None),
 ]
 # Costs whose round-to-round spread is as large as their gap to the target
 # are judged on alternating pairs: the mean of the per-pair ratios with its
@@ -1002,3 +1022,5 @@ json.dump({"quick": quick, "ceiling": ceiling, "raw": r, "rows": out_rows},
           open(sys.argv[3], "w"), indent=2)
 print(f"JSON: {sys.argv[3]}")
 PY
+echo
+python3 scripts/bench-nbd-report.py "$res" "$(dirname "$out")/bench-nbd.json"

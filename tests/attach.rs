@@ -288,6 +288,7 @@ fn attached_drive_keeps_its_files_across_unmount_and_mount_and_releases_its_leas
     );
     let listed = site.ok(&["list", "--mounted", "--json"]);
     let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed[0]["kind"], "attach");
     assert_eq!(listed[0]["drive"], drive.as_str());
     assert_eq!(listed[0]["dir"], dir_s.as_str());
     assert_eq!(listed[0]["mode"], "read-write");

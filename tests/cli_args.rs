@@ -238,3 +238,44 @@ fn a_bad_nbd_endpoint_is_a_usage_error_before_anything_is_opened() {
     let err = assert_one_line_failure(&["serve", "c/d.vhd", "--nbd", "tcp:nonsense"], 2);
     assert!(err.contains("not a HOST:PORT"), "{err}");
 }
+
+#[test]
+fn mount_and_serve_share_one_definition_of_the_cache_and_metrics_flags() {
+    let help = |cmd: &str| {
+        let out = blobdrive([cmd, "--help"]);
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (mount, serve) = (help("mount"), help("serve"));
+    for flag in [
+        "--cache-size",
+        "--max-dirty",
+        "--read-ahead",
+        "--flush-delay",
+        "--cache-dir",
+        "--disk-cache-size",
+        "--metrics-listen",
+        "--metrics-allow-remote",
+        "--metrics-textfile",
+        "--key-file",
+    ] {
+        // The flag's help line, without the padding that aligns it.
+        let line = |text: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(flag))
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|| panic!("no {flag} in:\n{text}"))
+        };
+        assert_eq!(line(&mount), line(&serve), "{flag} differs");
+    }
+    // A bad value is refused alike, before anything is opened.
+    for cmd in [
+        &["mount", "c/d.vhd", "/nonexistent"][..],
+        &["serve", "c/d.vhd", "--nbd", "unix:/tmp/x.sock"][..],
+    ] {
+        let mut args = cmd.to_vec();
+        args.push("--metrics-textfile=/nonexistent");
+        let err = assert_one_line_failure(&args, 2);
+        assert!(err.contains("is not a directory"), "{args:?}: {err}");
+    }
+}

@@ -612,6 +612,24 @@ async fn a_tcp_export_on_loopback_serves_the_same_drive() {
     );
     let size = tool("nbdinfo", &["--size", &uri]);
     assert_eq!(size.trim(), (16 * MIB).to_string());
+    // The server's end of a TCP connection is probed (keepalive): `ss`
+    // shows its timer while the client idles in the handshake.
+    let idle = std::net::TcpStream::connect(addr).expect("connects");
+    let port = addr.rsplit(':').next().unwrap();
+    let filter = format!("( sport = :{port} )");
+    let start = Instant::now();
+    loop {
+        let ss = tool("ss", &["-tnoH", "state", "established", &filter]);
+        if ss.contains("timer:(keepalive") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no keepalive timer on the server's socket: {ss}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(idle);
     // --metrics-listen serves the exported drive's counters for Prometheus.
     let metrics = served.ready["metrics"]
         .as_str()
@@ -768,4 +786,422 @@ async fn writes_an_export_cannot_flush_after_its_lease_was_broken_go_to_a_recove
         .filter(|e| e.path().extension().is_some_and(|x| x == "bdrec"))
         .collect();
     assert_eq!(saved.len(), 1, "one recovery file for the drive");
+}
+
+/// The rows of `list --mounted --json` that are exports (`"kind": "nbd"`).
+fn listed_exports(sb: &Sandbox) -> Vec<serde_json::Value> {
+    let out = sb.blobdrive_ok(&["list", "--mounted", "--json"]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).expect("list --mounted is JSON");
+    rows.into_iter().filter(|r| r["kind"] == "nbd").collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_server_is_listed_counted_logged_and_stopped_by_unmount_after_its_final_flush()
+{
+    let g = ContainerGuard::new("nbd-ctl").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let socket = sb.root.path().join("ctl.sock");
+    let nbd = format!("unix:{}", socket.display());
+    let textfiles = sb.dir("textfiles");
+    // No --log-file: the log goes to the run directory. A long flush delay
+    // keeps the write dirty until the final flush.
+    let out = sb.blobdrive_ok(&[
+        "serve",
+        &drive,
+        "--nbd",
+        &nbd,
+        "--json",
+        "--flush-delay",
+        "1h",
+        "--metrics-textfile",
+        &textfiles.to_string_lossy(),
+        "-v",
+    ]);
+    let ready: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    let pid = ready["pid"].as_i64().expect("the daemon's pid") as i32;
+    struct Daemon(i32);
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            if process_alive(self.0) {
+                send_signal(self.0, libc::SIGKILL);
+            }
+        }
+    }
+    let _daemon = Daemon(pid);
+    let mut c = nbd_support::Client::connect(&socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 4096, &[0x5a; 4096]).error, 0);
+    // Past the end: refused, counted, and the connection stays.
+    assert_eq!(
+        c.call(NBD_CMD_READ, 0, 64 * MIB, 4096, &[]).error,
+        NBD_EINVAL
+    );
+    drop(c);
+
+    let rows = listed_exports(&sb);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["drive"], drive.as_str());
+    assert_eq!(rows[0]["nbd"], nbd.as_str());
+    assert_eq!(rows[0]["mode"], "read-write");
+    assert_eq!(rows[0]["pid"].as_i64(), Some(i64::from(pid)));
+    assert_eq!(rows[0]["alive"], true);
+    let log = PathBuf::from(rows[0]["log_file"].as_str().expect("a default log file"));
+    assert!(log.starts_with(sb.root.path().join("run")), "{log:?}");
+
+    // `stats` by the socket path, and by the export's name.
+    let stats: serde_json::Value =
+        serde_json::from_str(&sb.blobdrive_ok(&["stats", &socket.to_string_lossy(), "--json"]))
+            .expect("stats is JSON");
+    assert_eq!(stats["endpoint"], nbd.as_str());
+    let counters = &stats["devices"][drive.as_str()];
+    assert_eq!(counters["nbd_write_requests"], 1, "{stats}");
+    assert_eq!(counters["nbd_errors"], 1, "{stats}");
+    let text = sb.blobdrive_ok(&["stats", &drive, "--prometheus"]);
+    for line in [
+        format!("blobdrive_nbd_requests_total{{drive=\"{drive}\",command=\"write\"}} 1"),
+        format!("blobdrive_nbd_bytes_total{{drive=\"{drive}\",direction=\"write\"}} 4096"),
+        format!("blobdrive_nbd_refused_requests_total{{drive=\"{drive}\"}} 1"),
+        "blobdrive_nbd_connections_total 1".to_string(),
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line} in:\n{text}");
+    }
+    if blobdrive::attach::tool_exists("promtool") {
+        promtool_check(&text);
+    }
+    // node_exporter's textfile, written at once and removed at the end.
+    let prom = || {
+        std::fs::read_dir(&textfiles)
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "prom"))
+    };
+    let file = prom().expect("a textfile");
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        written.contains("blobdrive_nbd_connections_total"),
+        "{written}"
+    );
+
+    // `unmount SOCKET` returns once the final flush is in the blob.
+    sb.blobdrive_ok(&["unmount", &socket.to_string_lossy()]);
+    assert_eq!(sdk_read(&g.name, "disk.vhd", 0, 4096), vec![0x5a; 4096]);
+    let start = Instant::now();
+    while process_alive(pid) {
+        assert!(start.elapsed() < Duration::from_secs(10), "still running");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(listed_exports(&sb).is_empty(), "forgotten once stopped");
+    assert!(prom().is_none(), "the textfile is removed");
+    assert!(!socket.exists(), "the socket is removed");
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(logged.contains("NBD server stopped"), "{logged}");
+    // The lease went with it: the drive attaches (here, exports) again.
+    let again = Served::start(&sb, "again", &[&drive], &[]);
+    assert!(again.stop().0.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unmount_of_a_server_whose_final_flush_fails_exits_non_zero_and_names_the_recovery_file() {
+    let g = ContainerGuard::new("nbd-stopfail").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let mut served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, MIB, 4096, &[0x61; 4096]).error, 0);
+    drop(c);
+    // Another host takes the drive over: the final flush cannot be sent.
+    sb.blobdrive_ok(&["break-lease", &drive]);
+    let out = sb.blobdrive(&["unmount", &drive]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("blobdrive recover"), "{stderr}");
+    assert_eq!(
+        served.wait(Duration::from_secs(30)).code(),
+        Some(1),
+        "the server says it too"
+    );
+    let saved = std::fs::read_dir(sb.recovery_dir())
+        .expect("a recovery directory")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "bdrec"))
+        .count();
+    assert_eq!(saved, 1, "one recovery file for the drive");
+}
+
+/// `promtool check metrics` accepts `text` (names, types, help, no lint).
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_of_a_served_drive_first_flushes_what_its_clients_wrote() {
+    let g = ContainerGuard::new("nbd-snap").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 4096, &[0x7e; 4096]).error, 0);
+    assert_eq!(
+        sdk_read(&g.name, "disk.vhd", 0, 4096),
+        vec![0; 4096],
+        "not flushed yet"
+    );
+    let time = sb.blobdrive_ok(&["snapshot", &drive]);
+    assert!(!time.trim().is_empty());
+    assert_eq!(sdk_read(&g.name, "disk.vhd", 0, 4096), vec![0x7e; 4096]);
+    drop(c);
+    assert!(served.stop().0.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_stops_leaves_the_socket_another_server_made_at_its_path() {
+    let test = "a_server_that_stops_leaves_the_socket_another_server_made_at_its_path";
+    if !clients_present(test) {
+        return;
+    }
+    let g = ContainerGuard::new("nbd-sock").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let first = Served::start(&sb, "s", &[&drive], &["--read-only"]);
+    // Someone removes its sockets (NBD and control) and a second server
+    // listens at the same path.
+    std::fs::remove_file(&first.socket).unwrap();
+    for entry in std::fs::read_dir(sb.root.path().join("run")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|x| x == "sock") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let second = Served::start(&sb, "s", &[&drive], &["--read-only"]);
+    assert!(first.stop().0.success());
+    assert!(second.socket.exists(), "the second server's socket stays");
+    // Its registry entry and control socket stay too.
+    let rows = listed_exports(&sb);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["pid"].as_i64(), Some(i64::from(second.pid())));
+    let stats = sb.blobdrive_ok(&["stats", &second.socket.to_string_lossy(), "--json"]);
+    assert!(stats.contains("\"serving\""), "{stats}");
+    let size = tool("nbdinfo", &["--size", &second.uri(&drive)]);
+    assert_eq!(size.trim(), (16 * MIB).to_string());
+    let path = second.socket.clone();
+    assert!(second.stop().0.success());
+    assert!(!path.exists(), "removed by the server that made it");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_unmount_during_a_slow_final_flush_waits_for_the_same_answer_and_never_advises_break_lease(
+) {
+    use common::fault_proxy::{Fault, FaultProxy};
+    let g = ContainerGuard::new("nbd-stop2").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let proxy = FaultProxy::start(&common::account().endpoint, Fault::ServerBusy, 0).await;
+    let mut account = common::account();
+    account.endpoint = proxy.endpoint.clone();
+    // Storage hangs during the final flush, which gives up after a few
+    // seconds (and saves a recovery file): a slow stop, with one answer.
+    let sb = Sandbox::new(account.connection_string()).with_env("BLOBDRIVE_RETRY_TOTAL_SECS", "6");
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let mut served = Served::start(&sb, "a", &[&drive], &["--flush-delay", "1h"]);
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 4096, &[0x33; 4096]).error, 0);
+    drop(c);
+    proxy.hang_all(true);
+    let socket = served.socket.to_string_lossy().to_string();
+    let first = sb
+        .command(&["unmount", &socket])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs unmount");
+    let start = Instant::now();
+    while !served
+        .log()
+        .contains("stop requested over the control socket")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{}",
+            served.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // While it flushes, the server still answers: `stats` says so.
+    let stats: serde_json::Value =
+        serde_json::from_str(&sb.blobdrive_ok(&["stats", &socket, "--json"])).expect("JSON");
+    assert_eq!(stats["state"], "stopping", "{stats}");
+    let text = sb.blobdrive_ok(&["stats", &socket]);
+    assert!(text.contains("(stopping: final flush)"), "{text}");
+    // Its socket stays bound: a new server at the same path is refused in
+    // one line (it would otherwise lose its entry and socket to this
+    // one's end).
+    let nbd = format!("unix:{socket}");
+    let other = sb
+        .command(&[
+            "serve",
+            &drive,
+            "--read-only",
+            "--foreground",
+            "--nbd",
+            &nbd,
+        ])
+        .env(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            common::connection_string(),
+        )
+        .output()
+        .unwrap();
+    let why = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success(), "{why}");
+    assert!(why.contains("another server is listening there"), "{why}");
+    // Two more (by the export's name and by the endpoint) wait for the end.
+    let later: Vec<_> = [drive.as_str(), nbd.as_str()]
+        .iter()
+        .map(|target| {
+            sb.command(&["unmount", target])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("runs unmount")
+        })
+        .collect();
+    let mut outputs = vec![first.wait_with_output().unwrap()];
+    outputs.extend(later.into_iter().map(|c| c.wait_with_output().unwrap()));
+    for out in &outputs {
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{e}");
+        assert!(e.contains("blobdrive recover"), "the final result: {e}");
+        assert!(
+            !e.contains("break-lease"),
+            "no advice to break the lease: {e}"
+        );
+        assert_eq!(e.trim().lines().count(), 1, "one line: {e}");
+    }
+    assert_eq!(served.wait(Duration::from_secs(30)).code(), Some(1));
+    proxy.hang_all(false);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_whose_run_directory_others_may_write_to_is_refused_in_one_line() {
+    use std::os::unix::fs::PermissionsExt;
+    let g = ContainerGuard::new("nbd-rundir").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    // Anyone may write to it, and it is not sticky: not a run directory.
+    let shared = sb.dir("shared");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let socket = sb.root.path().join("r.sock");
+    let nbd = format!("unix:{}", socket.display());
+    for foreground in [false, true] {
+        let mut args = vec!["serve", drive.as_str(), "--read-only", "--nbd", &nbd];
+        if foreground {
+            args.push("--foreground");
+        }
+        let out = sb
+            .command(&args)
+            .env("BLOBDRIVE_RUN_DIR", &shared)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "refused: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains("run directory"), "{stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_refused_connections_is_logged_once_then_counted_at_exit() {
+    let g = ContainerGuard::new("nbd-flood").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let served = Served::start(
+        &sb,
+        "f",
+        &[&drive],
+        &["--read-only", "--max-connections", "1"],
+    );
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    for _ in 0..20 {
+        let mut s = std::os::unix::net::UnixStream::connect(&served.socket).expect("connects");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(std::io::Read::read(&mut s, &mut buf).unwrap_or(0), 0);
+    }
+    drop(c);
+    let log = served.stderr.clone();
+    assert!(served.stop().0.success());
+    let text = std::fs::read_to_string(log).unwrap();
+    let refused = text
+        .lines()
+        .filter(|l| l.contains("maximum of connections"))
+        .count();
+    assert_eq!(refused, 1, "one line for the flood:\n{text}");
+    assert!(
+        text.contains("19 more NBD refusals like the last one logged"),
+        "the rest counted at exit:\n{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unmount_never_takes_a_live_server_whose_control_socket_refuses_for_dead() {
+    let g = ContainerGuard::new("nbd-live").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let served = Served::start(&sb, "l", &[&drive], &["--flush-delay", "1h"]);
+    // Its control socket refuses (as one whose listener is gone would).
+    let control = std::fs::read_dir(sb.root.path().join("run"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "sock"))
+        .expect("a control socket");
+    std::fs::remove_file(&control).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&control).unwrap());
+    let out = sb.blobdrive(&["unmount", &drive]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("is running"), "{stderr}");
+    assert!(!stderr.contains("break-lease"), "{stderr}");
+    assert!(control.exists(), "nothing of the live server is removed");
+    assert_eq!(listed_exports(&sb).len(), 1, "still listed");
+    // It still serves, and SIGTERM still stops it cleanly.
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 4096, &[0x44; 4096]).error, 0);
+    drop(c);
+    assert!(served.stop().0.success());
+    assert_eq!(sdk_read(&g.name, "disk.vhd", 0, 4096), vec![0x44; 4096]);
 }

@@ -264,6 +264,70 @@ fn a_flood_of_connections_is_bounded() {
     assert!(again.is_some(), "a new client is served once one left");
 }
 
+#[test]
+fn a_client_that_stalls_in_a_write_payload_is_dropped_and_frees_the_budget_for_others() {
+    let max = u64::from(blobdrive::nbd::export::MAX_PAYLOAD_BYTES);
+    // The whole server budget is one maximal payload.
+    let server = Server::start(Limits {
+        max_in_flight_bytes: max,
+        io_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    });
+    let mut stalled = server.client();
+    stalled.go_structured("c/rw");
+    // A WRITE header announcing the largest payload, then nothing (a
+    // suspended client): the server holds the whole budget for it.
+    let header = Request {
+        flags: 0,
+        command: NBD_CMD_WRITE,
+        cookie: 1,
+        offset_bytes: 0,
+        len_bytes: max as u32,
+    }
+    .encode();
+    stalled.send(&header);
+    stalled.send(&[0u8; 4096]);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut other = server.client();
+    other.go_structured("c/rw");
+    let started = std::time::Instant::now();
+    assert_eq!(other.call(NBD_CMD_WRITE, 0, 0, 512, &[7u8; 512]).error, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "served once the stalled client was dropped"
+    );
+    assert!(
+        stalled.closed_by_server(),
+        "the stalled client is disconnected"
+    );
+}
+
+#[test]
+fn a_client_that_takes_no_replies_is_dropped_and_frees_the_budget_for_others() {
+    let max = u64::from(blobdrive::nbd::export::MAX_PAYLOAD_BYTES);
+    let server = Server::start(Limits {
+        max_in_flight_bytes: max,
+        io_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    });
+    let mut deaf = server.client();
+    deaf.go_structured("c/rw");
+    // Reads of the whole 4 MiB drive, their replies never taken: together
+    // they hold the whole server budget.
+    for _ in 0..(max / (4 * MIB)) {
+        deaf.request(NBD_CMD_READ, 0, 0, (4 * MIB) as u32, &[]);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut other = server.client();
+    other.go_structured("c/rw");
+    let started = std::time::Instant::now();
+    assert_eq!(other.call(NBD_CMD_WRITE, 0, 0, 512, &[7u8; 512]).error, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "served once the deaf client was dropped"
+    );
+}
+
 // ---------------------------------------------------------------- fuzzing
 
 /// Cases: `BLOBDRIVE_FUZZ_CASES`, else a CI-sized default.

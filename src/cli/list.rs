@@ -50,7 +50,9 @@ pub struct ListArgs {
     #[arg(long)]
     pub all: bool,
     /// Instead: the drives this host has attached (drive, snapshot, directory,
-    /// loop device, mode, daemon pid), like CloudDrive's GetMountedDrives.
+    /// loop device, mode, daemon pid), like CloudDrive's GetMountedDrives,
+    /// then those it serves over NBD (drive, endpoint, mode, pid); with
+    /// --json each row's `kind` says which (`attach` or `nbd`).
     #[arg(long, conflicts_with_all = ["container", "stored", "no_stored", "all"])]
     pub mounted: bool,
 }
@@ -255,21 +257,91 @@ async fn entry(
     }))
 }
 
-/// `list --mounted`: the attach registry of this host. JSON keys: `account`,
-/// `drive`, `snapshot`, `dir`, `loop_device`, `fs_type`, `partition` (only
-/// when a partition is attached), `mode`
-/// (`read-write`, `read-only`, `snapshot`), `pid`, `fuse_dir`,
-/// `since_unix_secs`, `alive` (false: the daemon is gone, the entry is stale).
+/// `list --mounted`: the attach registry of this host, then the drives
+/// `blobdrive serve` exports. JSON: one array; every row has `kind`
+/// (`attach` or `nbd`); an attach has the keys `account`, `drive`, `snapshot`, `dir`, `loop_device`, `fs_type`,
+/// `partition` (only when a partition is attached), `mode` (`read-write`,
+/// `read-only`, `snapshot`), `pid`, `fuse_dir`, `since_unix_secs`, `alive`
+/// (false: the daemon is gone, the entry is stale); an export has
+/// `account`, `drive` (its export name), `mode`, `nbd` (the server's
+/// endpoint), `uri`, `pid`, `log_file`, `since_unix_secs` and `alive`.
 fn print_mounted(json: bool) {
     let mounted = crate::daemon::registry::list_mounted();
+    let served = crate::daemon::served::list_served();
     if json {
-        output::print_json(&mounted);
+        let mut rows: Vec<serde_json::Value> = mounted
+            .iter()
+            .map(|m| {
+                let mut row = serde_json::to_value(m).unwrap_or_default();
+                if let Some(map) = row.as_object_mut() {
+                    map.insert("kind".into(), "attach".into());
+                }
+                row
+            })
+            .collect();
+        for server in &served {
+            for export in &server.exports {
+                rows.push(serde_json::json!({
+                    "kind": "nbd",
+                    "account": export.account,
+                    "drive": export.export,
+                    "mode": export.mode,
+                    "nbd": server.endpoint,
+                    "uri": export.uri,
+                    "pid": server.pid,
+                    "log_file": server.log_file,
+                    "since_unix_secs": server.since_unix_secs,
+                    "alive": server.alive,
+                }));
+            }
+        }
+        output::print_json(&rows);
         return;
     }
-    if mounted.is_empty() {
-        eprintln!("no drive is attached on this host");
+    if mounted.is_empty() && served.is_empty() {
+        eprintln!("no drive is attached or served on this host");
         return;
     }
+    if !served.is_empty() {
+        let mut t = Table::new(&[
+            ("drive", Align::Left),
+            ("nbd", Align::Left),
+            ("mode", Align::Left),
+            ("pid", Align::Right),
+        ]);
+        for server in &served {
+            for export in &server.exports {
+                t.row([
+                    export.export.clone(),
+                    server.endpoint.clone(),
+                    export.mode.name().to_string(),
+                    pid_cell(server.pid, server.alive),
+                ]);
+            }
+        }
+        if mounted.is_empty() {
+            t.print();
+            return;
+        }
+        print_attached(&mounted);
+        println!();
+        t.print();
+        return;
+    }
+    print_attached(&mounted);
+}
+
+/// A daemon's pid, marked when it is gone.
+fn pid_cell(pid: u32, alive: bool) -> String {
+    if alive {
+        pid.to_string()
+    } else {
+        format!("{pid} (gone)")
+    }
+}
+
+/// The attaches as a table.
+fn print_attached(mounted: &[crate::daemon::registry::AttachedDrive]) {
     let mut t = Table::new(&[
         ("drive", Align::Left),
         ("snapshot", Align::Left),
@@ -279,12 +351,8 @@ fn print_mounted(json: bool) {
         ("mode", Align::Left),
         ("pid", Align::Right),
     ]);
-    for m in &mounted {
-        let pid = if m.alive {
-            m.pid.to_string()
-        } else {
-            format!("{} (gone)", m.pid)
-        };
+    for m in mounted {
+        let pid = pid_cell(m.pid, m.alive);
         t.row([
             m.drive.clone(),
             m.snapshot.clone().unwrap_or_else(|| "-".into()),

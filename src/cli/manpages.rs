@@ -323,11 +323,29 @@ fn command_sections(name: &str) -> Vec<Section> {
                         "sudo nbd-client -d /dev/nbd0",
                     ],
                 ),
+                Item::Example(
+                    "See it, count it, stop it (after its final flush; non-zero, naming the \
+                     recovery file, when that flush fails):",
+                    &[
+                        "blobdrive list --mounted",
+                        "blobdrive stats /run/vm.nbd --prometheus",
+                        "blobdrive unmount /run/vm.nbd",
+                    ],
+                ),
                 Item::Para(
                     "A Unix socket is mode 0600 and only root and the user who started the \
                      server may connect. NBD has no authentication: a tcp: endpoint on \
                      loopback is open to every local user, and --allow-remote to anyone who \
                      reaches the port.",
+                ),
+                Item::Para(
+                    "unmount and stats name a server by its socket path, its tcp:IP:PORT \
+                     endpoint or an export's name. unmount stops the server under its \
+                     clients (active connections are disconnected, unlike a busy mount, \
+                     which unmount refuses) and returns after the final flush; a second \
+                     unmount meanwhile waits for the same answer. Without --log-file a \
+                     background server logs to a file in the run directory, which \
+                     'blobdrive list --mounted --json' names (its rows have kind \"nbd\").",
                 ),
             ],
         }),

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use crate::blob;
 
 pub mod argv;
+pub mod attach_flags;
 pub mod break_lease;
 pub mod cache;
 pub mod completions;
@@ -37,6 +38,7 @@ pub mod recover;
 pub mod resize;
 pub mod restore;
 pub mod serve;
+pub mod serve_control;
 pub mod snapshot;
 pub mod stats;
 pub mod unmount;

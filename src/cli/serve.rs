@@ -1,15 +1,26 @@
 //! `blobdrive serve C/B... --nbd unix:PATH|tcp:HOST:PORT`: export drives
-//! over NBD until SIGTERM or SIGINT, as a background daemon (like a mount:
-//! the command returns once the exports are served, or fails with the
-//! daemon's line) or with `--foreground` in this process.
+//! over NBD until SIGTERM, SIGINT or `blobdrive unmount SOCKET|C/B`, as a
+//! background daemon (like a mount: the command returns once the exports
+//! are served, or fails with the daemon's line) or with `--foreground` in
+//! this process. The flags it shares with `mount` are `attach_flags`'.
 //!
 //! Each drive is opened through `fs::azure::AzureCatalog`, as an attach
 //! opens it: a read-write export holds the lease (and is refused while the
 //! drive is attached elsewhere), its lease is watched and its unflushed pages
 //! go to a recovery file when they cannot reach the blob; a read-only or
-//! snapshot export holds none. At the end the listener goes first, then the
-//! requests in flight are answered, then every drive is closed (flushed,
-//! lease released); a close that fails makes the exit non-zero.
+//! snapshot export holds none. At the end no new client is accepted (the
+//! socket stays bound until the process exits), the requests in flight are
+//! answered, active clients are disconnected, then the drives are flushed
+//! and closed by the mount's own end (`daemon::closing`: a recovery file
+//! first when the flush fails); a close that fails makes the exit non-zero.
+//! The control socket answers to the end (`stats` says `stopping`), and
+//! every `unmount` that asked meanwhile gets the same final line.
+//!
+//! A served process is visible like an attach: an entry in the run
+//! directory (`daemon::served`, shown by `list --mounted`), a control socket
+//! answering `stats`, `metrics`, `flush` and `unmount`
+//! (`daemon::control`), the metrics exporters of a mount, and without
+//! `--log-file` a log in the run directory.
 //!
 //! Output: a line per export once it is served (its NBD URI), and with
 //! `--json` one JSON object per line instead: `{"event":"serving",...}` when
@@ -22,17 +33,19 @@ use anyhow::anyhow;
 use clap::Args;
 use serde::Serialize;
 
-use super::{values, CmdResult, CodedError, Context};
+use super::serve_control::{ControlSocket, Served};
+use super::{CmdResult, CodedError, Context};
 use crate::blob::{BlobClient, BlobPath};
-use crate::daemon::Background;
-use crate::drive::disk_cache::DEFAULT_CACHE_DIR;
-use crate::drive::{DiskCacheOptions, DriveOptions};
+use crate::daemon::closing;
+use crate::daemon::control::{self, Controlled};
+use crate::daemon::exporter::Exporters;
+use crate::daemon::registry::AttachMode;
+use crate::daemon::served::{self, ServedDrive, ServedEntry};
+use crate::daemon::{exporter, Background, MetricsOptions};
+use crate::drive::DriveOptions;
 use crate::fs::azure::AzureCatalog;
 use crate::fs::{Catalog, Device, EntryPath};
 use crate::nbd::{Endpoint, Export, Exports, Limits, Listener};
-
-/// Disk tier size when only --cache-dir is given.
-const DEFAULT_DISK_CACHE_BYTES: u64 = 10 << 30;
 
 /// Arguments of `serve`.
 #[derive(Debug, Clone, Args)]
@@ -56,27 +69,10 @@ pub struct ServeArgs {
     /// Export this snapshot (always read-only); with one drive only.
     #[arg(long, value_name = "TIME")]
     pub snapshot: Option<String>,
-    /// Memory for each drive's data: the page cache plus the copies that
-    /// requests in flight hold.
-    #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = values::size)]
-    pub cache_size: u64,
-    /// Memory written data may hold before writers wait for the flush
-    /// (default: a quarter of --cache-size).
-    #[arg(long, value_name = "SIZE", value_parser = values::size)]
-    pub max_dirty: Option<u64>,
-    /// How far ahead sequential reads fetch from the blob.
-    #[arg(long, value_name = "SIZE", default_value = "32M", value_parser = values::size)]
-    pub read_ahead: u64,
-    /// How long written data may stay only in memory before the background
-    /// flush sends it (NBD_CMD_FLUSH and FUA writes always send it at once).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = values::duration)]
-    pub flush_delay: std::time::Duration,
-    /// Keep clean pages on local disk in DIR too (turns the disk tier on).
-    #[arg(long, value_name = "DIR")]
-    pub cache_dir: Option<PathBuf>,
-    /// Disk space for one drive's disk tier (turns it on; default 10G).
-    #[arg(long, value_name = "SIZE", value_parser = values::size)]
-    pub disk_cache_size: Option<u64>,
+    /// The drive engine's memory, flush and disk tier settings (as for
+    /// `mount`).
+    #[command(flatten)]
+    pub cache: super::attach_flags::CacheFlags,
     /// Connections served at once; more are closed at accept.
     #[arg(long, value_name = "N", default_value_t = crate::nbd::listen::DEFAULT_MAX_CONNECTIONS as u32,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -85,45 +81,21 @@ pub struct ServeArgs {
     /// the end with the counters of each export.
     #[arg(long)]
     pub json: bool,
-    /// Stay in the foreground instead of detaching (stops on SIGTERM or
-    /// Ctrl-C).
+    /// Stay in the foreground instead of detaching (stops on SIGTERM,
+    /// Ctrl-C or `blobdrive unmount SOCKET`).
     #[arg(long, short = 'f')]
     pub foreground: bool,
-    /// Where a background server writes its log (default: nowhere; -v sets
-    /// the level).
+    /// Where a background server writes its log (default: a file in the
+    /// run directory, which `list --mounted --json` names; -v sets the
+    /// level).
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
-    /// Serve Prometheus metrics of the exported drives at
-    /// http://ADDR:PORT/metrics (a bare PORT means 127.0.0.1; default: off).
-    #[arg(long, value_name = "[ADDR:]PORT")]
-    pub metrics_listen: Option<String>,
-    /// Let --metrics-listen bind an address other than loopback.
-    #[arg(long, requires = "metrics_listen")]
-    pub metrics_allow_remote: bool,
+    /// Where the metrics of the exported drives go (as for `mount`).
+    #[command(flatten)]
+    pub metrics: super::attach_flags::MetricsFlags,
     /// The key of encrypted drives.
     #[command(flatten)]
     pub key: super::key::KeyFlags,
-}
-
-impl ServeArgs {
-    /// The drive engine's settings these flags ask for.
-    fn drive_options(&self) -> DriveOptions {
-        let disk_tier = self.cache_dir.is_some() || self.disk_cache_size.is_some();
-        DriveOptions {
-            cache_bytes: self.cache_size,
-            max_dirty_bytes: self.max_dirty,
-            read_ahead_bytes: self.read_ahead,
-            flush_delay: self.flush_delay,
-            disk_cache: disk_tier.then(|| DiskCacheOptions {
-                dir: self
-                    .cache_dir
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_CACHE_DIR.into()),
-                max_bytes: self.disk_cache_size.unwrap_or(DEFAULT_DISK_CACHE_BYTES),
-            }),
-            ..DriveOptions::default()
-        }
-    }
 }
 
 /// One export as `--json` shows it.
@@ -159,14 +131,9 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
     }
     let mut owned = args.clone();
     owned.log_file = args.log_file.as_deref().map(absolute).transpose()?;
-    owned.cache_dir = args.cache_dir.as_deref().map(absolute).transpose()?;
+    owned.cache.cache_dir = args.cache.cache_dir.as_deref().map(absolute).transpose()?;
     let args = &owned;
-    let metrics = args
-        .metrics_listen
-        .as_deref()
-        .map(|v| crate::metrics::export::parse_listen(v, args.metrics_allow_remote))
-        .transpose()
-        .map_err(|e| CodedError::usage(format!("{e:#}")))?;
+    let metrics = args.metrics.metrics_options()?;
     if args.snapshot.is_some() && args.drives.len() > 1 {
         return Err(CodedError::usage(
             "--snapshot names one time: give one drive with it (or a URL with ?snapshot= per drive)",
@@ -192,21 +159,32 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
         Ok(checked)
     })?;
     if args.foreground {
-        return serve_here(args, metrics, endpoint, drives, &mut |lines| {
-            print!("{lines}")
-        });
+        return serve_here(
+            args,
+            metrics,
+            endpoint,
+            drives,
+            args.log_file.clone(),
+            &mut |lines| print!("{lines}"),
+        );
     }
     // Like a mount: the daemon opens the drives and listens, and this
     // process returns once it serves (printing what it printed) or fails
     // (with its line).
-    match crate::daemon::fork_background(args.log_file.as_deref())? {
+    // Without --log-file the log goes to the run directory, so a failed
+    // final flush after a SIGTERM is still written somewhere.
+    let log_file = match &args.log_file {
+        Some(path) => Some(path.clone()),
+        None => Some(served::default_log_file(&endpoint.to_string())?),
+    };
+    match crate::daemon::fork_background(log_file.as_deref())? {
         Background::Parent(Ok(lines)) => {
             print!("{lines}");
             Ok(())
         }
         Background::Parent(Err(err)) => Err(err),
         Background::Child(mut readiness) => {
-            let result = serve_here(args, metrics, endpoint, drives, &mut |lines| {
+            let result = serve_here(args, metrics, endpoint, drives, log_file, &mut |lines| {
                 readiness.ready_with(lines)
             });
             if let Err(err) = &result {
@@ -218,27 +196,29 @@ pub fn run(ctx: &Context, args: &ServeArgs) -> CmdResult {
     }
 }
 
-/// Serves in this process until a stop signal; `announce` gets the lines
-/// to show once the exports are served.
+/// Serves in this process until a stop signal or `blobdrive unmount`;
+/// `announce` gets the lines to show once the exports are served.
 fn serve_here(
     args: &ServeArgs,
-    metrics: Option<std::net::SocketAddr>,
+    metrics: MetricsOptions,
     endpoint: Endpoint,
     drives: Vec<Checked>,
+    log_file: Option<PathBuf>,
     announce: &mut dyn FnMut(&str),
 ) -> CmdResult {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| anyhow!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(serve(args, metrics, endpoint, drives, announce))
+    runtime.block_on(serve(args, metrics, endpoint, drives, log_file, announce))
 }
 
 async fn serve(
     args: &ServeArgs,
-    metrics: Option<std::net::SocketAddr>,
+    metrics: MetricsOptions,
     endpoint: Endpoint,
     drives: Vec<Checked>,
+    log_file: Option<PathBuf>,
     announce: &mut dyn FnMut(&str),
 ) -> CmdResult {
     use tokio::signal::unix::{signal, SignalKind};
@@ -252,7 +232,7 @@ async fn serve(
         match open_export(args, drive).await {
             Ok(export) => exports.push(Arc::new(export)),
             Err(err) => {
-                close_all(&exports).await;
+                close_unserved(exports).await;
                 return Err(err);
             }
         }
@@ -260,15 +240,15 @@ async fn serve(
     let listener = match Listener::bind(&endpoint) {
         Ok(l) => l,
         Err(err) => {
-            close_all(&exports).await;
+            close_unserved(exports).await;
             return Err(err);
         }
     };
     // Bound before the server reports ready: a port in use is one line.
-    let metrics_listener = match metrics.map(crate::metrics::export::bind).transpose() {
+    let metrics_listener = match exporter::bind(&metrics) {
         Ok(l) => l,
         Err(err) => {
-            close_all(&exports).await;
+            close_unserved(exports).await;
             return Err(err);
         }
     };
@@ -276,17 +256,39 @@ async fn serve(
         .as_ref()
         .and_then(|l| l.local_addr().ok())
         .map(|a| a.to_string());
-    let metrics_task = metrics_listener.map(|l| {
-        let shown = exports.clone();
-        let render: crate::metrics::export::Render = Arc::new(move || {
-            let devices: serde_json::Map<String, serde_json::Value> = shown
-                .iter()
-                .map(|e| (e.name.clone(), e.device.stats()))
-                .collect();
-            crate::metrics::text::render(&devices, &crate::metrics::registry().snapshot())
-        });
-        tokio::spawn(crate::metrics::export::serve(l, render))
-    });
+    let served = Arc::new(Served::new(
+        Arc::new(Exports::new(exports.clone())),
+        listener.address(),
+    ));
+    // The name the control socket, the registry entry and the metrics
+    // textfile go by: the socket's canonical path, or the TCP endpoint.
+    let key = match &endpoint {
+        Endpoint::Unix(path) => path.canonicalize().unwrap_or_else(|_| path.clone()),
+        Endpoint::Tcp(_) => PathBuf::from(listener.address()),
+    };
+    let (control_socket, control_listener) = match ControlSocket::bind(&key) {
+        Ok(bound) => bound,
+        Err(err) => {
+            close_unserved(exports).await;
+            return Err(err);
+        }
+    };
+    let (unmount_tx, mut unmount_rx) = tokio::sync::mpsc::channel(4);
+    let control_task = {
+        let answers: Arc<dyn Controlled> = served.clone();
+        tokio::spawn(control::serve(control_listener, answers, unmount_tx))
+    };
+    let render: crate::metrics::export::Render = {
+        let served = served.clone();
+        Arc::new(move || served.metrics_text())
+    };
+    let exporters = Exporters::start(
+        &tokio::runtime::Handle::current(),
+        metrics_listener,
+        &metrics,
+        render,
+        &crate::daemon::mountpoint::mount_key(&key),
+    );
     let lines = |event: &'static str, counters: bool| EventLine {
         event,
         pid: std::process::id(),
@@ -304,6 +306,34 @@ async fn serve(
             .collect(),
     };
     let ready = lines("serving", false);
+    let entry = ServedEntry {
+        endpoint: listener.address(),
+        key: key.clone(),
+        pid: std::process::id(),
+        exports: drives
+            .iter()
+            .zip(&ready.exports)
+            .map(|(d, e)| ServedDrive {
+                account: d.account.name.clone(),
+                export: e.name.clone(),
+                uri: e.uri.clone(),
+                mode: match (&d.path.snapshot, d.read_only) {
+                    (Some(_), _) => AttachMode::Snapshot,
+                    (None, true) => AttachMode::ReadOnly,
+                    (None, false) => AttachMode::ReadWrite,
+                },
+            })
+            .collect(),
+        log_file,
+        since_unix_secs: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        alive: true,
+    };
+    if let Err(err) = served::write(&entry) {
+        tracing::warn!("'blobdrive list --mounted' will not show this server: {err:#}");
+    }
     let mut text = String::new();
     if args.json {
         text = serde_json::to_string(&ready)? + "\n";
@@ -330,30 +360,58 @@ async fn serve(
         max_connections: args.max_connections as usize,
         ..Limits::default()
     };
+    let mut stop_request = None;
     let shutdown = async {
         tokio::select! {
             _ = sigterm.recv() => tracing::info!("SIGTERM: stopping the NBD server"),
             _ = sigint.recv() => tracing::info!("SIGINT: stopping the NBD server"),
             _ = sighup.recv() => tracing::info!("SIGHUP: stopping the NBD server"),
+            Some(request) = unmount_rx.recv() => {
+                tracing::info!("stop requested over the control socket");
+                stop_request = Some(request);
+            }
         }
     };
-    let shared = Arc::new(Exports::new(exports.clone()));
-    crate::nbd::serve(&listener, shared, limits, shutdown).await;
+    crate::nbd::serve(&listener, served.exports.clone(), limits, shutdown).await;
+    // No client is served from here on, but the NBD socket stays bound and
+    // the control socket keeps answering until the end: `stats` says
+    // "stopping", and every further `unmount` waits for the final result,
+    // so nothing takes this server for dead while it flushes.
+    served
+        .stopping
+        .store(true, std::sync::atomic::Ordering::Release);
     let stopped = lines("stopped", true);
-    drop(listener);
-    if let Some(task) = metrics_task {
-        task.abort();
+    exporters.stop();
+    // The mount's end: flush, a recovery file when that fails, then close.
+    closing::flush_before_close(&*served).await;
+    let result = closing::close_drives(&*served).await;
+    match &result {
+        Ok(()) => tracing::info!("NBD server stopped; every drive flushed and closed"),
+        Err(line) => tracing::error!("NBD server stopped: {line}"),
     }
-    let failures = close_all(&exports).await;
+    // Gone from the registry and the run directory before the requesters
+    // hear back, so what they see next is final; what another server made
+    // at the same names since is left alone.
+    served::remove_own(&key);
+    control_socket.remove_if_ours();
+    drop(listener);
+    if let Some(request) = stop_request {
+        request.answer(result.clone()).await;
+    }
+    // Every other `unmount` that came meanwhile gets the same answer,
+    // including one whose connection was accepted just before the socket
+    // went.
+    while let Ok(Some(request)) =
+        tokio::time::timeout(std::time::Duration::from_millis(100), unmount_rx.recv()).await
+    {
+        request.answer(result.clone()).await;
+    }
+    control_task.abort();
     if args.json {
         println!("{}", serde_json::to_string(&stopped)?);
         flush_stdout();
     }
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(anyhow!(failures.join("; ")))
-    }
+    result.map_err(|line| anyhow!(line))
 }
 
 /// A drive checked before anything is served or forked: it exists, is a
@@ -396,7 +454,7 @@ async fn open_export(args: &ServeArgs, checked: &Checked) -> anyhow::Result<Expo
     let client = BlobClient::new(checked.account.clone())?;
     let options = DriveOptions {
         target: path.to_string(),
-        ..args.drive_options()
+        ..args.cache.drive_options()
     };
     let catalog = AzureCatalog::new(client, options).with_data_key(checked.key.clone());
     let entry = EntryPath {
@@ -415,15 +473,14 @@ async fn open_export(args: &ServeArgs, checked: &Checked) -> anyhow::Result<Expo
     Ok(Export::new(name, device, checked.read_only))
 }
 
-/// Closes every export's drive (flush, lease released); returns the errors.
-async fn close_all(exports: &[Arc<Export>]) -> Vec<String> {
-    let mut failures = Vec::new();
+/// Closes the drives opened before the server could serve (a failed
+/// start); their failures are logged, the start's error is what is said.
+async fn close_unserved(exports: Vec<Arc<Export>>) {
     for export in exports {
         if let Err(e) = export.device.close().await {
-            failures.push(format!("closing {}: {}", export.name, e.message));
+            tracing::error!("closing {}: {}", export.name, e.message);
         }
     }
-    failures
 }
 
 /// `path` made absolute against the current directory.

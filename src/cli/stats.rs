@@ -1,4 +1,6 @@
 //! `blobdrive stats DIR [--json|--prometheus]`: live counters of a mount
+//! (or of a `blobdrive serve`, named by its socket, endpoint or an export,
+//! with each export's NBD counters as `nbd_*`)
 //! (requests by kind, bytes, cache hits, pages elided, retries, dirty bytes);
 //! with `--prometheus` also the latency histograms, in the Prometheus text
 //! format.
@@ -14,7 +16,8 @@ use crate::units::format_size;
 /// Arguments of `stats`.
 #[derive(Debug, Args)]
 pub struct StatsArgs {
-    /// The mount point given to `mount`.
+    /// The mount point given to `mount`; or, for a drive `serve` exports,
+    /// its NBD socket path, its `tcp:IP:PORT` endpoint or its name `C/B`.
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
     /// Print JSON for scripts instead of text.
@@ -46,6 +49,15 @@ fn render(stats: &serde_json::Value) -> String {
     let mut text = String::new();
     if let Some(mountpoint) = stats.get("mountpoint").and_then(|m| m.as_str()) {
         text.push_str(&format!("mount {mountpoint}\n"));
+    }
+    if let Some(endpoint) = stats.get("endpoint").and_then(|m| m.as_str()) {
+        // "stopping": its final flush is under way.
+        match stats.get("state").and_then(|s| s.as_str()) {
+            Some("stopping") => {
+                text.push_str(&format!("NBD server {endpoint} (stopping: final flush)\n"))
+            }
+            _ => text.push_str(&format!("NBD server {endpoint}\n")),
+        }
     }
     let devices = stats.get("devices").and_then(|d| d.as_object());
     match devices {

@@ -1,5 +1,8 @@
 //! The control socket of a mount: how `blobdrive stats DIR` and
-//! `blobdrive unmount DIR` reach the daemon serving DIR.
+//! `blobdrive unmount DIR` reach the daemon serving DIR. An NBD server
+//! (`blobdrive serve`) has one too, named as a mount at its endpoint would
+//! be (`served.rs`): `stats` and `unmount` take its socket path, endpoint
+//! or an export name, and the daemon's answers come from [`Controlled`].
 //!
 //! One Unix stream socket per mount, `<run dir>/<hash>.sock`, where `<hash>`
 //! is the first 16 hex digits of the SHA-256 of the canonical mountpoint path
@@ -249,8 +252,16 @@ fn request_once(
     command: &str,
     timeout: Option<Duration>,
 ) -> anyhow::Result<String> {
-    let dir = canonical_mountpoint(mountpoint)?;
-    let path = find_socket(&dir);
+    // An NBD server answers under the name of its endpoint (see `served`).
+    let server = super::served::find(mountpoint)?;
+    let (dir, path) = match &server {
+        Some(served) => (served.key.clone(), socket_path_of_canonical(&served.key)),
+        None => {
+            let dir = canonical_mountpoint(mountpoint)?;
+            let socket = find_socket(&dir);
+            (dir, socket)
+        }
+    };
     let mut stream = match connect(&dir, &path) {
         Ok(stream) => stream,
         Err(err)
@@ -271,9 +282,18 @@ fn request_once(
             }
             .into())
         }
-        Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
-            return Err(NoDaemon::Gone { dir, socket: path }.into())
-        }
+        // A server whose process lives is never said to be gone: its
+        // lease must not be broken under it.
+        Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => match server {
+            Some(s) if s.alive => bail!(
+                "the NBD server of {} (pid {}) is running but its control socket does not \
+                 answer; wait for it to exit, or stop it with 'kill -TERM {}'",
+                s.endpoint,
+                s.pid,
+                s.pid
+            ),
+            _ => return Err(NoDaemon::Gone { dir, socket: path }.into()),
+        },
         Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
             bail!(
                 "cannot reach the daemon of {}: {}",
@@ -469,11 +489,82 @@ pub(crate) fn metrics_text(core: &crate::fs::FsCore) -> String {
     crate::metrics::text::render(devices, &crate::metrics::registry().snapshot())
 }
 
+/// What a daemon answers on its control socket: a mount (its `FsCore`) or
+/// an NBD server (its exports). The socket, the peer check and the line
+/// protocol are the same for both; `unmount` goes to the daemon's
+/// shutdown through the channel given to [`serve`].
+#[async_trait::async_trait]
+pub(crate) trait Controlled: Send + Sync + 'static {
+    /// The `stats` answer: `{"mountpoint" or "endpoint": .., "pid": .., "devices": {..}}`.
+    fn stats(&self) -> serde_json::Value;
+    /// The `metrics` answer in the Prometheus text format.
+    fn metrics(&self) -> String;
+    /// `flush`: makes every write accepted so far durable; the reasons it could not.
+    async fn flush(&self) -> Result<(), String>;
+    /// `grow BYTES` of the drive opened read-write.
+    async fn grow(&self, _bytes: u64) -> Result<(), String> {
+        Err("this daemon grows no drive online (an NBD export keeps its size)".into())
+    }
+    /// `upgrade BINARY`: agrees (the caller answers `ok` and then calls
+    /// [`Controlled::exit_for_upgrade`]) or says why not.
+    async fn prepare_upgrade(&self, _binary: &Path) -> Result<(), String> {
+        Err("only an attached drive is handed to a new binary".into())
+    }
+    /// Leaves this process for the upgrade agreed to.
+    fn exit_for_upgrade(&self) {}
+}
+
+/// A mount's answers: its core's devices under its mount point.
+pub(crate) struct MountControl {
+    /// The mount's devices.
+    pub core: std::sync::Arc<crate::fs::FsCore>,
+    /// The canonical mount point.
+    pub mountpoint: PathBuf,
+}
+
+#[async_trait::async_trait]
+impl Controlled for MountControl {
+    fn stats(&self) -> serde_json::Value {
+        serde_json::json!({
+            "mountpoint": self.mountpoint,
+            "pid": std::process::id(),
+            "daemon": super::holder::daemon_info(),
+            "devices": self.core.stats(),
+        })
+    }
+
+    fn metrics(&self) -> String {
+        metrics_text(&self.core)
+    }
+
+    async fn flush(&self) -> Result<(), String> {
+        let errors = self.core.flush_all().await;
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let reasons: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        Err(reasons.join("; "))
+    }
+
+    async fn grow(&self, bytes: u64) -> Result<(), String> {
+        self.core.grow_drive(bytes).await.map_err(|e| e.to_string())
+    }
+
+    async fn prepare_upgrade(&self, binary: &Path) -> Result<(), String> {
+        super::holder::prepare_upgrade(binary, &self.core)
+            .await
+            .map_err(|e| format!("{e:#}"))
+    }
+
+    fn exit_for_upgrade(&self) {
+        super::holder::exit_for_upgrade();
+    }
+}
+
 /// Answers control connections until the task is aborted.
 pub(crate) async fn serve(
     listener: tokio::net::UnixListener,
-    core: std::sync::Arc<crate::fs::FsCore>,
-    mountpoint: PathBuf,
+    daemon: std::sync::Arc<dyn Controlled>,
     unmounts: tokio::sync::mpsc::Sender<UnmountRequest>,
 ) {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
@@ -487,8 +578,7 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let core = core.clone();
-        let mountpoint = mountpoint.clone();
+        let daemon = daemon.clone();
         let unmounts = unmounts.clone();
         tokio::spawn(async move {
             let uid = match stream.peer_cred() {
@@ -501,7 +591,7 @@ pub(crate) async fn serve(
             if !may_control(uid, owner) {
                 tracing::warn!(uid, "control socket: a request from another user refused");
                 let line = format!(
-                    "error permission denied: only root or uid {owner}, who mounted it, may control this mount\n"
+                    "error permission denied: only root or uid {owner}, who started it, may control this daemon\n"
                 );
                 let _ = stream.write_all(line.as_bytes()).await;
                 return;
@@ -515,17 +605,13 @@ pub(crate) async fn serve(
             {
                 return;
             }
+            let outcome = |r: Result<(), String>| match r {
+                Ok(()) => "ok".to_string(),
+                Err(reason) => format!("error {}", reason.replace('\n', " ")),
+            };
             let answer = match Command::parse(&line) {
-                Some(Command::Stats) => serde_json::json!({
-                    "mountpoint": mountpoint,
-                    "pid": std::process::id(),
-                    "daemon": super::holder::daemon_info(),
-                    "devices": core.stats(),
-                })
-                .to_string(),
-                Some(Command::Metrics) => {
-                    serde_json::Value::String(metrics_text(&core)).to_string()
-                }
+                Some(Command::Stats) => daemon.stats().to_string(),
+                Some(Command::Metrics) => serde_json::Value::String(daemon.metrics()).to_string(),
                 Some(Command::Unmount) => {
                     let request = UnmountRequest { stream: write };
                     if let Err(refused) = unmounts.send(request).await {
@@ -534,31 +620,19 @@ pub(crate) async fn serve(
                     }
                     return;
                 }
-                Some(Command::Flush) => {
-                    let errors = core.flush_all().await;
-                    if errors.is_empty() {
-                        "ok".to_string()
-                    } else {
-                        let reasons: Vec<String> = errors.iter().map(ToString::to_string).collect();
-                        format!("error {}", reasons.join("; ").replace('\n', " "))
+                Some(Command::Flush) => outcome(daemon.flush().await),
+                Some(Command::Upgrade(binary)) => match daemon.prepare_upgrade(&binary).await {
+                    Ok(()) => {
+                        // Answered before this process goes: the
+                        // requester then waits for the new one.
+                        let _ = write.write_all(b"ok\n").await;
+                        let _ = write.shutdown().await;
+                        daemon.exit_for_upgrade();
+                        return;
                     }
-                }
-                Some(Command::Upgrade(binary)) => {
-                    match super::holder::prepare_upgrade(&binary, &core).await {
-                        Ok(()) => {
-                            // Answered before this process goes: the
-                            // requester then waits for the new one.
-                            let _ = write.write_all(b"ok\n").await;
-                            let _ = write.shutdown().await;
-                            super::holder::exit_for_upgrade();
-                        }
-                        Err(err) => format!("error {}", format!("{err:#}").replace('\n', " ")),
-                    }
-                }
-                Some(Command::Grow(bytes)) => match core.grow_drive(bytes).await {
-                    Ok(()) => "ok".to_string(),
-                    Err(err) => format!("error {}", err.to_string().replace('\n', " ")),
+                    Err(reason) => outcome(Err(reason)),
                 },
+                Some(Command::Grow(bytes)) => outcome(daemon.grow(bytes).await),
                 None => format!("error unknown command {:?}", line.trim()),
             };
             let _ = write.write_all(format!("{answer}\n").as_bytes()).await;

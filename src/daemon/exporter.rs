@@ -1,14 +1,13 @@
-//! A mount's metrics exporters (`--metrics-listen`, `--metrics-textfile`):
-//! started once the mount serves, stopped when it ends. The listener is bound
+//! The metrics exporters of a mount or an NBD server (`--metrics-listen`,
+//! `--metrics-textfile`): started once the daemon serves, stopped when it
+//! ends. The listener is bound
 //! before the mount reports ready, so a port in use fails the mount with one
 //! line instead of leaving it silently unscraped; the textfile is removed at
 //! the end so node_exporter does not keep reporting a mount that is gone.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 
-use crate::fs::FsCore;
 use crate::metrics::export;
 
 /// Where a mount's metrics go (both off by default).
@@ -20,28 +19,28 @@ pub struct MetricsOptions {
     pub textfile_dir: Option<PathBuf>,
 }
 
-/// The running exporters of one mount.
-pub(crate) struct Exporters {
+/// The running exporters of one daemon.
+pub struct Exporters {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     textfile: Option<PathBuf>,
 }
 
 /// The listener of `opts`, bound now (inside the runtime), if one is asked for.
-pub(crate) fn bind(opts: &MetricsOptions) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+pub fn bind(opts: &MetricsOptions) -> anyhow::Result<Option<tokio::net::TcpListener>> {
     opts.listen.map(export::bind).transpose()
 }
 
 impl Exporters {
-    /// Start serving `listener` and writing the textfile of the mount at
-    /// `mountpoint` (canonical), rendering from `core`.
+    /// Start serving `listener` and writing the textfile named by `key`
+    /// (a mount key: `mountpoint::mount_key` of the canonical mount point,
+    /// or of an NBD server's endpoint), rendering with `render`.
     pub fn start(
-        runtime: &tokio::runtime::Runtime,
+        runtime: &tokio::runtime::Handle,
         listener: Option<tokio::net::TcpListener>,
         opts: &MetricsOptions,
-        core: Arc<FsCore>,
-        mountpoint: &Path,
+        render: export::Render,
+        key: &str,
     ) -> Self {
-        let render: export::Render = Arc::new(move || super::control::metrics_text(&core));
         let mut tasks = Vec::new();
         if let Some(listener) = listener {
             if let Ok(addr) = listener.local_addr() {
@@ -52,7 +51,7 @@ impl Exporters {
         let textfile = opts
             .textfile_dir
             .as_ref()
-            .map(|dir| export::textfile_path(dir, &super::mountpoint::mount_key(mountpoint)));
+            .map(|dir| export::textfile_path(dir, key));
         if let Some(path) = &textfile {
             tasks.push(runtime.spawn(export::write_periodically(path.clone(), render)));
         }

@@ -2,7 +2,9 @@
 //! read-write, freeze its filesystem (everything it wrote is on the loop
 //! device, and writers wait), ask the daemon to flush (everything the loop
 //! device wrote is durable in the blob), take the blob snapshot, and thaw —
-//! thaw always, even when the flush or the snapshot failed.
+//! thaw always, even when the flush or the snapshot failed. A drive this
+//! host serves read-write over NBD is flushed first (its clients' own
+//! filesystems are theirs to quiesce).
 
 use std::path::PathBuf;
 
@@ -29,6 +31,13 @@ pub async fn snapshot_drive(client: &BlobClient, path: &BlobPath) -> anyhow::Res
     let drive = format!("{}/{}", path.container, path.name);
     let attached = registry::find_read_write(&client.account().name, &drive);
     let Some(entry) = attached else {
+        // Served read-write over NBD here: no filesystem of ours to freeze,
+        // but every write its clients were answered for goes first.
+        if let Some(server) = super::served::find_read_write(&client.account().name, &drive) {
+            tracing::info!(endpoint = %server.endpoint, "flushing the NBD export for the snapshot");
+            let key = server.key.clone();
+            blocking(move || request_flush(&key)).await?;
+        }
         let time = client
             .snapshot(&path)
             .await

@@ -28,8 +28,9 @@
 //! detaches the loop device, then follows the order above.
 
 pub mod attach;
+pub mod closing;
 pub mod control;
-mod exporter;
+pub mod exporter;
 pub mod fd_store;
 pub mod format;
 pub mod freeze;
@@ -39,6 +40,7 @@ pub mod mountpoint;
 pub mod new_uuid;
 pub mod readiness;
 pub mod registry;
+pub mod served;
 
 use std::ffi::CString;
 use std::future::Future;
@@ -55,6 +57,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use attach::Attachment;
 pub use attach::{AttachOptions, PartitionArea};
+use closing::join_errors;
 pub use control::{request_flush, request_metrics, request_stats, request_unmount};
 pub use exporter::MetricsOptions;
 use readiness::{ParentView, Readiness};
@@ -753,12 +756,16 @@ where
     }
 
     tracing::info!(mountpoint = %mountpoint.display(), "mounted");
+    let render: crate::metrics::export::Render = {
+        let core = core.clone();
+        Arc::new(move || control::metrics_text(&core))
+    };
     let exporters = exporter::Exporters::start(
-        &runtime,
+        runtime.handle(),
         metrics_listener,
         &opts.metrics,
-        core.clone(),
-        mountpoint,
+        render,
+        &mountpoint::mount_key(mountpoint),
     );
     if let Some(state) = &state {
         state.set_serving();
@@ -1057,12 +1064,11 @@ async fn run_until_shutdown(
         int: mut sigint,
     } = signals;
     let (unmount_tx, mut unmount_rx) = mpsc::channel(4);
-    let control = tokio::spawn(control::serve(
-        socket.listener,
-        core.clone(),
-        mountpoint.clone(),
-        unmount_tx,
-    ));
+    let answers = Arc::new(control::MountControl {
+        core: core.clone(),
+        mountpoint: mountpoint.clone(),
+    });
+    let control = tokio::spawn(control::serve(socket.listener, answers, unmount_tx));
     // An attached filesystem unmounted from outside (`umount DIR`, systemd
     // stopping an fstab mount) ends the attach like a signal does.
     let watched = attachment.as_ref().map(|a| a.dir().to_path_buf());
@@ -1169,43 +1175,17 @@ pub(crate) enum ShutdownError {
     Failed(String),
 }
 
-/// Flushes (a failure does not stop the unmount: the close saves the dirty
-/// pages in a recovery file and the result names it), unmounts FUSE at `mountpoint` (busy: `on_busy`), waits for the session to
-/// end and closes every device.
+/// Flushes (a failure does not stop the unmount: `closing` saves the dirty
+/// pages in a recovery file and the result names it), unmounts FUSE at
+/// `mountpoint` (busy: `on_busy`), waits for the session to end and closes
+/// every device.
 async fn shut_down(
     core: &FsCore,
     mountpoint: &Path,
     ended: &mut SessionEnd,
     on_busy: OnBusy,
 ) -> Result<(), ShutdownError> {
-    let outage = core.storage_unanswered();
-    if outage {
-        // An outage already: another flush would wait a whole retry budget
-        // before the dirty pages are safe anywhere. Save them first (a stop
-        // timeout may come) and leave the one more try to the close below,
-        // which replaces or removes the file.
-        tracing::error!("storage is not answering; saving unflushed data to a recovery file first");
-        let saved = core
-            .save_unflushed_all("storage did not answer at unmount")
-            .await;
-        tracing::info!(files = saved.files.len(), "recovery files written");
-    }
-    let flush_errors = if outage {
-        Vec::new()
-    } else {
-        core.flush_all().await
-    };
-    if !flush_errors.is_empty() {
-        // The client already retried for its whole budget (or the lease is
-        // gone): keeping the mount up would not help. Save the dirty pages
-        // now, before the unmount and the close below (which may spend
-        // another budget, and which a stop timeout may cut short); the
-        // close replaces the file with a complete one or removes it.
-        let reason = join_errors(&flush_errors);
-        tracing::error!(errors = %reason, "flush at unmount failed; unflushed data goes to a recovery file");
-        let saved = core.save_unflushed_all(&reason).await;
-        tracing::info!(files = saved.files.len(), "recovery files written");
-    }
+    closing::flush_before_close(core).await;
     match umount(mountpoint, 0).await {
         Ok(()) => {}
         Err(err) if err.raw_os_error() == Some(libc::EBUSY) => match on_busy {
@@ -1240,28 +1220,12 @@ async fn shut_down(
 }
 
 async fn close_everything(core: &FsCore) -> Result<(), ShutdownError> {
-    let errors = core.close_all().await;
-    if errors.is_empty() {
-        Ok(())
-    } else if errors.iter().all(|e| e.data_durable) {
-        Err(ShutdownError::Failed(format!(
-            "unmounted; every write is durable, but {}",
-            join_errors(&errors)
-        )))
-    } else {
-        Err(ShutdownError::Failed(format!(
-            "data may not be durable: {}",
-            join_errors(&errors)
-        )))
-    }
-}
-
-fn join_errors(errors: &[crate::fs::FsError]) -> String {
-    errors
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
+    closing::close_drives(core).await.map_err(|line| {
+        ShutdownError::Failed(match line.strip_prefix("every write") {
+            Some(rest) => format!("unmounted; every write{rest}"),
+            None => line,
+        })
+    })
 }
 
 async fn umount(mountpoint: &Path, flags: libc::c_int) -> std::io::Result<()> {

@@ -121,16 +121,97 @@ impl Export {
     }
 }
 
+/// What the server counts across its exports.
+#[derive(Debug, Default)]
+pub struct ServerCounters {
+    /// Connections accepted and served.
+    pub connections: AtomicU64,
+    /// Connections closed at accept: another user's, or over the maximum.
+    pub refused_connections: AtomicU64,
+}
+
 /// The exports of one server, by name.
 #[derive(Default)]
 pub struct Exports {
     exports: Vec<Arc<Export>>,
+    /// The server's own counters.
+    pub counters: ServerCounters,
 }
 
 impl Exports {
     /// A set of exports; names are unique (the caller's drives are).
     pub fn new(exports: Vec<Arc<Export>>) -> Self {
-        Exports { exports }
+        Exports {
+            exports,
+            counters: ServerCounters::default(),
+        }
+    }
+
+    /// The NBD counters in the Prometheus text format, to append to the
+    /// drives' own metrics: requests by command, bytes by direction,
+    /// refused requests per export, connections served and refused.
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        let mut family = |name: &str, help: &str, samples: Vec<(String, u64)>| {
+            out += &format!("# HELP {name} {help}\n# TYPE {name} counter\n");
+            for (labels, value) in samples {
+                out += &format!("{name}{labels} {value}\n");
+            }
+        };
+        let per_export = |f: &dyn Fn(&CountersSnapshot) -> Vec<(String, u64)>| {
+            self.exports
+                .iter()
+                .flat_map(|e| {
+                    let drive = e.name.replace('\\', "\\\\").replace('"', "\\\"");
+                    f(&e.counters.snapshot())
+                        .into_iter()
+                        .map(move |(extra, v)| (format!("{{drive=\"{drive}\"{extra}}}"), v))
+                })
+                .collect::<Vec<_>>()
+        };
+        family(
+            "blobdrive_nbd_requests_total",
+            "NBD requests answered without error, by command (trim counts TRIM and WRITE_ZEROES; flush counts FUA writes too).",
+            per_export(&|c| {
+                [
+                    ("read", c.read_requests),
+                    ("write", c.write_requests),
+                    ("flush", c.flushes),
+                    ("trim", c.zeroes),
+                    ("block_status", c.block_status),
+                ]
+                .into_iter()
+                .map(|(cmd, v)| (format!(",command=\"{cmd}\""), v))
+                .collect()
+            }),
+        );
+        family(
+            "blobdrive_nbd_bytes_total",
+            "Bytes NBD reads returned and writes carried.",
+            per_export(&|c| {
+                vec![
+                    (",direction=\"read\"".to_string(), c.read_bytes),
+                    (",direction=\"write\"".to_string(), c.write_bytes),
+                ]
+            }),
+        );
+        family(
+            "blobdrive_nbd_refused_requests_total",
+            "NBD requests answered with an error (past the end, too long, read-only, failed).",
+            per_export(&|c| vec![(String::new(), c.errors)]),
+        );
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        family(
+            "blobdrive_nbd_connections_total",
+            "NBD connections accepted.",
+            vec![(String::new(), get(&self.counters.connections))],
+        );
+        family(
+            "blobdrive_nbd_refused_connections_total",
+            "NBD connections closed at accept (another user's, or over --max-connections).",
+            vec![(String::new(), get(&self.counters.refused_connections))],
+        );
+        out
     }
 
     /// The export called `name`; the empty name is the default export when

@@ -20,14 +20,21 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use super::export::Exports;
+use super::export::{ExportCounters, Exports};
 use super::handshake::negotiate;
-use super::transmission;
+use super::{refusals, transmission};
 
 /// Connections served at once by default.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 /// Time a client has to finish the handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle time before a TCP connection is probed.
+const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+/// Time between unanswered probes.
+const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered probes before the connection is dropped (about 2.5 minutes
+/// of silence in all).
+const TCP_KEEPALIVE_PROBES: u32 = 9;
 
 /// Where to listen, as `--nbd` gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,10 +75,22 @@ impl Endpoint {
     }
 }
 
+impl std::fmt::Display for Endpoint {
+    /// `unix:PATH` or `tcp:IP:PORT`, as `--nbd` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Unix(path) => write!(f, "unix:{}", path.display()),
+            Endpoint::Tcp(addr) => write!(f, "tcp:{addr}"),
+        }
+    }
+}
+
 /// A bound listener.
 pub enum Listener {
-    /// A Unix socket (removed when the listener is dropped).
-    Unix(UnixListener, PathBuf),
+    /// A Unix socket, its path and the (device, inode) it was made as: it
+    /// is removed when the listener is dropped, only if the path still
+    /// names that socket (another server may have replaced it since).
+    Unix(UnixListener, PathBuf, (u64, u64)),
     /// A TCP socket.
     Tcp(TcpListener),
 }
@@ -79,16 +98,19 @@ pub enum Listener {
 /// Makes the socket just bound at `path` 0600 without following a link:
 /// in a directory others may write to, the path could be swapped for a
 /// symbolic link between the bind and a plain chmod, which would then
-/// change the mode of the link's target.
-fn restrict_socket(path: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+/// change the mode of the link's target. Returns the socket's (device,
+/// inode), taken from the same handle, so the identity the server later
+/// checks before unlinking is the one it restricted.
+fn restrict_socket(path: &std::path::Path) -> anyhow::Result<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
     let cant = |e: std::io::Error| anyhow::anyhow!("cannot restrict {}: {e}", path.display());
     let handle = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(cant)?;
-    if !handle.metadata().map_err(cant)?.file_type().is_socket() {
+    let meta = handle.metadata().map_err(cant)?;
+    if !meta.file_type().is_socket() {
         anyhow::bail!("{} is no longer the socket just made", path.display());
     }
     // The descriptor's own path: chmod of what was opened, not of the name.
@@ -97,7 +119,8 @@ fn restrict_socket(path: &std::path::Path) -> anyhow::Result<()> {
         format!("/proc/self/fd/{}", handle.as_raw_fd()),
         std::fs::Permissions::from_mode(0o600),
     )
-    .map_err(cant)
+    .map_err(cant)?;
+    Ok((meta.dev(), meta.ino()))
 }
 
 impl Listener {
@@ -109,8 +132,8 @@ impl Listener {
                 remove_stale_socket(path)?;
                 let listener = UnixListener::bind(path)
                     .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
-                restrict_socket(path)?;
-                Ok(Listener::Unix(listener, path.clone()))
+                let made = restrict_socket(path)?;
+                Ok(Listener::Unix(listener, path.clone(), made))
             }
             Endpoint::Tcp(addr) => {
                 let listener = std::net::TcpListener::bind(addr)
@@ -125,7 +148,7 @@ impl Listener {
     /// the system chose for port 0).
     pub fn address(&self) -> String {
         match self {
-            Listener::Unix(_, path) => format!("unix:{}", path.display()),
+            Listener::Unix(_, path, _) => format!("unix:{}", path.display()),
             Listener::Tcp(l) => match l.local_addr() {
                 Ok(a) => format!("tcp:{a}"),
                 Err(_) => "tcp:?".into(),
@@ -136,7 +159,7 @@ impl Listener {
     /// An NBD URI for export `name` (the form qemu and libnbd take).
     pub fn uri(&self, name: &str) -> String {
         match self {
-            Listener::Unix(_, path) => format!("nbd+unix:///{name}?socket={}", path.display()),
+            Listener::Unix(_, path, _) => format!("nbd+unix:///{name}?socket={}", path.display()),
             Listener::Tcp(l) => match l.local_addr() {
                 Ok(a) => format!("nbd://{a}/{name}"),
                 Err(_) => format!("nbd:///{name}"),
@@ -145,10 +168,26 @@ impl Listener {
     }
 }
 
+/// The (device, inode) of the file at `path`, not following a link.
+fn socket_identity(path: &Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path)?;
+    Ok((meta.dev(), meta.ino()))
+}
+
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
-            let _ = std::fs::remove_file(path);
+        if let Listener::Unix(_, path, made) = self {
+            match socket_identity(path) {
+                Ok(now) if now == *made => {
+                    let _ = std::fs::remove_file(path);
+                }
+                Ok(_) => tracing::info!(
+                    path = %path.display(),
+                    "the NBD socket path names another file now; left in place"
+                ),
+                Err(_) => {}
+            }
         }
     }
 }
@@ -180,6 +219,10 @@ pub struct Limits {
     pub max_connections: usize,
     /// Time a client has to finish the handshake.
     pub handshake_timeout: Duration,
+    /// Payload bytes all connections together may have in flight.
+    pub max_in_flight_bytes: u64,
+    /// Time a client has to send a WRITE's payload or take a reply.
+    pub io_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -187,6 +230,8 @@ impl Default for Limits {
         Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            max_in_flight_bytes: transmission::MAX_SERVER_IN_FLIGHT_BYTES,
+            io_timeout: transmission::IO_TIMEOUT,
         }
     }
 }
@@ -201,11 +246,23 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let payload_budget = transmission::server_budget(limits.max_in_flight_bytes);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     let owner = crate::private_dir::euid();
     tokio::pin!(shutdown);
     let mut next_id = 0u64;
+    // The counts of refusals left out are logged when their interval ends,
+    // even when no later refusal of the kind comes.
+    let reporter = tokio::spawn(async {
+        let mut tick = tokio::time::interval(refusals::INTERVAL);
+        loop {
+            tick.tick().await;
+            for (kind, left_out) in refusals::global().expired(std::time::Instant::now()) {
+                refusals::log_left_out(kind, left_out);
+            }
+        }
+    });
     loop {
         while connections.try_join_next().is_some() {}
         let accepted = tokio::select! {
@@ -224,32 +281,54 @@ pub async fn serve(
         let id = next_id;
         if let Some(uid) = peer.uid {
             if uid != 0 && uid != owner {
-                tracing::warn!(
-                    connection = id,
-                    uid,
-                    "NBD connection from another user refused (only root or uid {owner} may connect)"
-                );
+                if let Some(left_out) = admit_refusal("connection from another user") {
+                    tracing::warn!(
+                        connection = id,
+                        uid,
+                        left_out,
+                        "NBD connection from another user refused (only root or uid {owner} may connect){}",
+                        refusals::note(left_out)
+                    );
+                }
+                ExportCounters::bump(&exports.counters.refused_connections, 1);
                 continue;
             }
         }
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(
-                connection = id,
-                peer = %peer.name,
-                max = limits.max_connections,
-                "NBD connection refused: the server already serves its maximum of connections"
-            );
+            if let Some(left_out) = admit_refusal("connection over the maximum") {
+                tracing::warn!(
+                    connection = id,
+                    peer = %peer.name,
+                    max = limits.max_connections,
+                    left_out,
+                    "NBD connection refused: the server already serves its maximum of connections{}",
+                    refusals::note(left_out)
+                );
+            }
+            ExportCounters::bump(&exports.counters.refused_connections, 1);
             continue;
         };
+        ExportCounters::bump(&exports.counters.connections, 1);
         let exports = exports.clone();
         let stop = stop_rx.clone();
+        let budget = payload_budget.clone();
         connections.spawn(async move {
-            connection(stream, id, &peer.name, &exports, limits, stop).await;
+            connection(stream, id, &peer.name, &exports, limits, budget, stop).await;
             drop(slot);
         });
     }
     let _ = stop_tx.send(true);
     while connections.join_next().await.is_some() {}
+    reporter.abort();
+    for (kind, left_out) in refusals::global().take_all() {
+        refusals::log_left_out(kind, left_out);
+    }
+}
+
+/// Whether a connection refused at accept is logged (`refusals.rs`), and
+/// how many like it were left out since the last line.
+fn admit_refusal(what: &'static str) -> Option<u64> {
+    refusals::global().admit((what, 0), std::time::Instant::now())
 }
 
 /// Who connected.
@@ -328,7 +407,7 @@ impl AsyncWrite for Stream {
 
 async fn accept(listener: &Listener) -> std::io::Result<(Stream, Peer)> {
     match listener {
-        Listener::Unix(l, _) => {
+        Listener::Unix(l, _, _) => {
             let (s, _) = l.accept().await?;
             let cred = s.peer_cred()?;
             let peer = Peer {
@@ -340,6 +419,16 @@ async fn accept(listener: &Listener) -> std::io::Result<(Stream, Peer)> {
         Listener::Tcp(l) => {
             let (s, addr) = l.accept().await?;
             let _ = s.set_nodelay(true);
+            // A client host that vanishes (power lost, cable pulled) sends
+            // no FIN: keepalive probes find it, and its connection slot
+            // and payload budget come back.
+            let keepalive = socket2::TcpKeepalive::new()
+                .with_time(TCP_KEEPALIVE_IDLE)
+                .with_interval(TCP_KEEPALIVE_INTERVAL)
+                .with_retries(TCP_KEEPALIVE_PROBES);
+            if let Err(e) = socket2::SockRef::from(&s).set_tcp_keepalive(&keepalive) {
+                tracing::debug!(error = %e, "TCP keepalive not set");
+            }
             Ok((
                 Stream::Tcp(s),
                 Peer {
@@ -357,6 +446,7 @@ async fn connection(
     peer: &str,
     exports: &Exports,
     limits: Limits,
+    payload_budget: Arc<Semaphore>,
     stop: watch::Receiver<bool>,
 ) {
     // A server that stops does not wait for a handshake to finish.
@@ -399,7 +489,15 @@ async fn connection(
         "NBD client connected"
     );
     let (reader, writer) = stream.into_halves();
-    let end = transmission::serve(reader, writer, negotiated, stop).await;
+    let end = transmission::serve(
+        reader,
+        writer,
+        negotiated,
+        payload_budget,
+        limits.io_timeout,
+        stop,
+    )
+    .await;
     match end {
         transmission::ConnectionEnd::Broken(why) => {
             tracing::warn!(connection = id, peer, export = %export, "NBD connection closed: {why}")

@@ -6,7 +6,8 @@
 //! parsers and encoders), `handshake.rs` (fixed newstyle negotiation),
 //! `transmission.rs` (requests onto `fs::Device`), `export.rs` (a drive under
 //! its export name, with its counters), `listen.rs` (Unix or TCP listener,
-//! peer check, connection bound, the accept loop).
+//! peer check, connection bound, the accept loop), `refusals.rs` (refused
+//! requests logged at most once per kind per interval).
 //!
 //! Each export is one drive opened through the same catalog an attach uses
 //! (`fs::azure::AzureCatalog`): one cache, one flush path, the lease and its
@@ -18,6 +19,7 @@ pub mod export;
 pub mod handshake;
 pub mod listen;
 pub mod proto;
+pub mod refusals;
 pub mod transmission;
 
 pub use export::{Export, Exports};

@@ -15,7 +15,11 @@
 //! read and dropped to stay in frame), a write to a read-only export
 //! (`NBD_EPERM`), an unknown command (`NBD_EINVAL`). Only a wrong magic or
 //! a truncated request closes it. Memory is bounded: the payloads of the
-//! requests in flight on a connection stay under [`MAX_IN_FLIGHT_BYTES`].
+//! requests in flight on a connection stay under [`MAX_IN_FLIGHT_BYTES`],
+//! those of all connections under the server's budget. A client that stops
+//! in the middle of a WRITE's payload, or takes no replies, for
+//! [`IO_TIMEOUT`] (a suspended `nbdcopy`) is disconnected, which frees the
+//! budget it held for every other client.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,14 +36,30 @@ use crate::fs::FsError;
 
 /// Payload bytes a connection may have in flight (reads and writes).
 pub const MAX_IN_FLIGHT_BYTES: u32 = 64 * 1024 * 1024;
+/// Payload bytes all connections together may have in flight: what bounds
+/// the server's memory for request data, whatever `--max-connections` is.
+pub const MAX_SERVER_IN_FLIGHT_BYTES: u64 = 256 * 1024 * 1024;
 /// Units of the in-flight budget (semaphore permits are counted in these).
-const BUDGET_UNIT: u32 = 4096;
+pub const BUDGET_UNIT: u32 = 4096;
+
+/// The server-wide payload budget every connection draws from (after its
+/// own), in [`BUDGET_UNIT`]s.
+pub fn server_budget(max_bytes: u64) -> Arc<Semaphore> {
+    let units =
+        (max_bytes / u64::from(BUDGET_UNIT)).max(u64::from(MAX_PAYLOAD_BYTES / BUDGET_UNIT));
+    Arc::new(Semaphore::new(
+        units.min(Semaphore::MAX_PERMITS as u64) as usize
+    ))
+}
 /// Most block status descriptors in one reply (the specification's bound).
 const MAX_DESCRIPTORS: usize = 1 << 20;
 /// Most of a drive one BLOCK_STATUS looks at (the specification lets a
 /// reply cover less than was asked): bounds the work and the reply, at
 /// most one descriptor per 512-byte page, 1 MiB.
 const BLOCK_STATUS_SCAN_BYTES: u64 = 64 << 20;
+/// How long a client may take to send a WRITE's payload, or to take one
+/// reply, while the payload budget is held for it.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stopping server waits for a client to take its replies.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// The read buffer of a connection.
@@ -77,6 +97,8 @@ pub async fn serve<R, W>(
     reader: R,
     writer: W,
     session: Negotiated,
+    server_budget: Arc<Semaphore>,
+    io_timeout: Duration,
     mut stop: watch::Receiver<bool>,
 ) -> ConnectionEnd
 where
@@ -90,12 +112,20 @@ where
     let session = Arc::new(session);
     let budget = Arc::new(Semaphore::new((MAX_IN_FLIGHT_BYTES / BUDGET_UNIT) as usize));
     let mut tasks = JoinSet::new();
+    // Set by a reply that could not be written in time: the stream is out
+    // of frame, so the connection ends and no later reply is tried.
+    let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stalled_wake = Arc::new(tokio::sync::Notify::new());
     let end = loop {
+        if stalled.load(std::sync::atomic::Ordering::Acquire) {
+            break stalled_end(io_timeout);
+        }
         while tasks.try_join_next().is_some() {}
         let mut header = [0u8; REQUEST_BYTES];
         let read = tokio::select! {
             r = reader.read_exact(&mut header) => r,
             _ = stop.wait_for(|s| *s) => break ConnectionEnd::Stopping,
+            _ = stalled_wake.notified() => break stalled_end(io_timeout),
         };
         match read {
             Ok(_) => {}
@@ -124,9 +154,18 @@ where
             }
             _ => 1,
         };
-        // A stop must not wait for a client that takes no replies.
+        // A stop must not wait for a client that takes no replies. The
+        // connection's own budget first, then the server's: one greedy
+        // connection holds at most its own share of the server's.
         let permit = tokio::select! {
             p = budget.clone().acquire_many_owned(want) => match p {
+                Ok(p) => p,
+                Err(_) => break ConnectionEnd::Stopping,
+            },
+            _ = stop.wait_for(|s| *s) => break ConnectionEnd::Stopping,
+        };
+        let server_permit = tokio::select! {
+            p = server_budget.clone().acquire_many_owned(want) => match p {
                 Ok(p) => p,
                 Err(_) => break ConnectionEnd::Stopping,
             },
@@ -137,41 +176,65 @@ where
             let len = u64::from(request.len_bytes);
             if request.len_bytes > MAX_PAYLOAD_BYTES {
                 // Stay in frame: read the payload and drop it.
-                let copied =
-                    tokio::io::copy(&mut (&mut reader).take(len), &mut tokio::io::sink()).await;
-                if !matches!(copied, Ok(n) if n == len) {
+                let copied = tokio::time::timeout(
+                    io_timeout,
+                    tokio::io::copy(&mut (&mut reader).take(len), &mut tokio::io::sink()),
+                )
+                .await;
+                if !matches!(copied, Ok(Ok(n)) if n == len) {
                     break ConnectionEnd::Broken("truncated write payload".into());
                 }
             } else {
                 let mut buf = BytesMut::zeroed(request.len_bytes as usize);
                 let read = tokio::select! {
-                    r = reader.read_exact(&mut buf) => r,
+                    r = tokio::time::timeout(io_timeout, reader.read_exact(&mut buf)) => r,
                     // Not acknowledged: nothing is lost by dropping it.
                     _ = stop.wait_for(|s| *s) => break ConnectionEnd::Stopping,
                 };
-                if let Err(e) = read {
-                    break ConnectionEnd::Broken(format!("truncated write payload: {e}"));
+                match read {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        break ConnectionEnd::Broken(format!("truncated write payload: {e}"))
+                    }
+                    // Not acknowledged either: the budget goes back.
+                    Err(_) => {
+                        break ConnectionEnd::Broken(format!(
+                            "no write payload for {} s: disconnected (its payload budget freed)",
+                            io_timeout.as_secs()
+                        ))
+                    }
                 }
                 payload = buf.freeze();
             }
         }
         let session = session.clone();
         let writer = writer.clone();
+        let stalled = stalled.clone();
+        let stalled_wake = stalled_wake.clone();
         tasks.spawn(async move {
             let reply = answer(&session, &request, payload).await;
             let bytes = encode(&session, &request, reply);
             let bytes = coalesce(bytes);
             let mut w = writer.lock().await;
-            let sent = async {
+            if stalled.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            let sent = tokio::time::timeout(io_timeout, async {
                 for part in bytes {
                     w.write_all(&part).await?;
                 }
                 w.flush().await
-            }
+            })
             .await;
             drop(permit);
-            if let Err(e) = sent {
-                tracing::debug!(error = %e, "NBD reply not sent: the client is gone");
+            drop(server_permit);
+            match sent {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(error = %e, "NBD reply not sent: the client is gone"),
+                Err(_) => {
+                    stalled.store(true, std::sync::atomic::Ordering::Release);
+                    stalled_wake.notify_one();
+                }
             }
         });
     };
@@ -199,6 +262,14 @@ where
     end
 }
 
+/// How a connection whose client took no reply in time ends.
+fn stalled_end(io_timeout: Duration) -> ConnectionEnd {
+    ConnectionEnd::Broken(format!(
+        "the client took no reply for {} s: disconnected (its payload budget freed)",
+        io_timeout.as_secs()
+    ))
+}
+
 /// Joins the parts of a small reply into one buffer, so it leaves in one
 /// system call.
 fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
@@ -224,14 +295,21 @@ fn nbd_error(e: &FsError) -> u32 {
     }
 }
 
+/// A refused request's reply; its warning is rate-limited per kind
+/// (`refusals.rs`).
 fn refused(request: &Request, error: u32, why: String) -> Reply {
-    tracing::warn!(
-        command = request.command_name(),
-        command_number = request.command,
-        offset_bytes = request.offset_bytes,
-        len_bytes = request.len_bytes,
-        "NBD request refused: {why}"
-    );
+    let kind = (request.command_name(), error);
+    if let Some(left_out) = super::refusals::global().admit(kind, std::time::Instant::now()) {
+        tracing::warn!(
+            command = request.command_name(),
+            command_number = request.command,
+            offset_bytes = request.offset_bytes,
+            len_bytes = request.len_bytes,
+            left_out,
+            "NBD request refused: {why}{}",
+            super::refusals::note(left_out)
+        );
+    }
     Reply::Error(error, why)
 }
 
