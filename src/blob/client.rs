@@ -26,6 +26,7 @@ use super::auth::{self, Signable};
 use super::error::{Error, ErrorKind, Result};
 use super::fence::{FenceStep, InFlight, WriteFence};
 use super::path::{encode_component, BlobPath};
+use super::limiter::{Limiter, Signal};
 use super::retry::RetryPolicy;
 use super::token::{Secret, TokenCache};
 use super::xml;
@@ -61,6 +62,19 @@ pub(crate) struct Request<'a> {
     /// Where a successful answer's body goes as it arrives, instead of into
     /// [`Response::body`] (left empty): see [`BodySink`].
     pub sink: Option<BodySink<'a>>,
+    /// The adaptive limit this request's attempts take a slot of
+    /// (`limiter.rs`): page writes and ranged reads; `None` for the rest
+    /// (leases, properties), which never wait behind data.
+    pub limit: Option<Limit>,
+}
+
+/// Which of the client's adaptive limits a request counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limit {
+    /// Put Page, Clear Pages.
+    Writes,
+    /// Ranged Get Blob.
+    Reads,
 }
 
 /// Takes a body part by part as it comes off the connection: `(at, bytes)`,
@@ -81,7 +95,14 @@ impl<'a> Request<'a> {
             expect_body_len: None,
             fence: None,
             sink: None,
+            limit: None,
         }
+    }
+
+    /// Count this request's attempts against the client's limit `limit`.
+    pub(crate) fn limited(mut self, limit: Limit) -> Self {
+        self.limit = Some(limit);
+        self
     }
 
     /// Fence this write: it carries `x-ms-if-sequence-number-le`, and an
@@ -139,6 +160,10 @@ struct Inner {
     retries: AtomicU64,
     /// The token cache, for an account signed in with Microsoft Entra ID.
     tokens: Option<TokenCache>,
+    /// Page writes (Put Page, Clear Pages) in flight, adaptive.
+    writes: Limiter,
+    /// Ranged reads (Get Blob) in flight, adaptive.
+    reads: Limiter,
 }
 
 /// An Azure Blob REST client for one account. Cheap to clone: clones share
@@ -197,6 +222,8 @@ impl BlobClient {
                 http,
                 retries: AtomicU64::new(0),
                 tokens,
+                writes: Limiter::default(),
+                reads: Limiter::default(),
             }),
             policy: RetryPolicy::from_env(),
         })
@@ -246,6 +273,19 @@ impl BlobClient {
     /// The account (name, endpoint, credential).
     pub fn account(&self) -> &Account {
         &self.inner.account
+    }
+
+    fn limiter(&self, limit: Limit) -> &Limiter {
+        match limit {
+            Limit::Writes => &self.inner.writes,
+            Limit::Reads => &self.inner.reads,
+        }
+    }
+
+    /// The limit of page writes and of ranged reads this client keeps in
+    /// flight now (see `limiter.rs`).
+    pub fn concurrency_limits(&self) -> (usize, usize) {
+        (self.inner.writes.limit(), self.inner.reads.limit())
     }
 
     /// Retries made so far by this client and its clones.
@@ -341,9 +381,24 @@ impl BlobClient {
                 .fence
                 .zip(sent_seq)
                 .map(|(fence, seq)| InFlight::arm(fence, seq));
+            // Page writes and ranged reads take a slot of the client's
+            // limit for their kind, retries too: after a 503 every drive
+            // of the client sends less (`limiter.rs`).
+            let slot = match req.limit {
+                Some(l) => Some(self.limiter(l).acquire().await),
+                None => None,
+            };
             let outcome = self
                 .attempt(&req, &target, timeout, bearer.as_ref(), sent_seq)
                 .await;
+            if let Some(slot) = slot {
+                slot.finish(match &outcome {
+                    Ok(_) => Signal::Answered,
+                    Err(f) if f.error.is_overload() => Signal::Overloaded,
+                    Err(f) if f.error.kind == ErrorKind::Service => Signal::Answered,
+                    Err(_) => Signal::Unanswered,
+                });
+            }
             if let Some(guard) = in_flight {
                 // Left armed (outcome unknown) only when the request may
                 // have reached the service without an answer coming back.

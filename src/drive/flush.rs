@@ -14,17 +14,24 @@
 //! next pass, so a long sequential write goes out in full, aligned 4 MiB
 //! requests. A writer that finds the dirty budget full asks for a drain:
 //! the flusher runs a full pass at once, and the writer goes on as soon as
-//! enough pages are clean. Invariants: every request carries
-//! the lease id; one pass at a time (so a page is never in two uploads at once); a page
+//! enough pages are clean. A background or drain pass *follows* a write
+//! stream: when its runs are all out and a request slot frees, it looks at
+//! the dirty pages again and sends the whole 4 MiB Put Pages written since,
+//! so the link stays busy instead of idling between passes; it skips the
+//! pages of runs in flight, and stops taking work once anyone waits for
+//! the flush lock (an fsync). Invariants: every request carries
+//! the lease id; one pass at a time, and within a pass a page is never in
+//! two runs in flight (so a page is never in two uploads at once); a page
 //! written again after it was copied keeps its dirty bit (its generation
 //! moved); the sparse map gains pages before an update is sent and loses them
 //! only after a clear succeeded; pages reach the disk tier only once settled.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 
@@ -132,6 +139,13 @@ struct RunBuilder<'a> {
     hold: Option<Hold>,
     /// Pages left dirty for that reason.
     held_pages: u64,
+    /// Pages of runs still in flight, which this builder must not copy
+    /// again: a page is never in two uploads at once, so no older copy can
+    /// land after a newer one.
+    busy: Vec<PageRange>,
+    /// Only whole Put Pages (the body of a sequential stream); shorter
+    /// updates and clears stay dirty for a later pass, which may merge them.
+    whole_only: bool,
     chunks: VecDeque<ChunkRef>,
     /// Next page slot to look at in the front chunk.
     slot: usize,
@@ -146,6 +160,8 @@ impl<'a> RunBuilder<'a> {
             inner,
             hold,
             held_pages: 0,
+            busy: Vec::new(),
+            whole_only: false,
             chunks,
             slot: 0,
             has_data: None,
@@ -180,7 +196,7 @@ impl<'a> RunBuilder<'a> {
             while self.slot < CHUNK_PAGES {
                 let slot = self.slot;
                 let page = first_page + slot as u64;
-                if !c.is_dirty(slot) {
+                if !c.is_dirty(slot) || self.busy.iter().any(|b| b.contains(page)) {
                     self.slot += 1;
                     if span.is_some() {
                         return span;
@@ -199,7 +215,12 @@ impl<'a> RunBuilder<'a> {
                     // next chunk: it gets the largest size; a scattered one
                     // only its own pages (4 MiB for each 4 KiB write was
                     // most of a random-write flush's cost).
-                    let run = (slot..CHUNK_PAGES).take_while(|&p| c.is_dirty(p)).count();
+                    let run = (slot..CHUNK_PAGES)
+                        .take_while(|&p| {
+                            c.is_dirty(p)
+                                && !self.busy.iter().any(|b| b.contains(first_page + p as u64))
+                        })
+                        .count();
                     let pages = if slot + run == CHUNK_PAGES {
                         SPAN_PAGES
                     } else {
@@ -276,7 +297,9 @@ impl<'a> RunBuilder<'a> {
                     sent = (keep - span.start) as usize;
                 }
             }
-            if sent == i {
+            // Not a whole Put Page: left for a later pass.
+            let short = class != Class::ZeroNone && ((sent - i) as u64) < MAX_UPDATE_PAGES;
+            if sent == i || (self.whole_only && (short || class == Class::ZeroHeld)) {
                 i = j;
                 continue;
             }
@@ -336,7 +359,7 @@ impl Inner {
 
     /// One flush pass; the caller holds `flush_lock`.
     pub(crate) async fn flush_pass_locked(&self) -> Result<()> {
-        self.run_pass(None).await.map(|_| ())
+        self.run_pass(None, false).await.map(|_| ())
     }
 
     /// The background flusher's pass: like [`Self::flush_pass`], but the
@@ -363,7 +386,7 @@ impl Inner {
                 _ => None,
             }
         };
-        Ok(self.run_pass(hold).await? > 0)
+        Ok(self.run_pass(hold, true).await? > 0)
     }
 
     /// Send every dirty page (but a held-back stream head, `hold`); returns
@@ -373,13 +396,13 @@ impl Inner {
     /// many runs are dirty, while a long pass that keeps finishing runs (tens
     /// of thousands of scattered pages) is never cut short. Its result is
     /// recorded for [`Self::flush_pass`].
-    async fn run_pass(&self, hold: Option<Hold>) -> Result<u64> {
-        let result = self.send_dirty(hold).await;
+    async fn run_pass(&self, hold: Option<Hold>, follow: bool) -> Result<u64> {
+        let result = self.send_dirty(hold, follow).await;
         self.passes.record(&result);
         result
     }
 
-    async fn send_dirty(&self, hold: Option<Hold>) -> Result<u64> {
+    async fn send_dirty(&self, hold: Option<Hold>, follow: bool) -> Result<u64> {
         let dirty = self.cache.dirty_chunks();
         if dirty.is_empty() {
             return Ok(0);
@@ -389,47 +412,81 @@ impl Inner {
         let dirty_bytes = self.cache.dirty_bytes();
         let refs: VecDeque<ChunkRef> = dirty.iter().filter_map(|&i| self.cache.get(i)).collect();
         let mut builder = RunBuilder::new(self, refs, hold);
-        let failed = AtomicBool::new(false);
+        let mut held = 0;
         let mut first_err = None;
         let mut runs = 0u64;
+        let mut looks = 0u64;
         let budget = self.store.retry_budget();
-        {
+        let mut deadline = tokio::time::Instant::now() + budget;
+        // The pages of each run in flight: a later look at the dirty pages
+        // leaves them alone until their run has settled.
+        let mut busy: Vec<PageRange> = Vec::new();
+        let mut sends = FuturesUnordered::new();
+        // Whether a later look at the dirty pages may find whole Put Pages
+        // this pass has not seen: a run settled or a window filled since
+        // the last look.
+        let mut look_again = false;
+        loop {
             // After the first failure no new run starts: in an outage every
             // one would spend its own retry budget.
-            let runs_to_send = builder
-                .by_ref()
-                .take_while(|_| !failed.load(Ordering::Acquire));
-            let mut sends = futures::stream::iter(runs_to_send)
-                .map(|run| self.send_run(run))
-                .buffer_unordered(self.flush_parallelism);
-            loop {
-                let r = match tokio::time::timeout(budget, sends.next()).await {
-                    Ok(Some(r)) => r,
-                    Ok(None) => break,
-                    // Nothing finished for a whole budget: storage does not
-                    // answer. The requests in flight are dropped here; their
-                    // pages stay dirty, and the store fences whatever of
-                    // them may still land.
-                    Err(_) => {
-                        first_err.get_or_insert(Error::Stalled {
-                            target: self.target.clone(),
-                            secs: budget.as_secs(),
-                        });
-                        break;
+            while first_err.is_none() && sends.len() < self.flush_parallelism {
+                let run = match builder.next() {
+                    Some(run) => run,
+                    None if follow && look_again && !self.flush_lock.wanted() => {
+                        // A following pass keeps the link busy: whole Put
+                        // Pages written since it began go out as soon as a
+                        // request slot frees, not after the pass's last
+                        // request (a sequential write then idles between
+                        // passes). Only whole ones, and never a page in
+                        // flight; a flush waiting for the lock ends it.
+                        look_again = false;
+                        looks += 1;
+                        held += builder.held_pages;
+                        builder = self.look_again(busy.clone());
+                        continue;
                     }
+                    None => break,
                 };
-                runs += 1;
-                if let Err(e) = r {
-                    failed.store(true, Ordering::Release);
-                    first_err.get_or_insert(e);
+                busy.push(run.pages);
+                let pages = run.pages;
+                sends.push(async move { (pages, self.send_run(run).await) });
+            }
+            if sends.is_empty() {
+                break;
+            }
+            tokio::select! {
+                done = sends.next() => {
+                    let Some((pages, r)) = done else { break };
+                    runs += 1;
+                    deadline = tokio::time::Instant::now() + budget;
+                    if let Some(at) = busy.iter().position(|b| *b == pages) {
+                        busy.swap_remove(at);
+                    }
+                    look_again = true;
+                    if let Err(e) = r {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                _ = self.window_full.notified(), if follow => look_again = true,
+                // Nothing finished for a whole budget: storage does not
+                // answer. The requests in flight are dropped here; their
+                // pages stay dirty, and the store fences whatever of them
+                // may still land.
+                _ = tokio::time::sleep_until(deadline) => {
+                    first_err.get_or_insert(Error::Stalled {
+                        target: self.target.clone(),
+                        secs: budget.as_secs(),
+                    });
+                    break;
                 }
             }
         }
-        let held = builder.held_pages;
+        held += builder.held_pages;
         tracing::debug!(
             target = %self.target,
             dirty_bytes,
             runs,
+            looks,
             elapsed_ms = began.elapsed().as_millis() as u64,
             ok = first_err.is_none(),
             "flush pass"
@@ -438,6 +495,21 @@ impl Inner {
             Some(e) => Err(e),
             None => Ok(held),
         }
+    }
+
+    /// A builder for another look at the dirty pages during a following
+    /// pass: whole Put Pages only, none of the pages in `busy`.
+    fn look_again(&self, busy: Vec<PageRange>) -> RunBuilder<'_> {
+        let refs: VecDeque<ChunkRef> = self
+            .cache
+            .dirty_chunks()
+            .iter()
+            .filter_map(|&i| self.cache.get(i))
+            .collect();
+        let mut b = RunBuilder::new(self, refs, None);
+        b.busy = busy;
+        b.whole_only = true;
+        b
     }
 
     /// Pages `pages` reached the blob as copied at generations `gens`: clear
@@ -491,6 +563,45 @@ impl Inner {
         }
         self.settle(pages, &gens, &chunks);
         Ok(())
+    }
+}
+
+/// The lock that keeps flush passes one at a time (so a page is never in
+/// two uploads at once), and knows whether anyone waits for it: a following
+/// pass (the background flusher's) takes no new work then, so an fsync
+/// waits for the requests in flight, not for a write stream to end.
+#[derive(Default)]
+pub(crate) struct FlushLock {
+    lock: tokio::sync::Mutex<()>,
+    waiting: AtomicUsize,
+}
+
+impl FlushLock {
+    /// Wait for the lock.
+    pub(crate) async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        if let Ok(g) = self.lock.try_lock() {
+            return g;
+        }
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        // Counted until it has the lock or gives up waiting (dropped).
+        let _waiting = Waiting(&self.waiting);
+        self.lock.lock().await
+    }
+
+    /// True while a pass runs (or a caller holds the lock otherwise).
+    pub(crate) fn is_held(&self) -> bool {
+        self.lock.try_lock().is_err()
+    }
+
+    /// True when a caller waits for the lock.
+    fn wanted(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) > 0
     }
 }
 
@@ -641,7 +752,7 @@ impl Inner {
     /// A full pass for writers waiting for room: nothing held back.
     async fn drain_pass(&self) -> Result<bool> {
         let _g = self.flush_lock.lock().await;
-        self.run_pass(None).await.map(|_| false)
+        self.run_pass(None, true).await.map(|_| false)
     }
 }
 
