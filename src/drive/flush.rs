@@ -19,7 +19,8 @@
 //! the dirty pages again and sends the whole 4 MiB Put Pages written since,
 //! so the link stays busy instead of idling between passes; it skips the
 //! pages of runs in flight, and stops taking work once anyone waits for
-//! the flush lock (an fsync). Invariants: every request carries
+//! the flush lock (an fsync). Any other pass does the same while its own
+//! last runs are out, so its tail keeps the link busy too. Invariants: every request carries
 //! the lease id; one pass at a time, and within a pass a page is never in
 //! two runs in flight (so a page is never in two uploads at once); a page
 //! written again after it was copied keeps its dirty bit (its generation
@@ -426,13 +427,21 @@ impl Inner {
         // this pass has not seen: a run settled or a window filled since
         // the last look.
         let mut look_again = false;
+        // Runs of the pass's own first look still in flight.
+        let mut own_in_flight = 0usize;
         loop {
             // After the first failure no new run starts: in an outage every
             // one would spend its own retry budget.
             while first_err.is_none() && sends.len() < self.flush_parallelism {
                 let run = match builder.next() {
                     Some(run) => run,
-                    None if follow && look_again && !self.flush_lock.wanted() => {
+                    // A pass that does not follow (an fsync's, a close's)
+                    // still fills the slots its last runs free while they
+                    // are out, so its tail does not idle the link.
+                    None if (follow || own_in_flight > 0)
+                        && look_again
+                        && !self.flush_lock.wanted() =>
+                    {
                         // A following pass keeps the link busy: whole Put
                         // Pages written since it began go out as soon as a
                         // request slot frees, not after the pass's last
@@ -449,15 +458,18 @@ impl Inner {
                 };
                 busy.push(run.pages);
                 let pages = run.pages;
-                sends.push(async move { (pages, self.send_run(run).await) });
+                let own = looks == 0;
+                own_in_flight += usize::from(own);
+                sends.push(async move { (pages, own, self.send_run(run).await) });
             }
             if sends.is_empty() {
                 break;
             }
             tokio::select! {
                 done = sends.next() => {
-                    let Some((pages, r)) = done else { break };
+                    let Some((pages, own, r)) = done else { break };
                     runs += 1;
+                    own_in_flight -= usize::from(own);
                     deadline = tokio::time::Instant::now() + budget;
                     if let Some(at) = busy.iter().position(|b| *b == pages) {
                         busy.swap_remove(at);
