@@ -361,6 +361,18 @@ impl BlobClient {
         let mut fence_refusals = 0u32;
         loop {
             attempt += 1;
+            // Page writes and ranged reads take a slot of the client's
+            // limit for their kind, retries too: after a 503 every drive
+            // of the client sends less (`limiter.rs`). The slot comes
+            // first, as its wait can be long: the fence number, the
+            // armed guard and the attempt's time are taken only once the
+            // request can go, so a wait never sends a number another
+            // attempt's raise has passed, never leaves a queued write
+            // armed, and is counted against `max_total`.
+            let slot = match req.limit {
+                Some(l) => Some(self.limiter(l).acquire().await),
+                None => None,
+            };
             let remaining = self.policy.max_total.saturating_sub(started.elapsed());
             let timeout = self
                 .policy
@@ -381,13 +393,6 @@ impl BlobClient {
                 .fence
                 .zip(sent_seq)
                 .map(|(fence, seq)| InFlight::arm(fence, seq));
-            // Page writes and ranged reads take a slot of the client's
-            // limit for their kind, retries too: after a 503 every drive
-            // of the client sends less (`limiter.rs`).
-            let slot = match req.limit {
-                Some(l) => Some(self.limiter(l).acquire().await),
-                None => None,
-            };
             let outcome = self
                 .attempt(&req, &target, timeout, bearer.as_ref(), sent_seq)
                 .await;
