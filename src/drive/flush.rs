@@ -19,7 +19,9 @@
 //! the dirty pages again and sends the whole 4 MiB Put Pages written since,
 //! so the link stays busy instead of idling between passes; it skips the
 //! pages of runs in flight, and stops taking work once anyone waits for
-//! the flush lock (an fsync). Any other pass does the same while its own
+//! the flush lock (an fsync), the drive closes, a drain is wanted, or the
+//! pass is `flush_delay` old (so a short run beside a stream waits at most
+//! for the next pass). Any other pass does the same while its own
 //! last runs are out, so its tail keeps the link busy too. Invariants: every request carries
 //! the lease id; one pass at a time, and within a pass a page is never in
 //! two runs in flight (so a page is never in two uploads at once); a page
@@ -438,7 +440,7 @@ impl Inner {
                     // A pass that does not follow (an fsync's, a close's)
                     // still fills the slots its last runs free while they
                     // are out, so its tail does not idle the link.
-                    None if (follow || own_in_flight > 0)
+                    None if ((follow && self.keeps_following(began)) || own_in_flight > 0)
                         && look_again
                         && !self.flush_lock.wanted() =>
                     {
@@ -447,7 +449,8 @@ impl Inner {
                         // request slot frees, not after the pass's last
                         // request (a sequential write then idles between
                         // passes). Only whole ones, and never a page in
-                        // flight; a flush waiting for the lock ends it.
+                        // flight; a flush waiting for the lock ends it,
+                        // and so does `keeps_following`.
                         look_again = false;
                         looks += 1;
                         held += builder.held_pages;
@@ -507,6 +510,19 @@ impl Inner {
             Some(e) => Err(e),
             None => Ok(held),
         }
+    }
+
+    /// Whether a following pass that began at `began` may take more work:
+    /// not once the drive is closing or a writer waits for a drain (the
+    /// flusher must come round to that), and not once the pass is
+    /// `flush_delay` old. A following pass sends only whole Put Pages, so
+    /// without the age limit a short run or a clear written beside a
+    /// long stream would wait for the stream to end; with it, the next
+    /// pass (at most one delay later) sends it.
+    fn keeps_following(&self, began: std::time::Instant) -> bool {
+        !self.stopping.load(Ordering::Acquire)
+            && !self.drain_wanted.load(Ordering::Acquire)
+            && began.elapsed() < self.flush_delay
     }
 
     /// A builder for another look at the dirty pages during a following
