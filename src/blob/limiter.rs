@@ -4,18 +4,23 @@
 //! it is over its targets.
 //!
 //! Each attempt of a page write or ranged read takes a slot first and gives
-//! it back with what the service answered. An answer that says the service
-//! is over its targets (503 `ServerBusy`, 500 `OperationTimedOut`, 429)
-//! halves the limit, from the number of requests that were in flight when
-//! it came (so a limit that had floated above what callers used still cuts
-//! at once); other answers from the same window of requests (those that
-//! took their slot before that cut) do not cut again, as one overload
-//! usually answers a whole burst. Every answer to a request sent while at
-//! least half the limit was in use adds `1 / limit` to it: about one slot
-//! more per two windows of requests, as TCP's congestion window grows; a
-//! limit that callers do not use does not grow. A retry takes its
-//! slot like any attempt, after its own back-off: after a 503 the whole
-//! client sends less, instead of each request retrying on its own.
+//! it back with what the service answered. Slots are handed out in the
+//! order they were asked for (a FIFO semaphore), so a new caller never
+//! overtakes one that has waited. An answer that says the service is over
+//! its targets (503 `ServerBusy`, 500 `OperationTimedOut`, 429) halves the
+//! limit, from what was in flight when it came or half the limit, whichever
+//! is more: a limit that had floated above what callers used still cuts at
+//! once, but one lone 503 (the service also sends them while it moves a
+//! partition) costs at most three quarters of the limit, not all of it.
+//! Other answers from the same window of requests (those that took their
+//! slot before that cut) neither cut again, as one overload usually answers
+//! a whole burst, nor grow the limit, as they were sent at the old one.
+//! Every answer to a request sent while at least half the limit was in use
+//! adds `1 / limit` to it: about one slot more per two windows of requests,
+//! as TCP's congestion window grows; a limit that callers do not use does
+//! not grow. A retry takes its slot like any attempt, after its own
+//! back-off: after a 503 the whole client sends less, instead of each
+//! request retrying on its own.
 //!
 //! Why AIMD and not a latency-gradient limiter (Netflix's gradient2,
 //! Vegas): the service gives an explicit signal when a blob or account is
@@ -29,7 +34,11 @@
 //! signals; this client's retry loop and fence sit inside one call, and
 //! only the attempts must be counted, so the controller is this module.
 //!
-//! Bounds: never below [`MIN_LIMIT`], never above [`MAX_LIMIT`]. It starts
+//! Bounds: never below [`MIN_LIMIT`], 4, never above [`MAX_LIMIT`]. The
+//! floor is not 1: an attempt that gets no answer holds its slot for up to
+//! its timeout (60 s), so at a limit of 1 one lost request stops every
+//! write or read of the client for that long, and 4 requests in flight are
+//! far below any target the service throttles at. It starts
 //! at [`INITIAL_LIMIT`], 32: what the engine's own bounds reach (8 Put
 //! Pages of a flush; a loop device's or fio's 32 reads at once, one Get
 //! each), so a fast link is never held back before the service has said
@@ -37,10 +46,10 @@
 
 use std::sync::Mutex;
 
-use tokio::sync::Notify;
+use tokio::sync::Semaphore;
 
-/// The fewest requests of a kind kept in flight.
-pub const MIN_LIMIT: usize = 1;
+/// The fewest requests of a kind kept in flight (see the module head).
+pub const MIN_LIMIT: usize = 4;
 /// The most requests of a kind kept in flight.
 pub const MAX_LIMIT: usize = 64;
 /// Where the limit starts.
@@ -63,17 +72,23 @@ struct State {
     /// The limit, fractional so that additive increase can add `1/limit`.
     limit: f64,
     in_flight: usize,
-    /// Bumped at each cut: slots taken before it do not cut again.
+    /// Permits the semaphore still owes back after a cut took more than it
+    /// had free: the next slots given back pay them instead of returning.
+    debt: usize,
+    /// Bumped at each cut: slots taken before it neither cut again nor grow.
     epoch: u64,
     /// Cuts so far.
     cuts: u64,
 }
 
 /// One kind of request's concurrency limit.
+///
+/// The semaphore holds the free slots: its permits plus the slots taken
+/// minus `debt` is always the whole limit.
 #[derive(Debug)]
 pub struct Limiter {
     state: Mutex<State>,
-    freed: Notify,
+    free: Semaphore,
 }
 
 impl Default for Limiter {
@@ -96,14 +111,16 @@ pub struct Slot<'a> {
 impl Limiter {
     /// A limiter starting at `initial` (clamped to the bounds).
     pub fn new(initial: usize) -> Self {
+        let initial = initial.clamp(MIN_LIMIT, MAX_LIMIT);
         Limiter {
             state: Mutex::new(State {
-                limit: initial.clamp(MIN_LIMIT, MAX_LIMIT) as f64,
+                limit: initial as f64,
                 in_flight: 0,
+                debt: 0,
                 epoch: 0,
                 cuts: 0,
             }),
-            freed: Notify::new(),
+            free: Semaphore::new(initial),
         }
     }
 
@@ -126,31 +143,50 @@ impl Limiter {
         self.lock().cuts
     }
 
-    /// A slot now, or `None` when the limit is in use.
+    /// A slot now, or `None` when the limit is in use (or others wait).
     pub fn try_acquire(&self) -> Option<Slot<'_>> {
+        let permit = self.free.try_acquire().ok()?;
+        permit.forget();
+        Some(self.taken())
+    }
+
+    /// Wait for a slot, behind every caller already waiting.
+    pub async fn acquire(&self) -> Slot<'_> {
+        let permit = self
+            .free
+            .acquire()
+            .await
+            .expect("the limiter's semaphore is never closed");
+        permit.forget();
+        self.taken()
+    }
+
+    /// Account for a permit just taken from the semaphore.
+    fn taken(&self) -> Slot<'_> {
         let mut s = self.lock();
-        if s.in_flight >= s.limit as usize {
-            return None;
-        }
         s.in_flight += 1;
-        Some(Slot {
+        Slot {
             limiter: self,
             epoch: s.epoch,
             saturated: (s.in_flight * 2) as f64 >= s.limit,
             done: false,
-        })
+        }
     }
 
-    /// Wait for a slot.
-    pub async fn acquire(&self) -> Slot<'_> {
-        loop {
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            if let Some(slot) = self.try_acquire() {
-                return slot;
-            }
-            freed.await;
+    /// Set the limit, moving the semaphore's permits by the change in whole
+    /// slots: a rise pays the debt first, a cut forgets free permits and
+    /// owes the rest.
+    fn set_limit(&self, s: &mut State, limit: f64) {
+        let (old, new) = (s.limit as usize, limit as usize);
+        s.limit = limit;
+        if new > old {
+            let rise = new - old;
+            let paid = rise.min(s.debt);
+            s.debt -= paid;
+            self.free.add_permits(rise - paid);
+        } else if new < old {
+            let cut = old - new;
+            s.debt += cut - self.free.forget_permits(cut);
         }
     }
 
@@ -158,21 +194,33 @@ impl Limiter {
         let mut s = self.lock();
         let in_flight = s.in_flight;
         s.in_flight -= 1;
+        if s.debt > 0 {
+            s.debt -= 1;
+        } else {
+            self.free.add_permits(1);
+        }
+        if slot.epoch != s.epoch {
+            // Sent before the last cut: its answer is about the old limit.
+            return;
+        }
         match signal {
-            Some(Signal::Overloaded) if slot.epoch == s.epoch => {
-                // From what was in flight, not from a limit nobody used.
-                let base = s.limit.min(in_flight as f64);
-                s.limit = (base / 2.0).floor().max(MIN_LIMIT as f64);
+            Some(Signal::Overloaded) => {
+                // From what was in flight (not from a limit nobody used),
+                // but never below half the limit for one answer alone.
+                let base = (in_flight as f64).max(s.limit / 2.0);
+                let cut = (base / 2.0).floor().max(MIN_LIMIT as f64);
+                if cut < s.limit {
+                    self.set_limit(&mut s, cut);
+                }
                 s.epoch += 1;
                 s.cuts += 1;
             }
             Some(Signal::Answered) if slot.saturated => {
-                s.limit = (s.limit + 1.0 / s.limit).min(MAX_LIMIT as f64);
+                let grown = (s.limit + 1.0 / s.limit).min(MAX_LIMIT as f64);
+                self.set_limit(&mut s, grown);
             }
             _ => {}
         }
-        drop(s);
-        self.freed.notify_waiters();
     }
 }
 
@@ -225,12 +273,59 @@ mod tests {
 
     #[test]
     fn one_burst_of_busy_answers_cuts_once_from_what_was_in_flight() {
-        let l = Limiter::new(32);
-        window(&l, 8, Signal::Overloaded);
-        assert_eq!(l.limit(), 4, "half of the 8 in flight, once");
+        let l = Limiter::new(64);
+        window(&l, 48, Signal::Overloaded);
+        assert_eq!(l.limit(), 24, "half of the 48 in flight, once");
         assert_eq!(l.cuts(), 1);
-        window(&l, 4, Signal::Overloaded);
-        assert_eq!(l.limit(), 2, "a later window cuts again");
+        window(&l, 24, Signal::Overloaded);
+        assert_eq!(l.limit(), 12, "a later window cuts again");
+    }
+
+    #[test]
+    fn a_lone_busy_answer_cuts_from_half_the_limit_and_never_below_the_floor() {
+        let l = Limiter::new(32);
+        window(&l, 1, Signal::Overloaded);
+        assert_eq!(l.limit(), 8, "one 503 at 32 leaves 8, not 1");
+        for _ in 0..10 {
+            window(&l, 1, Signal::Overloaded);
+        }
+        assert_eq!(l.limit(), MIN_LIMIT);
+        assert_eq!(l.free.available_permits(), MIN_LIMIT);
+    }
+
+    #[test]
+    fn answers_to_slots_taken_before_a_cut_do_not_grow_the_new_limit() {
+        let l = Limiter::new(8);
+        let mut slots: Vec<_> = (0..8).map_while(|_| l.try_acquire()).collect();
+        slots.pop().unwrap().finish(Signal::Overloaded);
+        assert_eq!(l.limit(), 4);
+        for s in slots {
+            s.finish(Signal::Answered);
+        }
+        assert_eq!(l.limit(), 4, "seven answers sent at 8 do not add 7/4");
+        assert_eq!(l.free.available_permits(), 4, "the cut's debt is paid");
+    }
+
+    #[test]
+    fn a_waiter_gets_the_freed_slot_before_a_newcomer() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = Limiter::new(MIN_LIMIT);
+            let mut held: Vec<_> = (0..MIN_LIMIT).map_while(|_| l.try_acquire()).collect();
+            let waiter = l.acquire();
+            tokio::pin!(waiter);
+            // Queue the waiter.
+            assert!(futures::poll!(waiter.as_mut()).is_pending());
+            held.pop().unwrap().finish(Signal::Answered);
+            assert!(l.try_acquire().is_none(), "the newcomer waits its turn");
+            let slot = waiter.await;
+            slot.finish(Signal::Answered);
+            drop(held);
+            assert_eq!(l.in_flight(), 0);
+        });
     }
 
     #[test]
@@ -240,7 +335,8 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            let l = Limiter::new(1);
+            let l = Limiter::new(MIN_LIMIT);
+            let mut held: Vec<_> = (1..MIN_LIMIT).map_while(|_| l.try_acquire()).collect();
             let first = l.acquire().await;
             assert!(l.try_acquire().is_none());
             let waiter = async { l.acquire().await.finish(Signal::Answered) };
@@ -249,31 +345,50 @@ mod tests {
                 first.finish(Signal::Answered);
             };
             tokio::join!(waiter, freer);
+            held.clear();
             assert_eq!(l.in_flight(), 0);
         });
     }
 
     proptest! {
-        /// Whatever the answers, the limit stays within its bounds, slots
-        /// never exceed it when taken, and every slot comes back.
+        /// Whatever the answers and their order, the limit stays within its
+        /// bounds, a slot is taken only while fewer than the limit are in
+        /// flight, and every slot comes back: once all are given back, the
+        /// free slots are exactly the limit.
         #[test]
-        fn stays_within_bounds(steps in proptest::collection::vec((1usize..80, 0u8..3), 1..200)) {
+        fn stays_within_bounds(steps in proptest::collection::vec((0usize..80, 0u8..4), 1..300)) {
             let l = Limiter::new(INITIAL_LIMIT);
+            let mut held = Vec::new();
             for (n, kind) in steps {
+                if kind == 3 {
+                    let none_taken = held.is_empty();
+                    for _ in 0..n {
+                        match l.try_acquire() {
+                            Some(s) => {
+                                prop_assert!(l.in_flight() <= l.limit());
+                                held.push(s);
+                            }
+                            None => break,
+                        }
+                    }
+                    prop_assert!(n == 0 || !none_taken || !held.is_empty(), "a slot is always free when none is taken");
+                    continue;
+                }
                 let signal = match kind {
                     0 => Signal::Answered,
                     1 => Signal::Overloaded,
                     _ => Signal::Unanswered,
                 };
-                let slots: Vec<_> = (0..n).map_while(|_| l.try_acquire()).collect();
-                prop_assert!(slots.len() <= MAX_LIMIT);
-                prop_assert!(!slots.is_empty(), "at least one slot is always free when none is taken");
-                for s in slots {
-                    s.finish(signal);
+                if !held.is_empty() {
+                    let at = n % held.len();
+                    held.swap_remove(at).finish(signal);
                 }
                 prop_assert!((MIN_LIMIT..=MAX_LIMIT).contains(&l.limit()));
-                prop_assert_eq!(l.in_flight(), 0);
+                prop_assert!(held.len() <= MAX_LIMIT);
             }
+            held.clear();
+            prop_assert_eq!(l.in_flight(), 0);
+            prop_assert_eq!(l.free.available_permits(), l.limit());
         }
 
         /// Answers alone bring a cut limit back to the maximum.
