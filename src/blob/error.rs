@@ -151,7 +151,6 @@ impl Error {
         }
     }
 
-    /// True for failures worth retrying: 5xx, 408, 429 and transport faults.
     /// True when the service says it is over its targets: 503
     /// (`ServerBusy`), 500 `OperationTimedOut`, or 429. Its guidance is to
     /// send less (`limiter.rs`), not only to retry.
@@ -164,6 +163,7 @@ impl Error {
             }
     }
 
+    /// True for failures worth retrying: 5xx, 408, 429 and transport faults.
     pub fn is_transient(&self) -> bool {
         match self.kind {
             ErrorKind::Transport => true,

@@ -1,7 +1,9 @@
 //! How many data requests of one kind (page writes, ranged reads) a client
 //! keeps in flight: an AIMD controller shared by every clone of the client,
-//! so every drive and task using it slows together when the service says
-//! it is over its targets.
+//! so every task using it slows together when the service says it is over
+//! its targets. The commands make one client per drive, so in practice the
+//! limit is per drive, which fits the service's targets: they are per blob
+//! (a standard page blob's 60 MiB/s and 500 requests/s).
 //!
 //! Each attempt of a page write or ranged read takes a slot first and gives
 //! it back with what the service answered. Slots are handed out in the
