@@ -131,6 +131,36 @@ fn absorb_zero_islands(classes: &mut [Class]) {
     }
 }
 
+/// The stretches of `pages` (ascending) that fill at least one whole Put
+/// Page, each cut down to whole Put Pages from its start: what a look of a
+/// following pass may send. Deciding this from the dirty bits before
+/// copying keeps a look beside many scattered dirty pages from copying
+/// them all only to drop them as short.
+fn whole_stretches(pages: impl IntoIterator<Item = u64>) -> Vec<PageRange> {
+    let mut whole = Vec::new();
+    let mut push = |s: u64, e: u64| {
+        let len = (e - s) / MAX_UPDATE_PAGES * MAX_UPDATE_PAGES;
+        if len > 0 {
+            whole.push(PageRange::new(s, s + len));
+        }
+    };
+    let mut cur: Option<(u64, u64)> = None;
+    for p in pages {
+        cur = match cur {
+            Some((s, e)) if e == p => Some((s, e + 1)),
+            Some((s, e)) => {
+                push(s, e);
+                Some((p, p + 1))
+            }
+            None => Some((p, p + 1)),
+        };
+    }
+    if let Some((s, e)) = cur {
+        push(s, e);
+    }
+    whole
+}
+
 /// Gathers spans of dirty pages from the given chunks and cuts them into
 /// runs, lazily, so only a span and the runs in flight are copied at a time.
 struct RunBuilder<'a> {
@@ -149,6 +179,9 @@ struct RunBuilder<'a> {
     /// Only whole Put Pages (the body of a sequential stream); shorter
     /// updates and clears stay dirty for a later pass, which may merge them.
     whole_only: bool,
+    /// With `whole_only`: the stretches found whole before copying
+    /// (`whole_stretches`); pages outside them are not copied.
+    whole: Vec<PageRange>,
     chunks: VecDeque<ChunkRef>,
     /// Next page slot to look at in the front chunk.
     slot: usize,
@@ -165,6 +198,7 @@ impl<'a> RunBuilder<'a> {
             held_pages: 0,
             busy: Vec::new(),
             whole_only: false,
+            whole: Vec::new(),
             chunks,
             slot: 0,
             has_data: None,
@@ -183,6 +217,19 @@ impl<'a> RunBuilder<'a> {
         bits
     }
 
+    /// Whether `page` is dirty but must not be copied now: in a run in
+    /// flight, or (for `whole_only`) outside every whole stretch.
+    fn skipped(&self, page: u64) -> bool {
+        if self.busy.iter().any(|b| b.contains(page)) {
+            return true;
+        }
+        if !self.whole_only {
+            return false;
+        }
+        let i = self.whole.partition_point(|w| w.end <= page);
+        !self.whole.get(i).is_some_and(|w| w.contains(page))
+    }
+
     /// The next span of contiguous dirty pages, or `None` when all are done.
     fn next_span(&mut self) -> Option<Span> {
         let mut span: Option<Span> = None;
@@ -199,7 +246,7 @@ impl<'a> RunBuilder<'a> {
             while self.slot < CHUNK_PAGES {
                 let slot = self.slot;
                 let page = first_page + slot as u64;
-                if !c.is_dirty(slot) || self.busy.iter().any(|b| b.contains(page)) {
+                if !c.is_dirty(slot) || self.skipped(page) {
                     self.slot += 1;
                     if span.is_some() {
                         return span;
@@ -219,10 +266,7 @@ impl<'a> RunBuilder<'a> {
                     // only its own pages (4 MiB for each 4 KiB write was
                     // most of a random-write flush's cost).
                     let run = (slot..CHUNK_PAGES)
-                        .take_while(|&p| {
-                            c.is_dirty(p)
-                                && !self.busy.iter().any(|b| b.contains(first_page + p as u64))
-                        })
+                        .take_while(|&p| c.is_dirty(p) && !self.skipped(first_page + p as u64))
                         .count();
                     let pages = if slot + run == CHUNK_PAGES {
                         SPAN_PAGES
@@ -528,15 +572,40 @@ impl Inner {
     /// A builder for another look at the dirty pages during a following
     /// pass: whole Put Pages only, none of the pages in `busy`.
     fn look_again(&self, busy: Vec<PageRange>) -> RunBuilder<'_> {
-        let refs: VecDeque<ChunkRef> = self
+        let refs: Vec<ChunkRef> = self
             .cache
             .dirty_chunks()
             .iter()
             .filter_map(|&i| self.cache.get(i))
             .collect();
+        // Whole-ness from the dirty bits alone (one chunk locked at a
+        // time), so only pages that go out are copied.
+        let mut pages = Vec::new();
+        for r in &refs {
+            let first = r.index * CHUNK_PAGES as u64;
+            let c = r.lock();
+            pages.extend(
+                (0..CHUNK_PAGES)
+                    .filter(|&slot| c.is_dirty(slot))
+                    .map(|slot| first + slot as u64)
+                    .filter(|p| !busy.iter().any(|b| b.contains(*p))),
+            );
+        }
+        let whole = whole_stretches(pages);
+        let refs: VecDeque<ChunkRef> = refs
+            .into_iter()
+            .filter(|r| {
+                let first = r.index * CHUNK_PAGES as u64;
+                let chunk = PageRange::new(first, first + CHUNK_PAGES as u64);
+                whole
+                    .iter()
+                    .any(|w| w.start < chunk.end && chunk.start < w.end)
+            })
+            .collect();
         let mut b = RunBuilder::new(self, refs, None);
         b.busy = busy;
         b.whole_only = true;
+        b.whole = whole;
         b
     }
 
@@ -800,5 +869,25 @@ mod tests {
         let before = long.clone();
         absorb_zero_islands(&mut long);
         assert_eq!(long, before, "a long zero stretch is cleared, not written");
+    }
+
+    #[test]
+    fn only_stretches_of_whole_put_pages_are_copied_by_a_look() {
+        let m = MAX_UPDATE_PAGES;
+        // Scattered 8-page writes, a stretch of 2.5 Put Pages, one of
+        // exactly one, one a page short.
+        let mut pages: Vec<u64> = (0..100).flat_map(|i| i * 64..i * 64 + 8).collect();
+        let a = 10 * m;
+        pages.extend(a..a + 2 * m + m / 2);
+        let b = 20 * m + 3;
+        pages.extend(b..b + m);
+        let c = 30 * m;
+        pages.extend(c..c + m - 1);
+        assert_eq!(
+            whole_stretches(pages),
+            vec![PageRange::new(a, a + 2 * m), PageRange::new(b, b + m)],
+            "whole Put Pages from each stretch's start; short ones are not copied"
+        );
+        assert!(whole_stretches(Vec::new()).is_empty());
     }
 }
