@@ -4,7 +4,7 @@
 //! lease as mount lock, lost-lease handling, and the memory bound.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blobdrive::blob;
 use blobdrive::drive::{
@@ -1453,4 +1453,50 @@ async fn a_long_flush_that_keeps_finishing_runs_is_not_a_stall() {
     );
     assert_eq!(drive.counters().dirty_bytes, 0);
     drive.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_run_beside_an_endless_stream_is_flushed_and_close_returns() {
+    // A following pass sends only whole Put Pages; it must still end (at
+    // `flush_delay`, or when the drive closes), or a short run written
+    // beside a stream stays dirty, and a close waits, for as long as the
+    // stream goes on.
+    let store = new_store(128 * MIB);
+    store.set_write_delay(Duration::from_millis(30));
+    let o = DriveOptions {
+        flush_delay: Duration::from_millis(200),
+        ..opts(Mode::ReadWrite)
+    };
+    let drive = Arc::new(open(&store, o).await);
+    let writer = {
+        let drive = drive.clone();
+        tokio::spawn(async move {
+            let chunk = pattern(3, MIB as usize);
+            let mut i = 0u64;
+            // Ends when the drive is closed under it.
+            while drive.write_at((i % 96) * MIB, &chunk).await.is_ok() {
+                i += 1;
+                tokio::task::yield_now().await;
+            }
+            i
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let short = pattern(9, 4096);
+    drive.write_at(120 * MIB, &short).await.unwrap();
+    let written = Instant::now();
+    while store.contents(ByteRange::new(120 * MIB, 120 * MIB + 4096)) != short {
+        assert!(
+            written.elapsed() < Duration::from_secs(5),
+            "a 4 KiB run beside the stream stayed dirty for 5 s (flush delay 200 ms)"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!writer.is_finished(), "the stream still runs");
+    tokio::time::timeout(Duration::from_secs(20), drive.close())
+        .await
+        .expect("close returns while the stream goes on")
+        .expect("close");
+    let writes = writer.await.unwrap();
+    assert!(writes > 8, "the stream wrote {writes} MiB");
 }

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use reqwest::Method;
 use uuid::Uuid;
 
-use super::client::{BlobClient, BodySink, Request, Resource, Response};
+use super::client::{BlobClient, BodySink, Limit, Request, Resource, Response};
 use super::error::{Error, ErrorKind, Result};
 use super::fence::WriteFence;
 use super::path::BlobPath;
@@ -237,6 +237,7 @@ impl BlobClient {
             .header("x-ms-range", range_header(range))
             .lease(lease_id)
             .fenced(fence)
+            .limited(Limit::Writes)
             .body(data);
         self.execute(req).await.0.map(|_| ())
     }
@@ -267,7 +268,8 @@ impl BlobClient {
             .header("x-ms-page-write", "clear")
             .header("x-ms-range", range_header(range))
             .lease(lease_id)
-            .fenced(fence);
+            .fenced(fence)
+            .limited(Limit::Writes);
         self.execute(req).await.0.map(|_| ())
     }
 
@@ -352,7 +354,8 @@ impl BlobClient {
             return Ok(Bytes::new());
         }
         let mut req = Request::new("get blob", Method::GET, Resource::Blob(path))
-            .header("x-ms-range", range_header(range));
+            .header("x-ms-range", range_header(range))
+            .limited(Limit::Reads);
         if let Some(etag) = if_match {
             req = req.header("if-match", etag);
         }
@@ -386,7 +389,8 @@ impl BlobClient {
             return Ok(());
         }
         let mut req = Request::new("get blob", Method::GET, Resource::Blob(path))
-            .header("x-ms-range", range_header(range));
+            .header("x-ms-range", range_header(range))
+            .limited(Limit::Reads);
         if let Some(etag) = if_match {
             req = req.header("if-match", etag);
         }

@@ -25,6 +25,7 @@ use super::account::{Account, Credential};
 use super::auth::{self, Signable};
 use super::error::{Error, ErrorKind, Result};
 use super::fence::{FenceStep, InFlight, WriteFence};
+use super::limiter::{Limiter, Signal};
 use super::path::{encode_component, BlobPath};
 use super::retry::RetryPolicy;
 use super::token::{Secret, TokenCache};
@@ -61,6 +62,19 @@ pub(crate) struct Request<'a> {
     /// Where a successful answer's body goes as it arrives, instead of into
     /// [`Response::body`] (left empty): see [`BodySink`].
     pub sink: Option<BodySink<'a>>,
+    /// The adaptive limit this request's attempts take a slot of
+    /// (`limiter.rs`): page writes and ranged reads; `None` for the rest
+    /// (leases, properties), which never wait behind data.
+    pub limit: Option<Limit>,
+}
+
+/// Which of the client's adaptive limits a request counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limit {
+    /// Put Page, Clear Pages.
+    Writes,
+    /// Ranged Get Blob.
+    Reads,
 }
 
 /// Takes a body part by part as it comes off the connection: `(at, bytes)`,
@@ -81,7 +95,14 @@ impl<'a> Request<'a> {
             expect_body_len: None,
             fence: None,
             sink: None,
+            limit: None,
         }
+    }
+
+    /// Count this request's attempts against the client's limit `limit`.
+    pub(crate) fn limited(mut self, limit: Limit) -> Self {
+        self.limit = Some(limit);
+        self
     }
 
     /// Fence this write: it carries `x-ms-if-sequence-number-le`, and an
@@ -139,6 +160,10 @@ struct Inner {
     retries: AtomicU64,
     /// The token cache, for an account signed in with Microsoft Entra ID.
     tokens: Option<TokenCache>,
+    /// Page writes (Put Page, Clear Pages) in flight, adaptive.
+    writes: Limiter,
+    /// Ranged reads (Get Blob) in flight, adaptive.
+    reads: Limiter,
 }
 
 /// An Azure Blob REST client for one account. Cheap to clone: clones share
@@ -197,6 +222,8 @@ impl BlobClient {
                 http,
                 retries: AtomicU64::new(0),
                 tokens,
+                writes: Limiter::default(),
+                reads: Limiter::default(),
             }),
             policy: RetryPolicy::from_env(),
         })
@@ -246,6 +273,19 @@ impl BlobClient {
     /// The account (name, endpoint, credential).
     pub fn account(&self) -> &Account {
         &self.inner.account
+    }
+
+    fn limiter(&self, limit: Limit) -> &Limiter {
+        match limit {
+            Limit::Writes => &self.inner.writes,
+            Limit::Reads => &self.inner.reads,
+        }
+    }
+
+    /// The limit of page writes and of ranged reads this client keeps in
+    /// flight now (see `limiter.rs`).
+    pub fn concurrency_limits(&self) -> (usize, usize) {
+        (self.inner.writes.limit(), self.inner.reads.limit())
     }
 
     /// Retries made so far by this client and its clones.
@@ -321,6 +361,18 @@ impl BlobClient {
         let mut fence_refusals = 0u32;
         loop {
             attempt += 1;
+            // Page writes and ranged reads take a slot of the client's
+            // limit for their kind, retries too: after a 503 every drive
+            // of the client sends less (`limiter.rs`). The slot comes
+            // first, as its wait can be long: the fence number, the
+            // armed guard and the attempt's time are taken only once the
+            // request can go, so a wait never sends a number another
+            // attempt's raise has passed, never leaves a queued write
+            // armed, and is counted against `max_total`.
+            let slot = match req.limit {
+                Some(l) => Some(self.limiter(l).acquire().await),
+                None => None,
+            };
             let remaining = self.policy.max_total.saturating_sub(started.elapsed());
             let timeout = self
                 .policy
@@ -344,6 +396,14 @@ impl BlobClient {
             let outcome = self
                 .attempt(&req, &target, timeout, bearer.as_ref(), sent_seq)
                 .await;
+            if let Some(slot) = slot {
+                slot.finish(match &outcome {
+                    Ok(_) => Signal::Answered,
+                    Err(f) if f.error.is_overload() => Signal::Overloaded,
+                    Err(f) if f.error.kind == ErrorKind::Service => Signal::Answered,
+                    Err(_) => Signal::Unanswered,
+                });
+            }
             if let Some(guard) = in_flight {
                 // Left armed (outcome unknown) only when the request may
                 // have reached the service without an answer coming back.

@@ -151,6 +151,18 @@ impl Error {
         }
     }
 
+    /// True when the service says it is over its targets: 503
+    /// (`ServerBusy`), 500 `OperationTimedOut`, or 429. Its guidance is to
+    /// send less (`limiter.rs`), not only to retry.
+    pub fn is_overload(&self) -> bool {
+        self.kind == ErrorKind::Service
+            && match self.status {
+                Some(503) | Some(429) => true,
+                Some(500) => self.code.as_deref() == Some("OperationTimedOut"),
+                _ => false,
+            }
+    }
+
     /// True for failures worth retrying: 5xx, 408, 429 and transport faults.
     pub fn is_transient(&self) -> bool {
         match self.kind {

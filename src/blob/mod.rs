@@ -13,6 +13,7 @@ mod containers;
 pub mod error;
 pub mod fence;
 mod lease;
+pub mod limiter;
 pub mod path;
 pub mod probe;
 pub mod retry;

@@ -45,6 +45,11 @@ impl PageRange {
     pub fn is_empty(&self) -> bool {
         self.start >= self.end
     }
+
+    /// True when `page` is one of these pages.
+    pub fn contains(&self, page: u64) -> bool {
+        self.start <= page && page < self.end
+    }
 }
 
 /// The pages `a` and `b` share; empty (at the larger start) when they do

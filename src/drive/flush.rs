@@ -14,17 +14,27 @@
 //! next pass, so a long sequential write goes out in full, aligned 4 MiB
 //! requests. A writer that finds the dirty budget full asks for a drain:
 //! the flusher runs a full pass at once, and the writer goes on as soon as
-//! enough pages are clean. Invariants: every request carries
-//! the lease id; one pass at a time (so a page is never in two uploads at once); a page
+//! enough pages are clean. A background or drain pass *follows* a write
+//! stream: when its runs are all out and a request slot frees, it looks at
+//! the dirty pages again and sends the whole 4 MiB Put Pages written since,
+//! so the link stays busy instead of idling between passes; it skips the
+//! pages of runs in flight, and stops taking work once anyone waits for
+//! the flush lock (an fsync), the drive closes, a drain is wanted, or the
+//! pass is `flush_delay` old (so a short run beside a stream waits at most
+//! for the next pass). Any other pass does the same while its own
+//! last runs are out, so its tail keeps the link busy too. Invariants: every request carries
+//! the lease id; one pass at a time, and within a pass a page is never in
+//! two runs in flight (so a page is never in two uploads at once); a page
 //! written again after it was copied keeps its dirty bit (its generation
 //! moved); the sparse map gains pages before an update is sent and loses them
 //! only after a clear succeeded; pages reach the disk tier only once settled.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 
@@ -121,6 +131,36 @@ fn absorb_zero_islands(classes: &mut [Class]) {
     }
 }
 
+/// The stretches of `pages` (ascending) that fill at least one whole Put
+/// Page, each cut down to whole Put Pages from its start: what a look of a
+/// following pass may send. Deciding this from the dirty bits before
+/// copying keeps a look beside many scattered dirty pages from copying
+/// them all only to drop them as short.
+fn whole_stretches(pages: impl IntoIterator<Item = u64>) -> Vec<PageRange> {
+    let mut whole = Vec::new();
+    let mut push = |s: u64, e: u64| {
+        let len = (e - s) / MAX_UPDATE_PAGES * MAX_UPDATE_PAGES;
+        if len > 0 {
+            whole.push(PageRange::new(s, s + len));
+        }
+    };
+    let mut cur: Option<(u64, u64)> = None;
+    for p in pages {
+        cur = match cur {
+            Some((s, e)) if e == p => Some((s, e + 1)),
+            Some((s, e)) => {
+                push(s, e);
+                Some((p, p + 1))
+            }
+            None => Some((p, p + 1)),
+        };
+    }
+    if let Some((s, e)) = cur {
+        push(s, e);
+    }
+    whole
+}
+
 /// Gathers spans of dirty pages from the given chunks and cuts them into
 /// runs, lazily, so only a span and the runs in flight are copied at a time.
 struct RunBuilder<'a> {
@@ -132,6 +172,16 @@ struct RunBuilder<'a> {
     hold: Option<Hold>,
     /// Pages left dirty for that reason.
     held_pages: u64,
+    /// Pages of runs still in flight, which this builder must not copy
+    /// again: a page is never in two uploads at once, so no older copy can
+    /// land after a newer one.
+    busy: Vec<PageRange>,
+    /// Only whole Put Pages (the body of a sequential stream); shorter
+    /// updates and clears stay dirty for a later pass, which may merge them.
+    whole_only: bool,
+    /// With `whole_only`: the stretches found whole before copying
+    /// (`whole_stretches`); pages outside them are not copied.
+    whole: Vec<PageRange>,
     chunks: VecDeque<ChunkRef>,
     /// Next page slot to look at in the front chunk.
     slot: usize,
@@ -146,6 +196,9 @@ impl<'a> RunBuilder<'a> {
             inner,
             hold,
             held_pages: 0,
+            busy: Vec::new(),
+            whole_only: false,
+            whole: Vec::new(),
             chunks,
             slot: 0,
             has_data: None,
@@ -164,6 +217,19 @@ impl<'a> RunBuilder<'a> {
         bits
     }
 
+    /// Whether `page` is dirty but must not be copied now: in a run in
+    /// flight, or (for `whole_only`) outside every whole stretch.
+    fn skipped(&self, page: u64) -> bool {
+        if self.busy.iter().any(|b| b.contains(page)) {
+            return true;
+        }
+        if !self.whole_only {
+            return false;
+        }
+        let i = self.whole.partition_point(|w| w.end <= page);
+        !self.whole.get(i).is_some_and(|w| w.contains(page))
+    }
+
     /// The next span of contiguous dirty pages, or `None` when all are done.
     fn next_span(&mut self) -> Option<Span> {
         let mut span: Option<Span> = None;
@@ -180,7 +246,7 @@ impl<'a> RunBuilder<'a> {
             while self.slot < CHUNK_PAGES {
                 let slot = self.slot;
                 let page = first_page + slot as u64;
-                if !c.is_dirty(slot) {
+                if !c.is_dirty(slot) || self.skipped(page) {
                     self.slot += 1;
                     if span.is_some() {
                         return span;
@@ -199,7 +265,9 @@ impl<'a> RunBuilder<'a> {
                     // next chunk: it gets the largest size; a scattered one
                     // only its own pages (4 MiB for each 4 KiB write was
                     // most of a random-write flush's cost).
-                    let run = (slot..CHUNK_PAGES).take_while(|&p| c.is_dirty(p)).count();
+                    let run = (slot..CHUNK_PAGES)
+                        .take_while(|&p| c.is_dirty(p) && !self.skipped(first_page + p as u64))
+                        .count();
                     let pages = if slot + run == CHUNK_PAGES {
                         SPAN_PAGES
                     } else {
@@ -276,7 +344,9 @@ impl<'a> RunBuilder<'a> {
                     sent = (keep - span.start) as usize;
                 }
             }
-            if sent == i {
+            // Not a whole Put Page: left for a later pass.
+            let short = class != Class::ZeroNone && ((sent - i) as u64) < MAX_UPDATE_PAGES;
+            if sent == i || (self.whole_only && (short || class == Class::ZeroHeld)) {
                 i = j;
                 continue;
             }
@@ -336,7 +406,7 @@ impl Inner {
 
     /// One flush pass; the caller holds `flush_lock`.
     pub(crate) async fn flush_pass_locked(&self) -> Result<()> {
-        self.run_pass(None).await.map(|_| ())
+        self.run_pass(None, false).await.map(|_| ())
     }
 
     /// The background flusher's pass: like [`Self::flush_pass`], but the
@@ -363,7 +433,7 @@ impl Inner {
                 _ => None,
             }
         };
-        Ok(self.run_pass(hold).await? > 0)
+        Ok(self.run_pass(hold, true).await? > 0)
     }
 
     /// Send every dirty page (but a held-back stream head, `hold`); returns
@@ -373,13 +443,13 @@ impl Inner {
     /// many runs are dirty, while a long pass that keeps finishing runs (tens
     /// of thousands of scattered pages) is never cut short. Its result is
     /// recorded for [`Self::flush_pass`].
-    async fn run_pass(&self, hold: Option<Hold>) -> Result<u64> {
-        let result = self.send_dirty(hold).await;
+    async fn run_pass(&self, hold: Option<Hold>, follow: bool) -> Result<u64> {
+        let result = self.send_dirty(hold, follow).await;
         self.passes.record(&result);
         result
     }
 
-    async fn send_dirty(&self, hold: Option<Hold>) -> Result<u64> {
+    async fn send_dirty(&self, hold: Option<Hold>, follow: bool) -> Result<u64> {
         let dirty = self.cache.dirty_chunks();
         if dirty.is_empty() {
             return Ok(0);
@@ -389,47 +459,93 @@ impl Inner {
         let dirty_bytes = self.cache.dirty_bytes();
         let refs: VecDeque<ChunkRef> = dirty.iter().filter_map(|&i| self.cache.get(i)).collect();
         let mut builder = RunBuilder::new(self, refs, hold);
-        let failed = AtomicBool::new(false);
+        let mut held = 0;
         let mut first_err = None;
         let mut runs = 0u64;
+        let mut looks = 0u64;
         let budget = self.store.retry_budget();
-        {
+        let mut deadline = tokio::time::Instant::now() + budget;
+        // The pages of each run in flight: a later look at the dirty pages
+        // leaves them alone until their run has settled.
+        let mut busy: Vec<PageRange> = Vec::new();
+        let mut sends = FuturesUnordered::new();
+        // Whether a later look at the dirty pages may find whole Put Pages
+        // this pass has not seen: a run settled or a window filled since
+        // the last look.
+        let mut look_again = false;
+        // Runs of the pass's own first look still in flight.
+        let mut own_in_flight = 0usize;
+        loop {
             // After the first failure no new run starts: in an outage every
             // one would spend its own retry budget.
-            let runs_to_send = builder
-                .by_ref()
-                .take_while(|_| !failed.load(Ordering::Acquire));
-            let mut sends = futures::stream::iter(runs_to_send)
-                .map(|run| self.send_run(run))
-                .buffer_unordered(self.flush_parallelism);
-            loop {
-                let r = match tokio::time::timeout(budget, sends.next()).await {
-                    Ok(Some(r)) => r,
-                    Ok(None) => break,
-                    // Nothing finished for a whole budget: storage does not
-                    // answer. The requests in flight are dropped here; their
-                    // pages stay dirty, and the store fences whatever of
-                    // them may still land.
-                    Err(_) => {
-                        first_err.get_or_insert(Error::Stalled {
-                            target: self.target.clone(),
-                            secs: budget.as_secs(),
-                        });
-                        break;
+            while first_err.is_none() && sends.len() < self.flush_parallelism {
+                let run = match builder.next() {
+                    Some(run) => run,
+                    // A pass that does not follow (an fsync's, a close's)
+                    // still fills the slots its last runs free while they
+                    // are out, so its tail does not idle the link.
+                    None if ((follow && self.keeps_following(began)) || own_in_flight > 0)
+                        && look_again
+                        && !self.flush_lock.wanted() =>
+                    {
+                        // A following pass keeps the link busy: whole Put
+                        // Pages written since it began go out as soon as a
+                        // request slot frees, not after the pass's last
+                        // request (a sequential write then idles between
+                        // passes). Only whole ones, and never a page in
+                        // flight; a flush waiting for the lock ends it,
+                        // and so does `keeps_following`.
+                        look_again = false;
+                        looks += 1;
+                        held += builder.held_pages;
+                        builder = self.look_again(busy.clone());
+                        continue;
                     }
+                    None => break,
                 };
-                runs += 1;
-                if let Err(e) = r {
-                    failed.store(true, Ordering::Release);
-                    first_err.get_or_insert(e);
+                busy.push(run.pages);
+                let pages = run.pages;
+                let own = looks == 0;
+                own_in_flight += usize::from(own);
+                sends.push(async move { (pages, own, self.send_run(run).await) });
+            }
+            if sends.is_empty() {
+                break;
+            }
+            tokio::select! {
+                done = sends.next() => {
+                    let Some((pages, own, r)) = done else { break };
+                    runs += 1;
+                    own_in_flight -= usize::from(own);
+                    deadline = tokio::time::Instant::now() + budget;
+                    if let Some(at) = busy.iter().position(|b| *b == pages) {
+                        busy.swap_remove(at);
+                    }
+                    look_again = true;
+                    if let Err(e) = r {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                _ = self.window_full.notified(), if follow => look_again = true,
+                // Nothing finished for a whole budget: storage does not
+                // answer. The requests in flight are dropped here; their
+                // pages stay dirty, and the store fences whatever of them
+                // may still land.
+                _ = tokio::time::sleep_until(deadline) => {
+                    first_err.get_or_insert(Error::Stalled {
+                        target: self.target.clone(),
+                        secs: budget.as_secs(),
+                    });
+                    break;
                 }
             }
         }
-        let held = builder.held_pages;
+        held += builder.held_pages;
         tracing::debug!(
             target = %self.target,
             dirty_bytes,
             runs,
+            looks,
             elapsed_ms = began.elapsed().as_millis() as u64,
             ok = first_err.is_none(),
             "flush pass"
@@ -438,6 +554,59 @@ impl Inner {
             Some(e) => Err(e),
             None => Ok(held),
         }
+    }
+
+    /// Whether a following pass that began at `began` may take more work:
+    /// not once the drive is closing or a writer waits for a drain (the
+    /// flusher must come round to that), and not once the pass is
+    /// `flush_delay` old. A following pass sends only whole Put Pages, so
+    /// without the age limit a short run or a clear written beside a
+    /// long stream would wait for the stream to end; with it, the next
+    /// pass (at most one delay later) sends it.
+    fn keeps_following(&self, began: std::time::Instant) -> bool {
+        !self.stopping.load(Ordering::Acquire)
+            && !self.drain_wanted.load(Ordering::Acquire)
+            && began.elapsed() < self.flush_delay
+    }
+
+    /// A builder for another look at the dirty pages during a following
+    /// pass: whole Put Pages only, none of the pages in `busy`.
+    fn look_again(&self, busy: Vec<PageRange>) -> RunBuilder<'_> {
+        let refs: Vec<ChunkRef> = self
+            .cache
+            .dirty_chunks()
+            .iter()
+            .filter_map(|&i| self.cache.get(i))
+            .collect();
+        // Whole-ness from the dirty bits alone (one chunk locked at a
+        // time), so only pages that go out are copied.
+        let mut pages = Vec::new();
+        for r in &refs {
+            let first = r.index * CHUNK_PAGES as u64;
+            let c = r.lock();
+            pages.extend(
+                (0..CHUNK_PAGES)
+                    .filter(|&slot| c.is_dirty(slot))
+                    .map(|slot| first + slot as u64)
+                    .filter(|p| !busy.iter().any(|b| b.contains(*p))),
+            );
+        }
+        let whole = whole_stretches(pages);
+        let refs: VecDeque<ChunkRef> = refs
+            .into_iter()
+            .filter(|r| {
+                let first = r.index * CHUNK_PAGES as u64;
+                let chunk = PageRange::new(first, first + CHUNK_PAGES as u64);
+                whole
+                    .iter()
+                    .any(|w| w.start < chunk.end && chunk.start < w.end)
+            })
+            .collect();
+        let mut b = RunBuilder::new(self, refs, None);
+        b.busy = busy;
+        b.whole_only = true;
+        b.whole = whole;
+        b
     }
 
     /// Pages `pages` reached the blob as copied at generations `gens`: clear
@@ -491,6 +660,45 @@ impl Inner {
         }
         self.settle(pages, &gens, &chunks);
         Ok(())
+    }
+}
+
+/// The lock that keeps flush passes one at a time (so a page is never in
+/// two uploads at once), and knows whether anyone waits for it: a following
+/// pass (the background flusher's) takes no new work then, so an fsync
+/// waits for the requests in flight, not for a write stream to end.
+#[derive(Default)]
+pub(crate) struct FlushLock {
+    lock: tokio::sync::Mutex<()>,
+    waiting: AtomicUsize,
+}
+
+impl FlushLock {
+    /// Wait for the lock.
+    pub(crate) async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        if let Ok(g) = self.lock.try_lock() {
+            return g;
+        }
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        // Counted until it has the lock or gives up waiting (dropped).
+        let _waiting = Waiting(&self.waiting);
+        self.lock.lock().await
+    }
+
+    /// True while a pass runs (or a caller holds the lock otherwise).
+    pub(crate) fn is_held(&self) -> bool {
+        self.lock.try_lock().is_err()
+    }
+
+    /// True when a caller waits for the lock.
+    fn wanted(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) > 0
     }
 }
 
@@ -641,7 +849,7 @@ impl Inner {
     /// A full pass for writers waiting for room: nothing held back.
     async fn drain_pass(&self) -> Result<bool> {
         let _g = self.flush_lock.lock().await;
-        self.run_pass(None).await.map(|_| false)
+        self.run_pass(None, true).await.map(|_| false)
     }
 }
 
@@ -661,5 +869,25 @@ mod tests {
         let before = long.clone();
         absorb_zero_islands(&mut long);
         assert_eq!(long, before, "a long zero stretch is cleared, not written");
+    }
+
+    #[test]
+    fn only_stretches_of_whole_put_pages_are_copied_by_a_look() {
+        let m = MAX_UPDATE_PAGES;
+        // Scattered 8-page writes, a stretch of 2.5 Put Pages, one of
+        // exactly one, one a page short.
+        let mut pages: Vec<u64> = (0..100).flat_map(|i| i * 64..i * 64 + 8).collect();
+        let a = 10 * m;
+        pages.extend(a..a + 2 * m + m / 2);
+        let b = 20 * m + 3;
+        pages.extend(b..b + m);
+        let c = 30 * m;
+        pages.extend(c..c + m - 1);
+        assert_eq!(
+            whole_stretches(pages),
+            vec![PageRange::new(a, a + 2 * m), PageRange::new(b, b + m)],
+            "whole Put Pages from each stretch's start; short ones are not copied"
+        );
+        assert!(whole_stretches(Vec::new()).is_empty());
     }
 }

@@ -184,7 +184,7 @@ pub(crate) struct Inner {
     extents: Mutex<Extents>,
     meters: Meters,
     /// One flush pass at a time, so a page is never in two uploads at once.
-    flush_lock: tokio::sync::Mutex<()>,
+    flush_lock: flush::FlushLock,
     /// How the passes ended.
     passes: flush::PassLog,
     /// Where the current write stream began and where it stood at the
@@ -483,7 +483,7 @@ impl Drive {
         let c = &self.inner.cache;
         let mut out = self.inner.meters.snapshot(c.dirty_bytes(), c.cache_bytes());
         (out.disk_bytes, out.disk_bad_chunks) = self.inner.disk_gauges();
-        out.flushing = self.inner.flush_lock.try_lock().is_err();
+        out.flushing = self.inner.flush_lock.is_held();
         out
     }
 

@@ -118,7 +118,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         disk,
         extents: Mutex::new(extents),
         meters,
-        flush_lock: tokio::sync::Mutex::new(()),
+        flush_lock: Default::default(),
         passes: Default::default(),
         stream: Mutex::new(None),
         max_dirty_bytes,
