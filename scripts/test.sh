@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Run every blobdrive test, on a fresh machine too: install what is missing,
 # start an in-memory Azurite (or reuse one that already answers), then
-# cargo fmt --check, clippy with warnings as errors, and the whole test suite.
+# cargo fmt --check, clippy with warnings as errors, the whole test suite,
+# and (without arguments) the Debian package: scripts/package.sh builds it
+# and runs lintian, scripts/package-test.sh installs it into a clean Debian
+# root and mounts a drive with it.
 #
 #   scripts/test.sh [extra arguments for cargo nextest run / cargo test]
 #
@@ -104,6 +107,12 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   say "cargo test (cargo-nextest not installed)"
   cargo test --no-fail-fast "$@"
+fi
+
+if [ $# = 0 ]; then
+  say "the Debian package: scripts/package.sh, then scripts/package-test.sh"
+  scripts/package.sh
+  scripts/package-test.sh
 fi
 
 say "all tests passed"

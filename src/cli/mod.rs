@@ -113,8 +113,8 @@ pub enum Command {
     Mount(mount::MountArgs),
     /// Flush everything, release the lease and detach a mount.
     Unmount(unmount::UnmountArgs),
-    /// Hand an attached drive over to the blobdrive now installed, without
-    /// unmounting it.
+    /// Hand an attached drive (or --all of them) over to the blobdrive now
+    /// installed, without unmounting it.
     Upgrade(upgrade::UpgradeArgs),
     /// Export drives over NBD (qemu, nbdinfo, nbdcopy, fio, nbd-client).
     Serve(serve::ServeArgs),
