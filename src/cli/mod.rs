@@ -548,6 +548,18 @@ mod tests {
     }
 
     #[test]
+    fn upgrade_takes_one_directory_or_all_but_not_both() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("blobdrive").chain(args.iter().copied()))
+        };
+        assert!(parse(&["upgrade", "/mnt/x"]).is_ok());
+        assert!(parse(&["upgrade", "--all", "--json"]).is_ok());
+        // Neither: nothing says which drive to hand over.
+        assert!(parse(&["upgrade"]).is_err());
+        assert!(parse(&["upgrade", "/mnt/x", "--all"]).is_err());
+    }
+
+    #[test]
     fn connection_string_is_global() {
         let cli = Cli::try_parse_from(["blobdrive", "list", "--connection-string", "X=1"])
             .expect("parses");
