@@ -8,14 +8,18 @@
 #
 #   scripts/package.sh            build, package, lintian
 #
-# Exits non-zero when lintian reports an error; its warnings are printed
-# (the ones that stay, and why, are in packaging/debian/README.md).
+# Exits non-zero when lintian reports an error or a warning; the tags the
+# package overrides, each with its reason, are in packaging/debian/lintian-overrides.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 say() { echo "package.sh: $*" >&2; }
 
+if ! cargo deb --version >/dev/null 2>&1; then
+  say "cargo-deb is not installed: run scripts/setup.sh --package"
+  exit 1
+fi
 say "cargo build --release"
 cargo build --release --locked -p blobdrive
 rm -rf target/deb-root
