@@ -25,6 +25,14 @@ if [ $# != 4 ]; then
   exit 2
 fi
 root=$1 bin=$2 prefix=$3 unit_dir=$4
+# PREFIX goes into a sed replacement below, where '#', '&' and '\' mean
+# something, and into a unit file, where a newline would end the line.
+case $prefix in
+*[\#\&\\]* | *$'\n'*)
+  echo "stage.sh: PREFIX may not hold '#', '&', a backslash or a newline: $prefix" >&2
+  exit 2
+  ;;
+esac
 src=$(cd "$(dirname "$0")" && pwd)
 
 install -d "$root/sbin"
