@@ -10,6 +10,8 @@
 # and scripts/demo.sh.
 #
 #   scripts/setup.sh            everything the tests need
+#   scripts/setup.sh --no-package  the same without the package's tools (what
+#                               scripts/test.sh FILTER needs: no package test)
 #   scripts/setup.sh --run      only what running blobdrive and the demo need
 #   scripts/setup.sh --package  only what scripts/package.sh needs
 #
@@ -173,9 +175,11 @@ if [ "${1:-}" = "--run" ]; then
   install_system_packages
   exit 0
 fi
-tools+=("${package_tools[@]}")
+if [ "${1:-}" != "--no-package" ]; then
+  tools+=("${package_tools[@]}")
+fi
 install_system_packages
-install_cargo_deb
+[ "${1:-}" = "--no-package" ] || install_cargo_deb
 install_promtool
 install_python_sdk
 install_rust_components
