@@ -8,7 +8,12 @@
 //! `blobdrive upgrade --all` does it for every drive this user has attached
 //! on this host (the registry, `list --mounted`), one line each, and fails
 //! when any drive was left on its old binary: what a package's postinst runs
-//! after the binary was replaced.
+//! after the binary was replaced. A drive whose daemon already runs a file
+//! identical to the new binary (a reinstall of the same build) is left as it
+//! is. Blobdrive FUSE mounts outside the registry (namespace mounts, another
+//! user's attaches: FUSE mounts whose daemon answers blobdrive's control
+//! socket) cannot be handed over: each is named as left on its old
+//! binary, which is not a failure of the upgrade.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -76,15 +81,27 @@ pub fn run(_ctx: &Context, args: &UpgradeArgs) -> CmdResult {
 
 /// `--all`: hand each live attach over in turn; a failure is reported and
 /// the others are still tried. JSON: an array of the single upgrade's
-/// objects, with `error` (and no `pid`) for a drive left as it was.
+/// objects, with `error` (and no `pid`) for a drive left as it was,
+/// `unchanged: true` for one already on this build, and `left` for a
+/// blobdrive mount outside the registry.
 fn upgrade_all(binary: &Path, json: bool) -> CmdResult {
-    let attached: Vec<_> = crate::daemon::registry::list_mounted()
-        .into_iter()
-        .filter(|e| e.alive)
-        .collect();
+    let registry = crate::daemon::registry::list_mounted();
+    let attached: Vec<_> = registry.iter().filter(|e| e.alive).collect();
     let mut failed = 0;
     let mut results = Vec::new();
     for entry in &attached {
+        if runs_same_build(entry.pid, binary) {
+            if !json {
+                output::print_text(&format!(
+                    "{}: its daemon (pid {}) already runs this build: left as it is\n",
+                    entry.dir.display(),
+                    entry.pid
+                ));
+            }
+            results
+                .push(serde_json::json!({ "dir": entry.dir, "pid": entry.pid, "unchanged": true }));
+            continue;
+        }
         match upgrade_one(&entry.dir, binary) {
             Ok(done) => {
                 if !json {
@@ -105,9 +122,27 @@ fn upgrade_all(binary: &Path, json: bool) -> CmdResult {
             }
         }
     }
+    // Blobdrive FUSE mounts no registry entry serves (namespace mounts, other
+    // users' attaches), which only an unmount and a mount move: the FUSE
+    // mounts whose daemon answers blobdrive's control socket.
+    let others: Vec<_> = crate::daemon::mountpoint::fuse_mounts()
+        .into_iter()
+        .filter(|dir| !registry.iter().any(|e| &e.fuse_dir == dir))
+        .filter(|dir| crate::daemon::request_stats(dir).is_ok())
+        .collect();
+    for dir in &others {
+        if !json {
+            output::print_text(&format!(
+                "{}: left on the old binary (not an attached drive this can hand over): \
+                 unmount and mount again\n",
+                dir.display()
+            ));
+        }
+        results.push(serde_json::json!({ "dir": dir, "left": "not in the attach registry" }));
+    }
     if json {
         output::print_json(&results);
-    } else if attached.is_empty() {
+    } else if attached.is_empty() && others.is_empty() {
         output::print_text("no drive is attached on this host: nothing to upgrade\n");
     }
     if failed > 0 {
@@ -118,6 +153,22 @@ fn upgrade_all(binary: &Path, json: bool) -> CmdResult {
         );
     }
     Ok(())
+}
+
+/// True when the process `pid` runs a file with the very bytes of `binary`
+/// (after a reinstall its file is replaced, so paths and inodes differ even
+/// for the same build; `/proc/PID/exe` still reads the file it runs).
+fn runs_same_build(pid: u32, binary: &Path) -> bool {
+    let running = PathBuf::from(format!("/proc/{pid}/exe"));
+    let same_size = match (std::fs::metadata(&running), std::fs::metadata(binary)) {
+        (Ok(a), Ok(b)) => a.len() == b.len(),
+        _ => false,
+    };
+    same_size
+        && matches!(
+            (std::fs::read(&running), std::fs::read(binary)),
+            (Ok(a), Ok(b)) if a == b
+        )
 }
 
 /// One handover's result, as `upgrade --json` prints it.
