@@ -38,8 +38,10 @@ pub struct UpgradeArgs {
     )]
     pub dir: Option<PathBuf>,
     /// Every drive this user has attached on this host (`list --mounted`)
-    /// instead of one; a drive that cannot be handed over stays attached on
-    /// its old binary and is reported.
+    /// instead of one; a drive whose daemon already runs this very binary is
+    /// left as it is, and one that cannot be handed over stays attached on
+    /// its old binary and is reported, as is every other blobdrive mount
+    /// (a namespace mount: only an unmount and a mount move it).
     #[arg(long)]
     pub all: bool,
     /// The binary the new daemon runs (default: this one).
