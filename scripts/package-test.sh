@@ -147,7 +147,7 @@ else
   mkdir -p "$cache"
   make_root() {
     rm -f "$cached.part.$$"
-    mmdebstrap --quiet --variant=minbase --mode=root "$suite" "$cached.part.$$" "$mirror"
+    mmdebstrap --quiet --variant=minbase --mode=root --format=tar "$suite" "$cached.part.$$" "$mirror"
   }
   retry make_root || fail "mmdebstrap could not make the clean root"
   mv "$cached.part.$$" "$cached"
