@@ -5,10 +5,15 @@
 # and cryptsetup-bin (partitioned test images), fio, libnbd-bin (nbdinfo, nbdcopy:
 # the NBD tests), qemu-utils (and Debian 12's
 # qemu-img 7.2, unpacked into .tools/), iproute2, tar, man-db, zsh, promtool, the Python
-# azure-storage-blob SDK and rustfmt/clippy. Used by scripts/test.sh and scripts/demo.sh.
+# azure-storage-blob SDK and rustfmt/clippy, and what building and testing the Debian
+# package needs (cargo-deb, lintian, binutils, mmdebstrap). Used by scripts/test.sh
+# and scripts/demo.sh.
 #
-#   scripts/setup.sh          everything the tests need
-#   scripts/setup.sh --run    only what running blobdrive and the demo need
+#   scripts/setup.sh            everything the tests need
+#   scripts/setup.sh --no-package  the same without the package's tools (what
+#                               scripts/test.sh FILTER needs: no package test)
+#   scripts/setup.sh --run      only what running blobdrive and the demo need
+#   scripts/setup.sh --package  only what scripts/package.sh needs
 #
 # BLOBDRIVE_SKIP_INSTALL=1 installs nothing.
 set -euo pipefail
@@ -143,13 +148,38 @@ fetch_old_qemu() {
   say "qemu-img $version unpacked into .tools/qemu-7.2"
 }
 
+# cargo-deb, pinned: the version scripts/package.sh was written against.
+CARGO_DEB_VERSION=3.8.0
+install_cargo_deb() {
+  if cargo deb --version 2>/dev/null | grep -qF "$CARGO_DEB_VERSION"; then
+    return 0
+  fi
+  say "installing cargo-deb $CARGO_DEB_VERSION (cargo install)"
+  cargo install --quiet --locked cargo-deb --version "$CARGO_DEB_VERSION"
+}
+
+# The Debian package: lintian checks it, objcopy and readelf (binutils) split
+# and check its debug info, mmdebstrap makes the clean root the package test
+# installs it into.
+package_tools=(lintian:lintian objcopy:binutils readelf:binutils mmdebstrap:mmdebstrap)
+
 [ "${BLOBDRIVE_SKIP_INSTALL:-0}" = 1 ] && exit 0
+if [ "${1:-}" = "--package" ]; then
+  tools=("${package_tools[@]}")
+  install_system_packages
+  install_cargo_deb
+  exit 0
+fi
 if [ "${1:-}" = "--run" ]; then
   tools=(fusermount3:fuse3 losetup:util-linux blkid:util-linux mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs npm:npm)
   install_system_packages
   exit 0
 fi
+if [ "${1:-}" != "--no-package" ]; then
+  tools+=("${package_tools[@]}")
+fi
 install_system_packages
+[ "${1:-}" = "--no-package" ] || install_cargo_deb
 install_promtool
 install_python_sdk
 install_rust_components

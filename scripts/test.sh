@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Run every blobdrive test, on a fresh machine too: install what is missing,
 # start an in-memory Azurite (or reuse one that already answers), then
-# cargo fmt --check, clippy with warnings as errors, and the whole test suite.
+# cargo fmt --check, clippy with warnings as errors, the whole test suite,
+# and (without arguments) the Debian package: scripts/package.sh builds it
+# and runs lintian, scripts/package-test.sh installs it into a clean Debian
+# root and mounts a drive with it.
 #
 #   scripts/test.sh [extra arguments for cargo nextest run / cargo test]
 #
@@ -25,7 +28,13 @@ say() { echo "test.sh: $*" >&2; }
 
 # --- what the tests need ----------------------------------------------------
 
-scripts/setup.sh
+# The package's tools (cargo-deb, lintian, mmdebstrap) only for a whole run:
+# a filtered one runs no package test.
+if [ $# = 0 ]; then
+  scripts/setup.sh
+else
+  scripts/setup.sh --no-package
+fi
 
 # --- Azurite ----------------------------------------------------------------
 
@@ -104,6 +113,16 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   say "cargo test (cargo-nextest not installed)"
   cargo test --no-fail-fast "$@"
+fi
+
+if [ $# = 0 ]; then
+  say "the Debian package: scripts/package.sh, then scripts/package-test.sh"
+  step=$SECONDS
+  scripts/package.sh
+  say "scripts/package.sh: $((SECONDS - step)) s"
+  step=$SECONDS
+  scripts/package-test.sh
+  say "scripts/package-test.sh: $((SECONDS - step)) s"
 fi
 
 say "all tests passed"

@@ -432,7 +432,7 @@ fn mount_helper_page() -> String {
                 ),
                 Item::Para(
                     "It is the blobdrive binary itself, called under this name through a \
-                     link that scripts/install.sh makes in /sbin.",
+                     link in /sbin that the Debian package and scripts/install.sh install.",
                 ),
             ],
         },

@@ -118,8 +118,8 @@ pub enum Command {
     Mount(mount::MountArgs),
     /// Flush everything, release the lease and detach a mount.
     Unmount(unmount::UnmountArgs),
-    /// Hand an attached drive over to the blobdrive now installed, without
-    /// unmounting it.
+    /// Hand an attached drive (or --all of them) over to the blobdrive now
+    /// installed, without unmounting it.
     Upgrade(upgrade::UpgradeArgs),
     /// Export drives over NBD (qemu, nbdinfo, nbdcopy, fio, nbd-client).
     Serve(serve::ServeArgs),
@@ -550,6 +550,18 @@ mod tests {
         }
         // --keep 0 would delete the snapshot just taken.
         assert!(Cli::try_parse_from(["blobdrive", "snapshot", "c/b", "--keep", "0"]).is_err());
+    }
+
+    #[test]
+    fn upgrade_takes_one_directory_or_all_but_not_both() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("blobdrive").chain(args.iter().copied()))
+        };
+        assert!(parse(&["upgrade", "/mnt/x"]).is_ok());
+        assert!(parse(&["upgrade", "--all", "--json"]).is_ok());
+        // Neither: nothing says which drive to hand over.
+        assert!(parse(&["upgrade"]).is_err());
+        assert!(parse(&["upgrade", "/mnt/x", "--all"]).is_err());
     }
 
     #[test]

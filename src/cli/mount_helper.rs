@@ -1,6 +1,6 @@
 //! `mount.blobdrive`: the helper `mount -t blobdrive C/B DIR -o ro,...` and
 //! /etc/fstab lines call. The same binary runs it when invoked under that
-//! name (a symlink installed by `scripts/install.sh`).
+//! name (a symlink in /sbin, installed by the package and `scripts/install.sh`).
 //!
 //! mount(8) calls `mount.blobdrive SOURCE DIR [-sfnv] [-o OPTIONS]`. Options:
 //! - blobdrive's own: `ro`/`rw`, `snapshot=T`, `cache-size=S`, `max-dirty=S`, `key-file=F`, `passphrase-file=F`, `flush-delay=D`, `break-lease`,

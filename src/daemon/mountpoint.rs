@@ -132,6 +132,59 @@ pub(crate) fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
         .any(|line| line.split(' ').nth(4) == Some(wanted.as_str())))
 }
 
+/// The mount points of every FUSE mount (type `fuse`, `fuseblk` or
+/// `fuse.*`) this process can see and this user owns (root: every owner),
+/// unescaped. Blobdrive's are among them (its daemon mounts as root with type
+/// `fuse`, the subtype not shown): whose they are, only their control
+/// sockets tell.
+pub fn fuse_mounts() -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    fuse_mounts_in(&info, uid)
+}
+
+fn fuse_mounts_in(info: &str, uid: u32) -> Vec<PathBuf> {
+    info.lines()
+        .filter(|line| {
+            let fstype = line
+                .split_once(" - ")
+                .and_then(|(_, tail)| tail.split(' ').next())
+                .unwrap_or_default();
+            (fstype == "fuse" || fstype == "fuseblk" || fstype.starts_with("fuse."))
+                && (uid == 0 || owner_of_mountinfo_line(line) == uid)
+        })
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|dir| PathBuf::from(unescape_mountinfo(dir)))
+        .collect()
+}
+
+/// The path a mountinfo field stands for (the inverse of [`escape_mountinfo`]).
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
+            let d = std::str::from_utf8(d).ok()?;
+            u8::from_str_radix(d, 8).ok()
+        });
+        match (bytes[i], octal) {
+            (b'\\', Some(b)) => {
+                out.push(b);
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// A path as `/proc/self/mountinfo` prints it: space, tab, newline and
 /// backslash in octal.
 fn escape_mountinfo(path: &str) -> String {
@@ -187,5 +240,31 @@ mod tests {
         let plain = tempfile::tempdir().unwrap();
         let plain = plain.path().canonicalize().unwrap();
         assert!(!is_mount_point(&plain).unwrap());
+    }
+
+    #[test]
+    fn fuse_mounts_are_read_unescaped_and_by_owner() {
+        let info = "\
+36 35 0:40 / /home/u/my\\040drives rw - fuse.blobdrive c rw,user_id=1000,group_id=1000
+37 35 0:41 / /run/blobdrive/fuse/ab rw - fuse acct/c rw,user_id=0,group_id=0
+38 35 7:0 / /mnt/d rw - ext4 /dev/loop0 rw
+39 35 0:42 / /mnt/other rw - fuse.sshfs x rw,user_id=1001
+";
+        assert_eq!(
+            fuse_mounts_in(info, 0),
+            [
+                PathBuf::from("/home/u/my drives"),
+                PathBuf::from("/run/blobdrive/fuse/ab"),
+                PathBuf::from("/mnt/other")
+            ]
+        );
+        assert_eq!(
+            fuse_mounts_in(info, 1000),
+            [PathBuf::from("/home/u/my drives")]
+        );
+        assert_eq!(
+            unescape_mountinfo(&escape_mountinfo("/a b\\c\td")),
+            "/a b\\c\td"
+        );
     }
 }
