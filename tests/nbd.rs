@@ -850,6 +850,18 @@ async fn a_background_server_is_listed_counted_logged_and_stopped_by_unmount_aft
     let log = PathBuf::from(rows[0]["log_file"].as_str().expect("a default log file"));
     assert!(log.starts_with(sb.root.path().join("run")), "{log:?}");
 
+    // A package upgrade (`upgrade --all`) cannot hand a server over: it
+    // names it as left on the old binary, and that is not a failure.
+    let upgraded: Vec<serde_json::Value> =
+        serde_json::from_str(&sb.blobdrive_ok(&["upgrade", "--all", "--json"]))
+            .expect("upgrade --all --json is JSON");
+    assert!(
+        upgraded
+            .iter()
+            .any(|r| r["endpoint"] == nbd.as_str() && r["left"] == "an NBD server"),
+        "{upgraded:?}"
+    );
+
     // `stats` by the socket path, and by the export's name.
     let stats: serde_json::Value =
         serde_json::from_str(&sb.blobdrive_ok(&["stats", &socket.to_string_lossy(), "--json"]))

@@ -12,8 +12,8 @@
 //! identical to the new binary (a reinstall of the same build) is left as it
 //! is. Blobdrive FUSE mounts outside the registry (namespace mounts, another
 //! user's attaches: FUSE mounts whose daemon answers blobdrive's control
-//! socket) cannot be handed over: each is named as left on its old
-//! binary, which is not a failure of the upgrade.
+//! socket) and NBD servers (`blobdrive serve`) cannot be handed over: each
+//! is named as left on its old binary, which is not a failure of the upgrade.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -142,9 +142,31 @@ fn upgrade_all(binary: &Path, json: bool) -> CmdResult {
         }
         results.push(serde_json::json!({ "dir": dir, "left": "not in the attach registry" }));
     }
+    // NBD servers have no holder to hand their connections over: like the
+    // namespace mounts, they run the old binary until they are restarted.
+    let served: Vec<_> = crate::daemon::served::list_served()
+        .into_iter()
+        .filter(|e| e.alive)
+        .collect();
+    for entry in &served {
+        if !json {
+            output::print_text(&format!(
+                "{} (pid {}): left on the old binary (an NBD server cannot be handed over): \
+                 stop it with 'blobdrive unmount {}' and serve again\n",
+                entry.endpoint,
+                entry.pid,
+                entry.key.display()
+            ));
+        }
+        results.push(serde_json::json!({
+            "endpoint": entry.endpoint,
+            "pid": entry.pid,
+            "left": "an NBD server",
+        }));
+    }
     if json {
         output::print_json(&results);
-    } else if attached.is_empty() && others.is_empty() {
+    } else if attached.is_empty() && others.is_empty() && served.is_empty() {
         output::print_text("no drive is attached on this host: nothing to upgrade\n");
     }
     if failed > 0 {
