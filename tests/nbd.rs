@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use blobdrive::nbd::proto::*;
 use common::ContainerGuard;
-use mount_support::{process_alive, send_signal, Sandbox};
+use mount_support::{process_alive, promtool_check, send_signal, Sandbox};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -669,15 +669,7 @@ async fn a_background_server_returns_once_it_serves_and_releases_the_lease_at_si
     let ready: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
     let pid = ready["pid"].as_i64().expect("the daemon's pid") as i32;
     // Stopped even if the test fails from here on.
-    struct Daemon(i32);
-    impl Drop for Daemon {
-        fn drop(&mut self) {
-            if process_alive(self.0) {
-                send_signal(self.0, libc::SIGKILL);
-            }
-        }
-    }
-    let daemon = Daemon(pid);
+    let daemon = KilledOnDrop(pid);
     assert!(
         process_alive(pid),
         "the daemon serves after the command returned"
@@ -789,6 +781,18 @@ async fn writes_an_export_cannot_flush_after_its_lease_was_broken_go_to_a_recove
 }
 
 /// The rows of `list --mounted --json` that are exports (`"kind": "nbd"`).
+/// A background server's pid, killed (SIGKILL) when dropped if still alive,
+/// so a failing test leaves no server behind.
+struct KilledOnDrop(i32);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        if process_alive(self.0) {
+            send_signal(self.0, libc::SIGKILL);
+        }
+    }
+}
+
 fn listed_exports(sb: &Sandbox) -> Vec<serde_json::Value> {
     let out = sb.blobdrive_ok(&["list", "--mounted", "--json"]);
     let rows: Vec<serde_json::Value> = serde_json::from_str(&out).expect("list --mounted is JSON");
@@ -821,15 +825,7 @@ async fn a_background_server_is_listed_counted_logged_and_stopped_by_unmount_aft
     ]);
     let ready: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
     let pid = ready["pid"].as_i64().expect("the daemon's pid") as i32;
-    struct Daemon(i32);
-    impl Drop for Daemon {
-        fn drop(&mut self) {
-            if process_alive(self.0) {
-                send_signal(self.0, libc::SIGKILL);
-            }
-        }
-    }
-    let _daemon = Daemon(pid);
+    let _daemon = KilledOnDrop(pid);
     let mut c = nbd_support::Client::connect(&socket);
     c.go_structured(&drive);
     assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 4096, &[0x5a; 4096]).error, 0);
@@ -944,31 +940,6 @@ async fn unmount_of_a_server_whose_final_flush_fails_exits_non_zero_and_names_th
         .filter(|e| e.path().extension().is_some_and(|x| x == "bdrec"))
         .count();
     assert_eq!(saved, 1, "one recovery file for the drive");
-}
-
-/// `promtool check metrics` accepts `text` (names, types, help, no lint).
-fn promtool_check(text: &str) {
-    use std::io::Write;
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool check metrics: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

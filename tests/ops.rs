@@ -19,7 +19,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::ContainerGuard;
-use mount_support::Sandbox;
+use mount_support::{promtool_check, Sandbox};
 
 const BIN: &str = env!("CARGO_BIN_EXE_blobdrive");
 
@@ -413,29 +413,6 @@ fn scrape(port: u16, path: &str) -> (String, String) {
     s.read_to_string(&mut answer).unwrap();
     let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
     (head.to_string(), body.to_string())
-}
-
-fn promtool_check(text: &str) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool check metrics: {}{}\n{text}",
-        text_of(&out.stdout),
-        text_of(&out.stderr)
-    );
 }
 
 fn text_of(b: &[u8]) -> String {
