@@ -62,8 +62,9 @@ const LOOP_MAX_REQUEST_KIB: u32 = MAX_WRITE_BYTES / 1024;
 /// the file in 2 MiB folios, which on this project's test VM cost the
 /// daemon 2.5-3 times as much CPU per byte to fill as 1 MiB ones (the
 /// FUSE reply's copy is the first write to memory the host had taken back:
-/// virtio-balloon free page reporting): `cat` of 1 GiB 3.2-4.0 CPU-s
-/// against 1.4 at this setting.
+/// virtio-balloon free page reporting): a cold `cat` of 1 GiB cost the
+/// daemon 2.2 CPU-seconds and `dd bs=1M` 1.7; at this setting 1.4 and 1.3
+/// (docs/kernel.md).
 const LOOP_READ_AHEAD_KIB: u32 = 512;
 
 /// What `blobdrive mount C/B DIR` asks for beyond a FUSE mount.
