@@ -63,7 +63,7 @@ const LOOP_MAX_REQUEST_KIB: u32 = MAX_WRITE_BYTES / 1024;
 /// daemon 2.5-3 times as much CPU per byte to fill as 1 MiB ones (the
 /// FUSE reply's copy is the first write to memory the host had taken back:
 /// virtio-balloon free page reporting): a cold `cat` of 1 GiB cost the
-/// daemon 2.2 CPU-seconds and `dd bs=1M` 1.7; at this setting 1.4 and 1.3
+/// daemon 1.28 times what `dd bs=1M` did; at this setting 1.02
 /// (docs/kernel.md).
 const LOOP_READ_AHEAD_KIB: u32 = 512;
 
