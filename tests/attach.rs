@@ -1016,6 +1016,83 @@ fn counter(device: &serde_json::Value, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("stats has no counter {name}: {device}"))
 }
 
+/// A loop device queue setting of `device` (`/dev/loopN`), in KiB.
+fn queue_kib(device: &str, name: &str) -> u64 {
+    let dev = device.trim_start_matches("/dev/");
+    std::fs::read_to_string(format!("/sys/block/{dev}/queue/{name}"))
+        .unwrap_or_else(|e| panic!("{dev} queue/{name}: {e}"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+/// `cat` and `cp` read a file 128 KiB at a time and ask for sequential
+/// read-ahead, which doubles the kernel's. Through an attached drive their
+/// reads reach the daemon as 1 MiB FUSE requests, the largest the
+/// connection takes: the loop device sends requests of that size (the
+/// kernel's 1280 KiB arrived cut in two) and its read-ahead (512 KiB,
+/// 1 MiB doubled) keeps ext4 from caching the file in 2 MiB folios, which
+/// cost the daemon twice the CPU per byte on a VM. `stats` counts the
+/// FUSE reads (`fuse_read_requests`, `fuse_read_bytes`, and their
+/// Prometheus totals), from which the mean request is read.
+#[test]
+fn cat_of_a_file_reaches_the_daemon_as_whole_1_mib_fuse_reads() {
+    if !can_run("cat_of_a_file_reaches_the_daemon_as_whole_1_mib_fuse_reads") {
+        return;
+    }
+    let site = Site::new();
+    let guard = runtime().block_on(ContainerGuard::new("attach-fuse-reads"));
+    let drive = drive_name(&guard, "reads.vhd");
+    site.ok(&["create", &drive, "--size", "128M", "--mkfs", "ext4"]);
+    let dir = site.dir("data");
+    let dir_s = dir.to_string_lossy().to_string();
+    let data = pattern(64 << 20, 3);
+    site.ok(&["mount", &drive, &dir_s]);
+    std::fs::write(dir.join("file"), &data).unwrap();
+    site.ok(&["unmount", &dir_s]);
+
+    // A new attach: nothing of the file in the kernel's cache.
+    site.ok(&["mount", &drive, &dir_s]);
+    let listed: serde_json::Value =
+        serde_json::from_str(&site.ok(&["list", "--mounted", "--json"])).unwrap();
+    let loop_dev = listed[0]["loop_device"].as_str().expect("a loop device");
+    let largest = 1024.min(queue_kib(loop_dev, "max_hw_sectors_kb"));
+    assert_eq!(queue_kib(loop_dev, "max_sectors_kb"), largest);
+    assert_eq!(queue_kib(loop_dev, "read_ahead_kb"), 512);
+
+    let before = device_stats(&site, &dir);
+    let cat = Command::new("cat")
+        .arg(dir.join("file"))
+        .output()
+        .expect("run cat");
+    assert!(
+        cat.status.success() && cat.stdout == data,
+        "cat reads the file"
+    );
+    let after = device_stats(&site, &dir);
+    let requests = counter(&after, "fuse_read_requests") - counter(&before, "fuse_read_requests");
+    let bytes = counter(&after, "fuse_read_bytes") - counter(&before, "fuse_read_bytes");
+    println!("cat of 64 MiB: {requests} FUSE reads, {bytes} bytes");
+    assert!(bytes >= data.len() as u64, "{before}\n{after}");
+    // The first requests are smaller while the kernel's read-ahead grows,
+    // and ext4 reads the file's metadata in 4 KiB blocks; with the kernel's
+    // defaults the mean was 640 KiB (1 MiB and 256 KiB, in turn).
+    assert!(
+        bytes / requests >= largest * 1024 * 3 / 4,
+        "mean FUSE read {} KiB, wanted about {largest} KiB",
+        bytes / requests / 1024
+    );
+    let metrics = site.ok(&["stats", &dir_s, "--prometheus"]);
+    let line = format!("blobdrive_fuse_read_requests_total{{drive=\"{drive}\"}} ");
+    assert!(metrics.contains(&line), "{metrics}");
+    assert!(
+        metrics.contains("blobdrive_fuse_read_bytes_total{"),
+        "{metrics}"
+    );
+    site.ok(&["unmount", &dir_s]);
+    assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
+}
+
 /// The drives' directories of a disk tier (`DIR/v1/<hash>`).
 fn cached_drives(cache_dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(cache_dir.join("v1")) else {

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use blobdrive::attach::{filesystem, FsType, LoopDevice, MountedFs};
+use blobdrive::attach::{filesystem, FsType, LoopDevice, MountedFs, ReadQueue};
 
 /// Skip (or fail, under BLOBDRIVE_REQUIRE_FUSE=1) when loop devices are unusable.
 fn loop_devices_usable() -> bool {
@@ -82,6 +82,58 @@ fn ext4_on_a_direct_io_loop_device_round_trips_and_mounts_read_only_without_repl
     assert_eq!(err.raw_os_error(), Some(libc::EROFS));
     fs.unmount().unwrap();
     cleanup.mounts.clear();
+}
+
+/// The queue settings an attach gives its loop device (1 MiB requests,
+/// 512 KiB read-ahead) are the kernel's until the device is detached, and
+/// the ones they replaced come back before the detach: the kernel would
+/// keep them for the device's next user.
+#[test]
+fn a_loop_device_takes_a_read_queue_and_gives_the_old_one_back() {
+    if !loop_devices_usable() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("disk.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let mut cleanup = Cleanup::default();
+    let dev = LoopDevice::attach(&image, true).unwrap();
+    cleanup.loops.push(dev.clone());
+
+    let queue = |name: &str| -> u32 {
+        let node = dev
+            .device
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        std::fs::read_to_string(format!("/sys/block/{node}/queue/{name}"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let kernels = dev.read_queue().unwrap();
+    let wanted = ReadQueue {
+        max_request_kib: 1024,
+        read_ahead_kib: 512,
+    };
+    assert_ne!(kernels, wanted, "the kernel's own settings differ");
+    let before = dev.set_read_queue(wanted).unwrap();
+    assert_eq!(before, kernels);
+    assert_eq!(
+        queue("max_sectors_kb"),
+        1024.min(queue("max_hw_sectors_kb"))
+    );
+    assert_eq!(queue("read_ahead_kb"), 512);
+
+    dev.restore_read_queue(before);
+    assert_eq!(dev.read_queue().unwrap(), kernels);
+    dev.detach().unwrap();
+    cleanup.loops.clear();
 }
 
 #[test]

@@ -71,6 +71,24 @@ pub struct LoopArea {
     pub size_limit_bytes: u64,
 }
 
+/// How the kernel reads through a loop device (its block queue), in KiB as
+/// the kernel takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadQueue {
+    /// The largest request it sends (`queue/max_sectors_kb`).
+    pub max_request_kib: u32,
+    /// The read-ahead of the files on it (`queue/read_ahead_kb`).
+    pub read_ahead_kib: u32,
+}
+
+/// A number of KiB from the queue directory `dir`.
+fn read_kib(dir: &Path, name: &str) -> std::io::Result<u32> {
+    std::fs::read_to_string(dir.join(name))?
+        .trim()
+        .parse()
+        .map_err(|_| std::io::Error::other(format!("{name} is not a number")))
+}
+
 /// A loop device attached to a file. Detach it explicitly with [`LoopDevice::detach`];
 /// dropping it does not detach (teardown order matters and belongs to the caller).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,22 +255,67 @@ impl LoopDevice {
         })
     }
 
-    /// The kernel's writeback settings of this device (`/sys/class/bdi/MAJ:MIN`).
-    fn bdi_dir(&self) -> std::io::Result<PathBuf> {
+    /// Sets how the kernel reads through the device: its largest request
+    /// (`queue/max_sectors_kb`, at most what the device takes) and the
+    /// read-ahead of the files of a filesystem mounted on it
+    /// (`queue/read_ahead_kb`, which the filesystem's files copy when they
+    /// are opened: set it before the mount). The largest request goes
+    /// first, since a change of it may recompute the read-ahead. Returns
+    /// the settings it replaced, for [`LoopDevice::restore_read_queue`]:
+    /// the kernel keeps both across a detach and the next attach of the
+    /// device to a FUSE file.
+    pub fn set_read_queue(&self, queue: ReadQueue) -> std::io::Result<ReadQueue> {
+        let before = self.read_queue()?;
+        let dir = self.sys_dir()?.join("queue");
+        let hw_kib = read_kib(&dir, "max_hw_sectors_kb")?;
+        let largest = queue.max_request_kib.min(hw_kib);
+        std::fs::write(dir.join("max_sectors_kb"), largest.to_string())?;
+        std::fs::write(dir.join("read_ahead_kb"), queue.read_ahead_kib.to_string())?;
+        Ok(before)
+    }
+
+    /// Puts back the settings [`LoopDevice::set_read_queue`] replaced
+    /// (best effort, before the detach: the device is shared with the rest
+    /// of the machine).
+    pub fn restore_read_queue(&self, before: ReadQueue) {
+        if let Err(err) = self.set_read_queue(before) {
+            tracing::debug!(device = %self.device.display(), %err, "cannot restore the loop device's queue settings");
+        }
+    }
+
+    /// The device's largest request and read-ahead, as the kernel has them.
+    pub fn read_queue(&self) -> std::io::Result<ReadQueue> {
+        let dir = self.sys_dir()?.join("queue");
+        Ok(ReadQueue {
+            max_request_kib: read_kib(&dir, "max_sectors_kb")?,
+            read_ahead_kib: read_kib(&dir, "read_ahead_kb")?,
+        })
+    }
+
+    /// The device's directory in sysfs (`/sys/dev/block/MAJ:MIN`).
+    fn sys_dir(&self) -> std::io::Result<PathBuf> {
+        let (major, minor) = self.numbers()?;
+        Ok(PathBuf::from(format!("/sys/dev/block/{major}:{minor}")))
+    }
+
+    fn numbers(&self) -> std::io::Result<(u32, u32)> {
         use std::os::unix::fs::MetadataExt as _;
         let rdev = std::fs::metadata(&self.device)?.rdev();
-        Ok(PathBuf::from(format!(
-            "/sys/class/bdi/{}:{}",
-            libc::major(rdev),
-            libc::minor(rdev)
-        )))
+        Ok((libc::major(rdev), libc::minor(rdev)))
+    }
+
+    /// The kernel's writeback settings of this device (`/sys/class/bdi/MAJ:MIN`).
+    fn bdi_dir(&self) -> std::io::Result<PathBuf> {
+        let (major, minor) = self.numbers()?;
+        Ok(PathBuf::from(format!("/sys/class/bdi/{major}:{minor}")))
     }
 
     /// Detach the device. The kernel defers the detach while the device is
     /// still open (autoclear), so unmount the filesystem on it first. A
     /// dirty-cache bound set by [`LoopDevice::limit_dirty_cache`] goes back
     /// to the kernel's default first (best effort), so the next user of the
-    /// device does not inherit it.
+    /// device does not inherit it. (Queue settings are the caller's to put
+    /// back: [`LoopDevice::restore_read_queue`].)
     pub fn detach(&self) -> Result<(), ToolError> {
         if let Ok(bdi) = self.bdi_dir() {
             if std::fs::read_to_string(bdi.join("strict_limit")).is_ok_and(|v| v.trim() == "1") {

@@ -13,5 +13,5 @@ pub mod table;
 mod tool;
 
 pub use filesystem::{FsType, MountedFs};
-pub use loopdev::LoopDevice;
+pub use loopdev::{LoopDevice, ReadQueue};
 pub use tool::{tool_exists, ToolError};

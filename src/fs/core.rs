@@ -425,7 +425,9 @@ impl FsCore {
             return Ok(Bytes::new());
         }
         let len = (len as u64).min(size - offset_bytes) as usize;
-        open.device.read_at(offset_bytes, len).await
+        let data = open.device.read_at(offset_bytes, len).await?;
+        open.reads.record(data.len());
+        Ok(data)
     }
 
     pub(super) fn writable_device(&self, fh: u64) -> FsResult<super::handles::OpenDevice> {

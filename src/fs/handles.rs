@@ -26,6 +26,37 @@ pub struct OpenDevice {
     pub device: Arc<dyn Device>,
     /// True when it holds the lease.
     pub writable: bool,
+    /// The FUSE reads it served.
+    pub reads: Arc<FuseReads>,
+}
+
+impl OpenDevice {
+    fn new(device: Arc<dyn Device>, writable: bool) -> Self {
+        Self {
+            device,
+            writable,
+            reads: Arc::default(),
+        }
+    }
+}
+
+/// The FUSE READ requests a device served and the bytes they returned
+/// (`fuse_read_requests`, `fuse_read_bytes` in its stats). Their ratio is
+/// the size the kernel's reads reach the daemon in (for an attach: the
+/// loop device's requests, cut at FUSE's `max_pages`), which the cost of a
+/// read per byte follows: each request is a wakeup, a task and a reply.
+#[derive(Debug, Default)]
+pub struct FuseReads {
+    requests: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl FuseReads {
+    /// Counts one request that returned `bytes`.
+    pub fn record(&self, bytes: usize) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -191,10 +222,7 @@ impl Handles {
         }
         let device = catalog.open(&file.path, true).await?;
         tracing::debug!(path = %file.path, "device opened for the new drive");
-        if let Some(old) = file.set_current(Some(OpenDevice {
-            device,
-            writable: true,
-        })) {
+        if let Some(old) = file.set_current(Some(OpenDevice::new(device, true))) {
             gate.retired.push(old.device);
         }
         Ok(())
@@ -239,7 +267,7 @@ impl Handles {
                 Opener::Unsized => Arc::new(Unsized { path: path.clone() }),
             };
             tracing::debug!(%path, writable, "device opened");
-            let replaced = file.set_current(Some(OpenDevice { device, writable }));
+            let replaced = file.set_current(Some(OpenDevice::new(device, writable)));
             if let Some(old) = replaced {
                 if open_changed(&old) {
                     tracing::info!(%path, "the blob changed under its read-only device: new opens get a fresh one, the open handles keep failing");
@@ -450,6 +478,11 @@ fn device_stats(open: &OpenDevice, is_open: bool) -> serde_json::Value {
     if let Some(object) = stats.as_object_mut() {
         object.insert("writable".into(), open.writable.into());
         object.insert("open".into(), is_open.into());
+        let reads = &open.reads;
+        let requests = reads.requests.load(Ordering::Relaxed);
+        object.insert("fuse_read_requests".into(), requests.into());
+        let bytes = reads.bytes.load(Ordering::Relaxed);
+        object.insert("fuse_read_bytes".into(), bytes.into());
     }
     stats
 }

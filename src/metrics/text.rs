@@ -69,6 +69,18 @@ const STATS_COUNTERS: &[StatsCounter] = &[
         None,
     ),
     (
+        "fuse_read_requests",
+        "blobdrive_fuse_read_requests_total",
+        "FUSE read requests served (for an attach, the loop device's reads as FUSE cut them).",
+        None,
+    ),
+    (
+        "fuse_read_bytes",
+        "blobdrive_fuse_read_bytes_total",
+        "Bytes returned by FUSE read requests.",
+        None,
+    ),
+    (
         "cache_hits",
         "blobdrive_cache_hit_pages_total",
         "512-byte pages read that were in the memory cache.",
