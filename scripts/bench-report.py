@@ -226,6 +226,16 @@ def mean_of(prefix):
 if "crypt_read_mibps_1" in r:
     print(f"daemon CPU s/GiB, plain vs encrypted: write {mean_of('daemon_cpu_plain_write_')} vs {mean_of('daemon_cpu_crypt_write_')}, "
           f"cold read {mean_of('daemon_cpu_plain_read_')} vs {mean_of('daemon_cpu_crypt_read_')}")
+def fuse_summary(key):
+    """FUSE read requests per GiB and their mean size over KEY's reads, from
+    a build whose `blobdrive stats --json` counts them."""
+    reqs, nbytes = series(f"fuse_read_requests_{key}"), series(f"fuse_read_bytes_{key}")
+    if not reqs or not sum(reqs):
+        return "FUSE read counters: not in this build's stats"
+    return (f"FUSE reads per GiB {sum(reqs) / sum(nbytes) * 2**30:.0f}, "
+            f"mean size {sum(nbytes) / sum(reqs) / 1024:.0f} KiB")
+
+
 if n_pairs:
     print(f"cold seq reads, pair by pair ({where}; MiB/s, read / raw pass; the first of a pair alternates, "
           "the pass first in odd pairs): " + ", ".join(
@@ -233,12 +243,14 @@ if n_pairs:
           + "; daemon CPU s/GiB: " + ", ".join(f"{x:g}" for x in series("daemon_cpu_seq_read"))
           + "; Azurite's helper threads (its garbage collector) s/GiB, pass / read: "
           + ", ".join(f"{r[f'azurite_helpers_seq_read_pass_{i}']:g} / {r[f'azurite_helpers_seq_read_{i}']:g}"
-                      for i in range(1, n_pairs + 1)))
+                      for i in range(1, n_pairs + 1))
+          + "; " + fuse_summary("seq_read"))
 if "tier_on_mibps_1" in r:
     print("disk tier, pair by pair (MiB/s, on / off; off first in odd pairs): " + ", ".join(
         f"{a:g} / {b:g}" for a, b in zip(series("tier_on_mibps"), series("tier_off_mibps")))
           + "; daemon CPU s/GiB on / off: " + ", ".join(
-              f"{a:g} / {b:g}" for a, b in zip(series("daemon_cpu_tier_on"), series("daemon_cpu_tier_off"))))
+              f"{a:g} / {b:g}" for a, b in zip(series("daemon_cpu_tier_on"), series("daemon_cpu_tier_off")))
+          + f"; tier on: {fuse_summary('tier_on')}; off: {fuse_summary('tier_off')}")
 # FUSE read requests reaching the daemon (only with a build that counts
 # them: `blobdrive stats --json` fuse_read_requests and fuse_read_bytes).
 for reader, what in (("cat", "cat"), ("dd", "dd bs=1M")):
@@ -246,12 +258,7 @@ for reader, what in (("cat", "cat"), ("dd", "dd bs=1M")):
         continue
     line = (f"cold read with {what}, pair by pair (s/GiB; daemon CPU s/GiB): "
             + ", ".join(f"{t:.2f} ({c:g})" for t, c in zip(time_per_gib(f"reader_{reader}"), series(f"daemon_cpu_reader_{reader}"))))
-    reqs, nbytes = series(f"fuse_read_requests_reader_{reader}"), series(f"fuse_read_bytes_reader_{reader}")
-    if reqs and sum(reqs):
-        line += (f"; FUSE reads per GiB {sum(reqs) / sum(nbytes) * 2**30:.0f}, "
-                 f"mean size {sum(nbytes) / sum(reqs) / 1024:.0f} KiB")
-    else:
-        line += "; FUSE read counters: not in this build's stats"
+    line += "; " + fuse_summary(f"reader_{reader}")
     print(line)
 n_log = rounds(r, "log_on_write_mibps_")
 if n_log:
