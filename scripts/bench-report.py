@@ -260,6 +260,9 @@ for reader, what in (("cat", "cat"), ("dd", "dd bs=1M")):
             + ", ".join(f"{t:.2f} ({c:g})" for t, c in zip(time_per_gib(f"reader_{reader}"), series(f"daemon_cpu_reader_{reader}"))))
     line += "; " + fuse_summary(f"reader_{reader}")
     print(line)
+if "loop_read_ahead_kb" in r:
+    print(f"the attached drive's loop device: read_ahead_kb {r['loop_read_ahead_kb']:g}, "
+          f"max_sectors_kb {r['loop_max_sectors_kb']:g}")
 n_log = rounds(r, "log_on_write_mibps_")
 if n_log:
     print(f"write log on vs off, {n_log} rounds each, one by one (MiB/s after the raw pass's; daemon CPU s/GiB, of it the holder's): "

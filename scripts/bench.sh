@@ -517,6 +517,18 @@ if len(found) == len(keys):
     print(*(found[k] for k in keys))'
 }
 
+# The request sizes the kernel sends for a file on the attached drive at DIR
+# are bounded by its loop device's queue: puts loop_read_ahead_kb and
+# loop_max_sectors_kb, once.
+loop_queue() { # DIR
+  local q
+  grep -q '^loop_read_ahead_kb ' "$res" && return 0
+  q=/sys/block/$(basename "$(findmnt -n -o SOURCE "$1")")/queue
+  [ -r "$q/read_ahead_kb" ] || return 0
+  put loop_read_ahead_kb "$(cat "$q/read_ahead_kb")"
+  put loop_max_sectors_kb "$(cat "$q/max_sectors_kb")"
+}
+
 # Seconds to read the file cold: drop caches, mount (ARGS...), read the file
 # with $reader (dd bs=4M by default; dd1m: dd bs=1M; cat: cat), unmount.
 # Leaves the number of Gets the read made in $work/gets. The command in the
@@ -532,6 +544,7 @@ cold_read() {
   local g0 t0 t1 f0 f1 h0
   g0=$(stat "$work/seq" get)
   if [ -n "$meter" ]; then
+    loop_queue "$work/seq"
     f0=$(fuse_reads "$work/seq")
     azurite_cpu_begin
     daemon_cpu_begin "$work/seq"
