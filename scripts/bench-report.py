@@ -274,7 +274,7 @@ if n_kills:
     print(f"kill -9 under 4 KiB writes (qd1, {r['stall_write_iops']:g} IOPS): {r['takeover_kills']:g} takeovers; "
           "stall per kill (s): " + ", ".join(f"{r[f'stall_s_{i}']:g}" for i in range(1, n_kills + 1))
           + f"; kill to the new pid in stats p50 {r['takeover_p50_s']:g} s; longest gap away from the kills {r['stall_baseline_max_s']:g} s")
-if "rand_read_gets" in r:
+if "mkfs_1t_s" in r:
     print(f"GETs: cold seq read {r['seq_read_gets_1']:g}, cold rand read {r['rand_read_gets']:g}; "
           f"tmpfs O_DIRECT: {'yes' if r['tmpfs_direct'] else 'no'}; mkfs 1 TiB took {r['mkfs_1t_s']} s")
 json.dump({"quick": quick, "ceiling": ceiling, "raw": r, "rows": out_rows},
