@@ -15,7 +15,7 @@ Usage: bench-nbd-report.py RESULTS JSON_OUT, RESULTS being bench.sh's
 import json
 import sys
 
-from bench_stats import at_least, at_most, json_se, load, mean_se, met, pm, pooled_verdict, print_table, rounds
+from bench_stats import at_least, at_most, json_se, load, mean_se, met, num, pm, pooled_verdict, print_table, rounds
 
 r = load(sys.argv[1])
 pairs_n = rounds(r, "nbd_seq_write_mibps_")
@@ -50,7 +50,7 @@ for name, key, unit, target in FIGURES:
                  "fuse_mean": round(mean(fuse), 2), "ratio": round(m, 3),
                  "standard_error": json_se(se), "pairs": n, "target": target_text,
                  "met": met(verdict)})
-    table.append((f"{name} ({n} pairs)", f"{mean(nbd):.4g} {unit}", f"{mean(fuse):.4g}",
+    table.append((f"{name} ({n} pairs)", f"{num(mean(nbd))} {unit}", num(mean(fuse)),
                   pm(m, se), target_text, verdict))
 
 print_table(("figure", "NBD (mean)", "loop on FUSE", "ratio", "target", ""), table)

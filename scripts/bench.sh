@@ -18,7 +18,8 @@
 #   BENCH_SECONDS           seconds per fio job (default 10)
 #   BENCH_CEILING_SECONDS   seconds per ceiling level (default 3)
 #   BENCH_READ_PAIRS        pairs of (raw pass, cold read), and of tier off/on and of
-#                           plain/encrypted, alternating (default 10, 3 with --quick)
+#                           plain/encrypted, alternating (default 10, 3 with --quick;
+#                           with --model: pairs of raw pass and cold read, 5, 3 with --quick)
 #   BENCH_READER_PAIRS      pairs of cold reads with cat and with dd bs=1M (default 4, 2 with --quick)
 #   BENCH_LOG_ROUNDS        sequential writes with the write log on, and off, alternating (default 10 each, 4 with --quick)
 #   BENCH_NBD_ROUNDS        NBD / loop-on-FUSE pairs of fio jobs, alternating (default 4, 2 with --quick)
@@ -52,6 +53,7 @@
 #   the stall and errors of the kills, the Gets of a read from the tier):
 #   met or MISSED in both.
 # A --quick run never prints MISSED for a row only because it is short.
+#
 # Everything it mounts, attaches or starts is torn down on exit, even on failure.
 set -euo pipefail
 
