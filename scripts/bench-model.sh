@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154 # the variables and helpers of bench.sh, which sources it
 # Sourced by scripts/bench.sh for `--model standard|p10|p30`, once it has
 # built, started its Azurite and defined its helpers: the workloads through
 # the service model (service-model/: a proxy in front of that Azurite with
@@ -12,8 +13,9 @@
 #                at 32 in flight; 4 KiB Put Pages at 1 and 8 in flight
 #   seq write    dd bs=4M conv=fsync into ext4 on an attached drive (vs the
 #                byte cap)
-#   cold read    that file, cold, $model_read_rounds times, each after a raw
-#                Get pass over the same blob (vs the byte cap)
+#   cold read    that file, cold, in $model_read_pairs alternating pairs with
+#                a raw Get pass over the same blob (vs the lower of the byte
+#                cap and the pair's pass, pooled over the pairs)
 #   rand read    fio 4 KiB randread qd32 on a drive file of a namespace mount,
 #                cold (vs the request cap)
 #   fdatasync    fio 4 KiB random overwrites of that file in ext4,
@@ -28,15 +30,24 @@
 # 8: as many as the engine keeps in flight, enough to keep a cap busy
 # through the round trip and each body's time on its link, and 32 MiB, which
 # standard's 60 MiB/s queues for about 0.5 s, inside the queue bound),
-# BENCH_READ_ROUNDS (cold reads; default 2 with --quick, else 5).
+# BENCH_READ_PAIRS (pairs of raw pass and cold read; default 3 with
+# --quick, else 5).
+#
+# What it judges (scripts/bench-model-report.py, scripts/bench_stats.py):
+# the cold read on its pairs (mean of the per-pair ratios +- standard
+# error: met, MISSED, or unsettled while mean +- 2 s.e. straddles the
+# target), in --quick as in a full run; every other row is one measurement,
+# met or MISSED in a full run and "not judged (quick)" in --quick, as is the
+# share of 503s. Each row shows its ratio to the lower of the model's limit
+# and its raw pass, naming the bound used (model or raw).
 
 model_bin=$CARGO_TARGET_DIR/release/service-model
 model_port=${BENCH_MODEL_PORT:-$((port + 1))}
 model_raw_p=${BENCH_MODEL_RAW_P:-8}
 if [ "$quick" = 1 ]; then
-  model_read_rounds=${BENCH_READ_ROUNDS:-2} burst_mib=8
+  model_read_pairs=${BENCH_READ_PAIRS:-3} burst_mib=8
 else
-  model_read_rounds=${BENCH_READ_ROUNDS:-5} burst_mib=32
+  model_read_pairs=${BENCH_READ_PAIRS:-5} burst_mib=32
 fi
 model_url=http://127.0.0.1:$model_port
 
@@ -141,30 +152,39 @@ model_end model_seq_write
 put model_seq_write_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
 unmount "$work/seq"
 
-say "cold sequential read, $model_read_rounds times, each after a raw Get pass ($model_raw_p in flight)"
-read_s=0 pass_s=0 pass_mib=0
-for ((round = 1; round <= model_read_rounds; round++)); do
+# The cold read and its raw Get pass, in alternating pairs (the pass first
+# in odd pairs, the read first in even ones): judged on the pairs' ratios.
+model_pass() { # N
+  local mib secs
   drop_caches
   model_begin
   "$ceiling" --pass "$c/seq.vhd" --parallelism "$model_raw_p" >"$work/pass.json"
-  model_end "model_get_pass_$round"
+  model_end "model_get_pass_$1"
   read -r mib secs < <(python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(j["mib"], j["seconds"])' "$work/pass.json")
-  put "model_get_pass_mibps_$round" "$(mibps "$mib" "$secs")"
-  pass_s=$(python3 -c "print($pass_s + $secs)") pass_mib=$(python3 -c "print($pass_mib + $mib)")
+  put "model_get_pass_mibps_$1" "$(mibps "$mib" "$secs")"
+  echo "$mib $secs" >>"$work/model-passes"
+}
+model_read() { # N
+  local t0 t1 secs
   drop_caches
   "$bin" mount "$c/seq.vhd" "$work/seq" >/dev/null
   model_begin
   t0=$(now)
   dd if="$work/seq/file" of=/dev/null bs=4M status=none
   t1=$(now)
-  model_end "model_seq_read_$round"
+  model_end "model_seq_read_$1"
   unmount "$work/seq"
   secs=$(elapsed "$t0" "$t1")
-  put "model_seq_read_mibps_$round" "$(mibps "$seq_mib" "$secs")"
-  read_s=$(python3 -c "print($read_s + $secs)")
-done
-put model_seq_read_mibps "$(mibps $((seq_mib * model_read_rounds)) "$read_s")"
-put model_get_pass_mibps "$(mibps "$pass_mib" "$pass_s")"
+  put "model_seq_read_mibps_$1" "$(mibps "$seq_mib" "$secs")"
+  echo "$secs" >>"$work/model-reads"
+}
+say "cold sequential read: $model_read_pairs alternating pairs of (raw Get pass, $model_raw_p in flight; read)"
+: >"$work/model-passes"
+: >"$work/model-reads"
+pairs "$model_read_pairs" model_pass model_read
+# Bytes over summed time, for the table's blobdrive and raw pass columns.
+put model_seq_read_mibps "$(awk -v mib="$seq_mib" '{s += $1} END {printf "%.1f", mib * NR / s}' "$work/model-reads")"
+put model_get_pass_mibps "$(awk '{m += $1; s += $2} END {printf "%.1f", m / s}' "$work/model-passes")"
 
 # Overwrites of blocks the file already holds, each followed by fdatasync:
 # no allocation and no size change, so ext4 has no metadata to commit and
@@ -234,123 +254,4 @@ cp "$trace" "$(dirname "$out")/model-trace.tsv"
 
 mkdir -p "$(dirname "$out")"
 cp "$res" "$(dirname "$out")/results.txt"
-python3 - "$res" "$out" "$quick" "$model" "$work/model-profile.json" "$work/model-final.json" <<'PY'
-import json, sys
-r = {}
-for line in open(sys.argv[1]):
-    k, v = line.split()
-    r[k] = float(v)
-quick, model = sys.argv[3] == "1", sys.argv[4]
-profile = json.load(open(sys.argv[5]))
-final = json.load(open(sys.argv[6]))
-
-def sums(prefix):
-    """requests and 503s of every step whose key starts with prefix"""
-    req = sum(v for k, v in r.items() if k.startswith(prefix) and k.endswith("_requests"))
-    busy = sum(v for k, v in r.items() if k.startswith(prefix) and k.endswith("_busy"))
-    return req, busy
-
-def share(prefix):
-    req, busy = sums(prefix)
-    return round(busy / req, 4) if req else None
-
-def ratio(a, b):
-    return round(a / b, 3) if b else None
-
-def mean_of(prefix, what):
-    """the request-weighted mean of KEY_what over the steps under prefix"""
-    steps = [k[:-len("_requests")] for k in r if k.startswith(prefix) and k.endswith("_requests")]
-    n = sum(r[s + "_requests"] for s in steps if s + "_" + what in r)
-    if not n:
-        return None
-    return round(sum(r[s + "_" + what] * r[s + "_requests"] for s in steps if s + "_" + what in r) / n, 1)
-
-def mean_wait_ms(prefix):
-    """the mean wait for a cap of the requests of the steps under prefix"""
-    req = sum(v for k, v in r.items() if k.startswith(prefix) and k.endswith("_requests"))
-    wait = sum(v for k, v in r.items() if k.startswith(prefix) and k.endswith("_queue_wait_s"))
-    return round(wait / req * 1000, 1) if req else None
-
-cap_mib, cap_rps, rtt = r["model_cap_mibps"], r["model_cap_rps"], r["model_rtt_ms"]
-rounds = sum(1 for k in r if k.startswith("model_seq_read_mibps_"))
-rows = [
-    # figure, value, unit, model limit, raw pass (same model, same run), raw's description, 503 key prefix
-    ("seq write 1 file + fsync (ext4)", r["model_seq_write_mibps"], "MiB/s", cap_mib,
-     r["model_put_pass_mibps"], "raw 4 MiB Puts", "model_seq_write"),
-    (f"cold seq read (ext4), {rounds} reads", r["model_seq_read_mibps"], "MiB/s", cap_mib,
-     r["model_get_pass_mibps"], "raw 4 MiB Gets, alternating", "model_seq_read_"),
-    ("cold rand 4k read, qd32", r["model_rand_read_iops"], "IOPS", cap_rps,
-     r["model_raw_get_4k_iops"], "raw 4 KiB Gets, p32", "model_rand_read"),
-    ("4k O_DIRECT write + fsync, qd1", r["model_fsync_iops"], "IOPS", 1000.0 / rtt,
-     r["model_raw_put_4k_p1_iops"], "raw 4 KiB Puts, p1", "model_fsync"),
-    ("4k overwrite + fdatasync (ext4), qd1", r["model_fdatasync_iops"], "IOPS", 1000.0 / rtt,
-     r["model_raw_put_4k_p1_iops"], "raw 4 KiB Puts, p1", "model_fdatasync"),
-    ("drain: fsync after the burst", r["model_drain_put_per_s"], "Put Page/s", cap_rps,
-     r["model_raw_put_4k_p8_iops"], "raw 4 KiB Puts, p8", "model_drain"),
-]
-# Issue 30's targets, by profile and row: (least ratio, against what):
-# "lower" is the lower of the model's limit and the raw pass, "limit" the
-# model's limit. A --quick run shows them and judges none (its size
-# settles none of them).
-targets = {
-    "standard": {"model_seq_write": (0.9, "lower"), "model_seq_read_": (0.9, "lower"),
-                 "model_rand_read": (0.9, "lower"), "model_fsync": (0.8, "limit"),
-                 "model_drain": (0.9, "lower")},
-    "p30": {"model_seq_read_": (0.9, "lower"), "model_rand_read": (0.8, "lower")},
-}.get(model, {})
-raws = [
-    ("raw 4 MiB Put Pages", r["model_put_pass_mibps"], "MiB/s", cap_mib, "model_put_pass"),
-    ("raw 4 MiB Gets", r["model_get_pass_mibps"], "MiB/s", cap_mib, "model_get_pass_"),
-    ("raw 4 KiB Gets, p32", r["model_raw_get_4k_iops"], "IOPS", cap_rps, "model_raw_get_4k"),
-    ("raw 4 KiB Puts, p1", r["model_raw_put_4k_p1_iops"], "IOPS", 1000.0 / rtt, "model_raw_put_4k_p1"),
-    ("raw 4 KiB Puts, p8", r["model_raw_put_4k_p8_iops"], "IOPS", cap_rps, "model_raw_put_4k_p8"),
-]
-table, out_rows = [], []
-for name, v, unit, limit, raw, raw_what, key in rows:
-    q_limit, q_raw = ratio(v, limit), ratio(v, raw)
-    bound = "raw" if raw < limit else "model"
-    out_rows.append({"figure": name, "value": v, "unit": unit, "model_limit": limit,
-                     "ratio_to_limit": q_limit, "raw": raw, "raw_what": raw_what,
-                     "ratio_to_raw": q_raw, "bound": bound, "busy_share": share(key),
-                     "mean_wait_ms": mean_wait_ms(key), "upstream_ms": mean_of(key, "upstream_ms"),
-                     "in_flight": mean_of(key, "in_flight"), "mean_kib": mean_of(key, "mean_kib")})
-    target, met = "-", None
-    if key in targets:
-        least, basis = targets[key]
-        got = ratio(v, min(limit, raw)) if basis == "lower" else q_limit
-        target = f">= {least} of {basis}"
-        met = None if quick or got is None else got >= least
-    out_rows[-1].update({"target": target, "met": met})
-    table.append((name, f"{v:g} {unit}", f"{limit:.4g}", f"{q_limit}", f"{raw:g}", f"{q_raw}",
-                  f"{ratio(v, min(limit, raw))} ({bound})", f"{share(key)}", f"{mean_wait_ms(key)}",
-                  f"{mean_of(key, 'upstream_ms')}", f"{mean_of(key, 'in_flight')}", f"{mean_of(key, 'mean_kib')}",
-                  target, "-" if met is None else ("met" if met else "MISSED")))
-head = ("figure", "blobdrive", "model limit", "ratio", "raw pass", "ratio", "vs lower", "503 share", "wait ms",
-        "azurite ms", "in flight", "KiB/req", "target", "")
-widths = [max(len(str(x[i])) for x in table + [head]) for i in range(len(head))]
-print(f"service model '{model}': RTT {rtt:g} ms ± {profile['jitter_ms']:g}, per blob {cap_mib:.4g} MiB/s "
-      f"and {cap_rps:g} requests/s, burst {profile['burst_ms']:g} ms, queue bound {profile['queue_bound_ms']:g} ms, "
-      f"each connection its own link at {profile['link_bytes_per_s'] / 2**20:.4g} MiB/s")
-for line in [head] + table:
-    print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip())
-print()
-print("raw passes through the model (vs its limit; 503 share; mean wait for a cap, ms; Azurite's ms per request; in flight): "
-      + "; ".join(f"{n} {v:g} {u} ({ratio(v, l)}; {share(k)}; {mean_wait_ms(k)}; {mean_of(k, 'upstream_ms')}; {mean_of(k, 'in_flight')})"
-                  for n, v, u, l, k in raws))
-print("cold reads one by one (MiB/s), each after its raw pass: " + ", ".join(
-    f"{r[f'model_seq_read_mibps_{i}']:g} after {r[f'model_get_pass_mibps_{i}']:g}" for i in range(1, rounds + 1)))
-errors = {k: v for k, v in r.items() if k.endswith("_fio_error") and v}
-if errors:
-    print("fio failed (errno): " + ", ".join(f"{k[len('model_'):-len('_fio_error')]} {v:g}" for k, v in errors.items()))
-req, busy = final["requests"], final["busy"]
-if quick and targets:
-    print("--quick: the targets are shown, not judged (one short run settles none of them)")
-print(f"the whole run through the model: {req} requests, {busy} answered 503 ({busy / req if req else 0:.4f}), "
-      f"{final['queued']} waited for a cap (longest {final['max_queue_wait_s']:.3f} s), "
-      f"{final['refused_connections']} connections refused, {final['upstream_errors']} upstream errors"
-      + ("" if model != "standard" else
-         f"; target under 1% answered 503: {'not judged (--quick)' if quick else ('met' if busy < 0.01 * req else 'MISSED')}"))
-json.dump({"quick": quick, "model": model, "profile": profile, "raw": r, "rows": out_rows,
-           "model_stats": final}, open(sys.argv[2], "w"), indent=2)
-print(f"JSON: {sys.argv[2]}")
-PY
+python3 scripts/bench-model-report.py "$res" "$out" "$quick" "$model" "$work/model-profile.json" "$work/model-final.json"

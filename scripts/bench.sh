@@ -17,11 +17,16 @@
 #   BENCH_RSS_GIB           data written for the peak-RSS figure (default 4)
 #   BENCH_SECONDS           seconds per fio job (default 10)
 #   BENCH_CEILING_SECONDS   seconds per ceiling level (default 3)
-#   BENCH_READ_ROUNDS       cold sequential reads, each after a raw pass (default 5)
+#   BENCH_READ_PAIRS        pairs of (raw pass, cold read), and of tier off/on and of
+#                           plain/encrypted, alternating (default 10, 3 with --quick;
+#                           with --model: pairs of raw pass and cold read, 5, 3 with --quick)
+#   BENCH_READER_PAIRS      pairs of cold reads with cat and with dd bs=1M (default 4, 2 with --quick)
 #   BENCH_LOG_ROUNDS        sequential writes with the write log on, and off, alternating (default 10 each, 4 with --quick)
 #   BENCH_NBD_ROUNDS        NBD / loop-on-FUSE pairs of fio jobs, alternating (default 4, 2 with --quick)
 #   BENCH_NBD_MIB           region the NBD step's fio jobs use, MiB (default: BENCH_GIB's, at most 1024)
 #   BENCH_ONLY=nbd          run only the NBD step and its report (no ceiling, no other step)
+#   BENCH_ONLY=read         run only the ceiling, the sequential write and the reads (cold
+#                           read, disk tier, readers, encryption), and their report
 #   BENCH_KILLS             kill -9s of an attach's serving process for the stall figure (default 10)
 #   BENCH_STALL_RW          fio's --rw for the writes under those kills (default write)
 #   BENCH_STALL_IOPS        their rate, writes/s (default 1000; 0: unthrottled)
@@ -30,7 +35,25 @@
 #   BENCH_OUT               where the JSON goes
 #
 # Not a test: numbers on a shared machine are noisy, which is why every
-# blobdrive figure is divided by a ceiling measured minutes apart in one run.
+# blobdrive figure is divided by a ceiling measured in the same run, and the
+# reads, whose spread from one to the next is as large as their gaps to the
+# targets, are measured in alternating pairs with Azurite on a core of its
+# own and judged on the pairs (scripts/bench_stats.py).
+#
+# What a run judges (scripts/bench-report.py prints the verdicts):
+# - pooled pairs: the mean of the per-pair ratios +- its standard error;
+#   met when mean +- 2 s.e. is inside the target, MISSED when wholly
+#   outside, else "unsettled" (more pairs, not more tuning), in --quick as
+#   in a full run;
+# - single measurements against a ceiling, and absolute figures of a
+#   workload that --quick shortens or shrinks: met or MISSED in a full run,
+#   "not judged (quick)" in --quick;
+# - absolute figures of a workload that --quick leaves as it is (mount
+#   times, the 32 MiB burst, the 512-byte burst's RSS, mkfs's stored bytes,
+#   the stall and errors of the kills, the Gets of a read from the tier):
+#   met or MISSED in both.
+# A --quick run never prints MISSED for a row only because it is short.
+#
 # Everything it mounts, attaches or starts is torn down on exit, even on failure.
 set -euo pipefail
 
@@ -60,12 +83,20 @@ else
   seq_mib=$((${BENCH_GIB:-1} * 1024)) rss_mib=$((${BENCH_RSS_GIB:-4} * 1024))
   fio_seconds=${BENCH_SECONDS:-10} ceil_seconds=${BENCH_CEILING_SECONDS:-3} ceil_mib=1024
 fi
-n_read_rounds=${BENCH_READ_ROUNDS:-5}
+n_read_pairs=${BENCH_READ_PAIRS:-$((quick ? 3 : 10))}
+n_reader_pairs=${BENCH_READER_PAIRS:-$((quick ? 2 : 4))}
+only=${BENCH_ONLY:-}
+case $only in
+  '' | nbd | read) ;;
+  *) echo "bench: BENCH_ONLY wants nbd or read" >&2; exit 2 ;;
+esac
 fio_mib=$((seq_mib < 1024 ? seq_mib : 1024)) # region fio reads and writes
 warm_mib=128                                  # region re-read from the cache
 extents=10000
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+# The reports import scripts/bench_stats.py: no root-owned __pycache__ in the checkout.
+export PYTHONDONTWRITEBYTECODE=1
 export BLOBDRIVE_AZURITE_PORT=${BLOBDRIVE_AZURITE_PORT:-10090}
 port=$BLOBDRIVE_AZURITE_PORT
 export AZURE_STORAGE_CONNECTION_STRING="DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;BlobEndpoint=http://127.0.0.1:$port/devstoreaccount1;"
@@ -73,7 +104,7 @@ out=${BENCH_OUT:-$CARGO_TARGET_DIR/bench/bench.json}
 bin=$CARGO_TARGET_DIR/release/blobdrive
 ceiling=$CARGO_TARGET_DIR/release/examples/ceiling
 
-say() { echo "bench: $*" >&2; }
+say() { echo "bench: $(date -u +%T) $*" >&2; }
 
 if [ "$(id -u)" != 0 ]; then
   say "needs root (FUSE, loop devices, mount, drop_caches): run 'sudo $0'"
@@ -149,9 +180,12 @@ def walk(v):
 print(walk(json.load(sys.stdin)))' "$2"
 }
 
+# The command in the array `pin` (`taskset -c ...` during the reads, below;
+# empty elsewhere) runs the mounts, and so the daemons they start.
+pin=()
 mount_drive() { # C/B DIR [args]
   mkdir -p "$2"
-  "$bin" mount "$@" >/dev/null
+  "${pin[@]}" "$bin" mount "$@" >/dev/null
   mounted+=("$2")
 }
 unmount() {
@@ -170,6 +204,22 @@ fio_run() {
 import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]
 print(round(j["read"]["iops"] + j["write"]["iops"]))' "$work/fio-$name.json"
+}
+
+# pairs N A B: the measurements judged on pairs (scripts/bench_stats.py) are
+# taken as N alternating pairs, `A i; B i` in odd pairs, `B i; A i` in
+# even ones.
+pairs() {
+  local i
+  for ((i = 1; i <= $1; i++)); do
+    if ((i % 2)); then
+      "$2" "$i"
+      "$3" "$i"
+    else
+      "$3" "$i"
+      "$2" "$i"
+    fi
+  done
 }
 
 # --- build and start ---------------------------------------------------------
@@ -352,8 +402,16 @@ host_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 serve_pid_of() { echo "$serve_pid"; }
 ns_pid_of() { daemon_pid "$work/nbdns"; }
 
+# The table of the run (scripts/bench-report.py); the raw figures are kept
+# beside the JSON first, so they survive a failed report.
+report() {
+  mkdir -p "$(dirname "$out")"
+  cp "$res" "$(dirname "$out")/results.txt"
+  python3 scripts/bench-report.py "$work/ceiling.keep" "$res" "$out" "$quick"
+}
+
 # BENCH_ONLY=nbd: this step alone (no ceiling), its report, and the end.
-if [ "${BENCH_ONLY:-}" = nbd ]; then
+if [ "$only" = nbd ]; then
   c=bench
   nbd_rounds
   mkdir -p "$(dirname "$out")"
@@ -413,172 +471,237 @@ put seq_write_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
 put put_page_per_gib "$(python3 -c "print(round(($p1 - $p0) * 1024 / $seq_mib))")"
 put bytes_up_per_gib "$(python3 -c "print(round(($u1 - $u0) * 1024 / $seq_mib))")"
 
-# Seconds to read the file cold: drop caches, mount (ARGS...), dd, unmount.
+# --- the reads: cold sequential read, disk tier, readers, encryption -------------
+
+# One cold read of the file differs from the next by about ±12% here, with
+# Azurite's share of the cores (its garbage collector wakes in some reads
+# and not in others): more than the gaps these rows judge. So each is a
+# series of alternating pairs (the first of a pair alternates too, so the
+# machine's drift hits both sides), judged on the per-pair ratios
+# (scripts/bench_stats.py), with the backend on a core of its own (Azurite
+# on the last CPU, everything of the client side on the others), as on the
+# real service, where the backend never shares the client's cores: both
+# sides slow down (Azurite's collector then shares its one core), but what
+# is left between them is the client's own cost. Without a second CPU the
+# pairs run unpinned (read_pinned 0 in the results, named in the report).
+pin_azurite() {
+  if [ "$(nproc)" -ge 2 ]; then
+    taskset -a -p -c "$(($(nproc) - 1))" "$azurite_pid" >/dev/null
+    pin=(taskset -c "0-$(($(nproc) - 2))")
+  fi
+}
+unpin_azurite() {
+  if [ "$(nproc)" -ge 2 ]; then
+    taskset -a -p -c "0-$(($(nproc) - 1))" "$azurite_pid" >/dev/null
+  fi
+  pin=()
+}
+
+# The FUSE read requests and bytes the daemon serving DIR has answered
+# ("requests bytes"), or nothing with a build whose stats lack the counters.
+fuse_reads() { # DIR
+  "$bin" stats "$1" --json | python3 -c '
+import json, sys
+keys = ("fuse_read_requests", "fuse_read_bytes")
+found = {}
+def walk(v):
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if k in keys and isinstance(x, int):
+                found[k] = found.get(k, 0) + x
+            else:
+                walk(x)
+    elif isinstance(v, list):
+        for x in v:
+            walk(x)
+walk(json.load(sys.stdin))
+if len(found) == len(keys):
+    print(*(found[k] for k in keys))'
+}
+
+# The request sizes the kernel sends for a file on the attached drive at DIR
+# are bounded by its loop device's queue: puts loop_read_ahead_kb and
+# loop_max_sectors_kb, once.
+loop_queue() { # DIR
+  local q
+  grep -q '^loop_read_ahead_kb ' "$res" && return 0
+  q=/sys/block/$(basename "$(findmnt -n -o SOURCE "$1")")/queue
+  [ -r "$q/read_ahead_kb" ] || return 0
+  put loop_read_ahead_kb "$(cat "$q/read_ahead_kb")"
+  put loop_max_sectors_kb "$(cat "$q/max_sectors_kb")"
+}
+
+# Seconds to read the file cold: drop caches, mount (ARGS...), read the file
+# with $reader (dd bs=4M by default; dd1m: dd bs=1M; cat: cat), unmount.
 # Leaves the number of Gets the read made in $work/gets. The command in the
-# array `pin` (such as `taskset -c 0`; empty by default) runs the mount and
-# the dd; with `meter` set to KEY, the daemon's CPU s/GiB and Azurite's
-# share during the dd are put as daemon_cpu_KEY and azurite_cpu_KEY.
-pin=() meter=
+# array `pin` runs the mount and the reader; with `meter` set to KEY, the
+# daemon's CPU s/GiB, Azurite's share and its helper threads' CPU during
+# the read are put as daemon_cpu_KEY, azurite_cpu_KEY and
+# azurite_helpers_KEY, and with a build that counts them, the FUSE read
+# requests and bytes as fuse_read_requests_KEY and fuse_read_bytes_KEY.
+meter='' reader=''
 cold_read() {
   drop_caches
   "${pin[@]}" "$bin" mount "$c/seq.vhd" "$work/seq" "$@" >/dev/null
-  local g0 t0 t1
+  local g0 t0 t1 f0 f1 h0
   g0=$(stat "$work/seq" get)
   if [ -n "$meter" ]; then
+    loop_queue "$work/seq"
+    f0=$(fuse_reads "$work/seq")
     azurite_cpu_begin
     daemon_cpu_begin "$work/seq"
     h0=$(helper_ticks)
   fi
   t0=$(now)
-  "${pin[@]}" dd if="$work/seq/file" of=/dev/null bs=4M status=none
+  case $reader in
+    cat) "${pin[@]}" cat "$work/seq/file" >/dev/null ;;
+    dd1m) "${pin[@]}" dd if="$work/seq/file" of=/dev/null bs=1M status=none ;;
+    *) "${pin[@]}" dd if="$work/seq/file" of=/dev/null bs=4M status=none ;;
+  esac
   t1=$(now)
   if [ -n "$meter" ]; then
     daemon_cpu_end "daemon_cpu_$meter" "$seq_mib"
     azurite_cpu_end "azurite_cpu_$meter"
     helpers_end "azurite_helpers_$meter" "$h0" "$seq_mib"
+    f1=$(fuse_reads "$work/seq")
+    if [ -n "$f0" ] && [ -n "$f1" ]; then
+      put "fuse_read_requests_$meter" "$((${f1% *} - ${f0% *}))"
+      put "fuse_read_bytes_$meter" "$((${f1#* } - ${f0#* }))"
+    fi
   fi
   echo $(($(stat "$work/seq" get) - g0)) >"$work/gets"
   unmount "$work/seq"
   elapsed "$t0" "$t1"
 }
-
-# Rounds of a raw pass over the drive's blob, then a cold read of the file,
-# both under a read's conditions (caches dropped, the drive mounted):
-# read_rounds KEY ROUNDS [CMD...], CMD (such as `taskset -c 0`) running the
-# mount, the pass and the dd. The pass (examples/ceiling.rs --pass) is the
-# raw client reading every 4 MiB slot of the blob that holds data, at the
-# best Get parallelism of the ceiling above. Puts KEY_mibps_N,
-# KEY_pass_mibps_N, KEY_gets_N, daemon_cpu_KEY_N and azurite_cpu_KEY_N per
-# round, and KEY_mibps, KEY_pass_mibps (bytes over summed time) and
-# daemon_cpu_KEY (the mean: one read's moves from 0.9 to 1.9 s/GiB with the
-# backend's pace). Leaves the drive unmounted.
-read_rounds() {
-  local key=$1 rounds=$2 round mib secs
+# One metered cold read, pair N of KEY: puts KEY_mibps_N, KEY_gets_N and
+# cold_read's figures under KEY_N. read_cold KEY N [mount args...]
+read_cold() {
+  local key=$1 n=$2 secs
   shift 2
-  local read_total=0 pass_mib=0 pass_total=0
-  pin=("$@")
-  for ((round = 1; round <= rounds; round++)); do
-    drop_caches
-    "${pin[@]}" "$bin" mount "$c/seq.vhd" "$work/seq" >/dev/null
-    h0=$(helper_ticks)
-    "${pin[@]}" "$ceiling" --pass "$c/seq.vhd" --parallelism "$get_p" >"$work/pass.json"
-    read -r mib secs < <(python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(j["mib"], j["seconds"])' "$work/pass.json")
-    helpers_end "azurite_helpers_${key}_pass_$round" "$h0" "$mib"
-    unmount "$work/seq"
-    put "${key}_pass_mibps_$round" "$(mibps "$mib" "$secs")"
-    pass_mib=$(python3 -c "print($pass_mib + $mib)")
-    pass_total=$(python3 -c "print($pass_total + $secs)")
-    meter="${key}_$round"
-    secs=$(cold_read)
-    meter=
-    put "${key}_gets_$round" "$(cat "$work/gets")"
-    put "${key}_mibps_$round" "$(mibps "$seq_mib" "$secs")"
-    read_total=$(python3 -c "print($read_total + $secs)")
-  done
-  pin=()
-  put "${key}_mibps" "$(mibps $((seq_mib * rounds)) "$read_total")"
-  put "${key}_pass_mibps" "$(mibps "$pass_mib" "$pass_total")"
-  put "daemon_cpu_$key" "$(awk -v k="^daemon_cpu_${key}_[0-9]+\$" '$1 ~ k {s += $2; n++} END {printf "%.2f", s / n}' "$res")"
+  meter="${key}_$n"
+  secs=$(cold_read "$@")
+  meter=
+  put "${key}_gets_$n" "$(cat "$work/gets")"
+  put "${key}_mibps_$n" "$(mibps "$seq_mib" "$secs")"
 }
+# A raw pass over the drive's blob under a read's conditions (caches
+# dropped, the drive mounted), pair N: examples/ceiling.rs --pass, the raw
+# client reading every 4 MiB slot of the blob that holds data at the
+# ceiling's best Get parallelism. Puts seq_read_pass_mibps_N and
+# azurite_helpers_seq_read_pass_N.
+read_pass() { # N
+  local mib secs h0
+  drop_caches
+  "${pin[@]}" "$bin" mount "$c/seq.vhd" "$work/seq" >/dev/null
+  h0=$(helper_ticks)
+  "${pin[@]}" "$ceiling" --pass "$c/seq.vhd" --parallelism "$get_p" >"$work/pass.json"
+  read -r mib secs < <(python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(j["mib"], j["seconds"])' "$work/pass.json")
+  helpers_end "azurite_helpers_seq_read_pass_$1" "$h0" "$mib"
+  unmount "$work/seq"
+  put "seq_read_pass_mibps_$1" "$(mibps "$mib" "$secs")"
+}
+read_seq() { read_cold seq_read "$1"; }
 
-# The cold sequential read against that pass, alternating, READ_ROUNDS
-# times: one 1 GiB cold read varies by about ±12% from the next here, with
-# Azurite's share of the two cores (its garbage collector wakes in some
-# passes and reads and not in others), too much for one read against a
-# ceiling that is the best of several levels measured on a fresh Azurite
-# at the start of the run (that one is reported too).
-say "cold sequential read, $n_read_rounds times, each after a raw pass over the same blob"
 unmount "$work/seq"
 get_p=$(best_p get_4m)
-read_rounds seq_read "$n_read_rounds"
+pin_azurite
+put read_pinned "$((${#pin[@]} > 0))"
+where="Azurite sharing the cores"
+[ ${#pin[@]} -gt 0 ] && where="Azurite on a core of its own"
+say "cold sequential read: $n_read_pairs alternating pairs of (raw pass, read), $where"
+pairs "$n_read_pairs" read_pass read_seq
 put seq_read_gets "$(awk '$1 == "seq_read_gets_1" {print $2}' "$res")"
 
-# The same with the backend on a core of its own (Azurite on CPU 1, the
-# mount, the pass and the dd on CPU 0), as on the real service, where the
-# backend never shares the client's cores: both sides slow down (Azurite's
-# collector then shares its one core), but what is left between them is the
-# client's own cost.
-if [ "$(nproc)" -ge 2 ]; then
-  say "cold sequential read, 3 times, with Azurite on a core of its own"
-  taskset -a -p -c 1 "$azurite_pid" >/dev/null
-  read_rounds seq_read_pinned 3 taskset -c 0
-  taskset -a -p -c "0-$(($(nproc) - 1))" "$azurite_pid" >/dev/null
-fi
+# --- the disk tier (issue 10): cold with it on and off, warm after a remount -------
 
-# --- the disk tier (issue 10): cold with it on, warm after a remount ------------
-
-# Tier off and on alternate, twice each, so the machine's drift hits both.
-say "disk tier: cold reads with and without it, then a warm read after remount"
+# Each read with the tier on starts from an empty tier directory.
+say "disk tier: $n_read_pairs alternating pairs of cold reads without it and with it, then a warm read after remount"
 tier=$work/tier
-off=0 on=0
-for round in 1 2; do
+tier_off() { read_cold tier_off "$1"; }
+tier_on() {
   rm -rf "$tier"
-  off=$(python3 -c "print($off + $(cold_read))")
-  on=$(python3 -c "print($on + $(cold_read --cache-dir "$tier"))")
-done
-put tier_cold_off_mibps "$(mibps $((seq_mib * 2)) "$off")"
-put tier_cold_on_mibps "$(mibps $((seq_mib * 2)) "$on")"
-# The tier now holds the file (filled by the last cold read): read it again.
+  read_cold tier_on "$1" --cache-dir "$tier"
+}
+pairs "$n_read_pairs" tier_off tier_on
+# The tier holds the file (filled by the last read with it on): read it again.
 warm=$(cold_read --cache-dir "$tier")
 put tier_warm_mibps "$(mibps "$seq_mib" "$warm")"
 put tier_warm_gets "$(cat "$work/gets")"
 put tier_bytes "$(du -sb "$tier" | cut -f1)"
+rm -rf "$tier"
 # The same bytes from a local file on the disk that holds the tier.
 cp "$shm/random" "$work/local"
 drop_caches
 t0=$(now)
-dd if="$work/local" of=/dev/null bs=4M status=none
+"${pin[@]}" dd if="$work/local" of=/dev/null bs=4M status=none
 t1=$(now)
 put local_read_mibps "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
 rm -f "$work/local"
 
+# --- the reads people make: cat (128 KiB reads) against dd bs=1M -----------------
+
+# Most programs (cat, cp, rsync) read 128 KiB at a time; dd bs=1M is the
+# large reader. Both read the file cold, in alternating pairs.
+say "readers: $n_reader_pairs alternating pairs of cold reads with cat and with dd bs=1M"
+reader_cat() {
+  reader='cat'
+  read_cold reader_cat "$1"
+  reader=
+}
+reader_dd() {
+  reader=dd1m
+  read_cold reader_dd "$1"
+  reader=
+}
+pairs "$n_reader_pairs" reader_cat reader_dd
+
 # --- encryption (issue 19): encrypted vs plain drives, side by side -------------
 
 # One round of KIND (plain or crypt): a fresh drive with ext4, $seq_mib MiB
-# written and fsynced, then read cold after a remount; writes the seconds of
-# the write and of the read to $work/times, and leaves the daemon's CPU per GiB of each in
-# the results under KIND. The drive is deleted after (Azurite's memory).
-crypt_round() { # KIND ROUND
-  local kind=$1 blob="$c-enc/$1$2.vhd" keyargs=() t0 t1 t2 t3
-  [ "$kind" = crypt ] && keyargs=(--key-file "$work/key")
-  local create_args=()
-  [ "$kind" = crypt ] && create_args=(--encrypt)
+# written and fsynced, then read cold after a remount. Puts KIND_write_mibps_N,
+# KIND_read_mibps_N and the daemon's CPU per GiB of each. The drive is
+# deleted after.
+crypt_round() { # KIND N
+  local kind=$1 blob="$c/$1$2.vhd" keyargs=() create_args=() t0 t1
+  [ "$kind" = crypt ] && keyargs=(--key-file "$work/key") create_args=(--encrypt)
   "$bin" create "$blob" --size "$((seq_mib + 512))M" --mkfs ext4 "${create_args[@]}" "${keyargs[@]}" >/dev/null
   mount_drive "$blob" "$work/enc" "${keyargs[@]}"
   daemon_cpu_begin "$work/enc"
   t0=$(now)
-  dd if="$shm/random" of="$work/enc/file" bs=4M conv=fsync status=none
+  "${pin[@]}" dd if="$shm/random" of="$work/enc/file" bs=4M conv=fsync status=none
   t1=$(now)
   daemon_cpu_end "daemon_cpu_${kind}_write_$2" "$seq_mib"
+  put "${kind}_write_mibps_$2" "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
   unmount "$work/enc"
   drop_caches
   mount_drive "$blob" "$work/enc" "${keyargs[@]}"
   daemon_cpu_begin "$work/enc"
-  t2=$(now)
-  dd if="$work/enc/file" of=/dev/null bs=4M status=none
-  t3=$(now)
+  t0=$(now)
+  "${pin[@]}" dd if="$work/enc/file" of=/dev/null bs=4M status=none
+  t1=$(now)
   daemon_cpu_end "daemon_cpu_${kind}_read_$2" "$seq_mib"
+  put "${kind}_read_mibps_$2" "$(mibps "$seq_mib" "$(elapsed "$t0" "$t1")")"
   unmount "$work/enc"
   "$bin" delete "$blob" >/dev/null
-  echo "$(elapsed "$t0" "$t1") $(elapsed "$t2" "$t3")" >"$work/times"
 }
-# Three rounds each: one cold read of 1 GiB varies by about ±12% from round
-# to round on this machine, more than the cipher costs.
-say "encryption: sequential write and cold read, encrypted vs plain (alternating, three rounds each)"
-head -c 32 /dev/urandom >"$work/key"
-pw=0 pr=0 ew=0 er=0
-for round in 1 2 3; do
-  crypt_round plain "$round"
-  read -r w r <"$work/times"
-  pw=$(python3 -c "print($pw + $w)") pr=$(python3 -c "print($pr + $r)")
-  crypt_round crypt "$round"
-  read -r w r <"$work/times"
-  ew=$(python3 -c "print($ew + $w)") er=$(python3 -c "print($er + $r)")
-done
-put plain_write_mibps "$(mibps $((seq_mib * 3)) "$pw")"
-put plain_read_mibps "$(mibps $((seq_mib * 3)) "$pr")"
-put crypt_write_mibps "$(mibps $((seq_mib * 3)) "$ew")"
-put crypt_read_mibps "$(mibps $((seq_mib * 3)) "$er")"
+crypt_plain() { crypt_round plain "$1"; }
+crypt_crypt() { crypt_round crypt "$1"; }
+# A fresh Azurite first: the pairs write 2 x $n_read_pairs x $seq_mib MiB,
+# and Azurite frees deleted blobs only every 10 minutes. The drives go in
+# container $c, which the later steps expect to exist.
+say "encryption: $n_read_pairs alternating pairs of plain and encrypted drives (sequential write, then cold read), on a fresh Azurite"
+scripts/azurite.sh stop >/dev/null
+start_azurite
+pin_azurite
+(umask 077 && head -c 32 /dev/urandom >"$work/key")
+pairs "$n_read_pairs" crypt_plain crypt_crypt
+unpin_azurite
+
+# BENCH_ONLY=read: the reads' report, and the end.
+if [ "$only" = read ]; then
+  report
+  exit 0
+fi
 
 # --- random 4 KiB I/O with fio on the drive file of a namespace mount ----------
 
@@ -887,140 +1010,6 @@ put takeover_p50_s "$(awk '$1 ~ /^takeover_s_[0-9]+$/ {print $2}' "$res" | sort 
 
 # --- report --------------------------------------------------------------------------
 
-mkdir -p "$(dirname "$out")"
-# The raw figures survive a failed report.
-cp "$res" "$(dirname "$out")/results.txt"
-python3 - "$work/ceiling.keep" "$res" "$out" "$quick" <<'PY'
-import json, sys
-ceiling = json.load(open(sys.argv[1]))
-r = {}
-for line in open(sys.argv[2]):
-    k, v = line.split()
-    r[k] = float(v)
-quick = sys.argv[4] == "1"
-
-def ratio(a, b):
-    return round(a / b, 3) if b else None
-
-put, get, small = ceiling["put_4m"], ceiling["get_4m"], ceiling["get_4k"]
-n_reads = sum(1 for k in r if k.startswith("seq_read_mibps_"))
-n_kills = sum(1 for k in r if k.startswith("stall_s_"))
-n_log = sum(1 for k in r if k.startswith("log_on_write_mibps_"))
-# Raw 4 KiB Put Pages at the flush's concurrency (8 requests in flight).
-put_small = ceiling["put_4k"]["by_parallelism"]["8"]
-rows = [
-    # figure, value, unit, ceiling, ratio, target, met
-    ("seq write 1 file + fsync (ext4)", r["seq_write_mibps"], "MiB/s", r["seq_write_pass_mibps"], ">= 0.85 (vs raw Puts just before)", lambda x: x >= 0.85),
-    ("seq write 1 file + fsync (ext4)", r["seq_write_mibps"], "MiB/s", put["best"], "(vs the fresh scratch blob's best)", None),
-    (f"cold seq read (ext4), {n_reads} reads", r["seq_read_mibps"], "MiB/s", r["seq_read_pass_mibps"], ">= 0.9 (vs raw Gets of its blob, alternating)", lambda x: x >= 0.9),
-    (f"cold seq read (ext4), {n_reads} reads", r["seq_read_mibps"], "MiB/s", get["best"], "(vs the fresh scratch blob's best)", None),
-] + ([
-    ("cold seq read, Azurite on its own core", r["seq_read_pinned_mibps"], "MiB/s", r["seq_read_pinned_pass_mibps"], "(vs raw Gets, same cores)", None),
-] if "seq_read_pinned_mibps" in r else []) + [
-    ("upload dense raw image", r["upload_mibps"], "MiB/s", r["upload_pass_mibps"], ">= 0.85 (vs raw Puts just before)", lambda x: x >= 0.85),
-    ("upload dense raw image", r["upload_mibps"], "MiB/s", put["best"], "(vs the fresh scratch blob's best)", None),
-    ("cold rand 4k read, qd32", r["rand_read_iops"], "IOPS", small["at_32"], ">= 0.8", lambda x: x >= 0.8),
-    ("rand 4k write, qd32", r["rand_write_iops"], "IOPS", r["tmpfs_write_iops"], "(vs tmpfs)", None),
-    ("drain: fsync after the burst", r["drain_put_per_s"], "Put Page/s", put_small, ">= 0.8 (vs raw 4k Put Page, p8)", lambda x: x >= 0.8),
-    ("sustained rand 4k write past budget", r["sustained_write_iops"], "IOPS", put_small, ">= 0.9 (vs raw 4k Put Page, p8)", lambda x: x >= 0.9),
-    ("warm rand 4k re-read, qd32", r["warm_read_iops"], "IOPS", r["tmpfs_read_iops"], ">= 0.25", lambda x: x >= 0.25),
-    ("cold seq read, tier on (vs off)", r["tier_cold_on_mibps"], "MiB/s", r["tier_cold_off_mibps"], ">= 0.95", lambda x: x >= 0.95),
-    ("seq read after remount from tier", r["tier_warm_mibps"], "MiB/s", r["local_read_mibps"], ">= 0.5 (vs local file)", lambda x: x >= 0.5),
-    ("encrypted seq write + fsync (vs plain)", r["crypt_write_mibps"], "MiB/s", r["plain_write_mibps"], ">= 0.95", lambda x: x >= 0.95),
-    ("encrypted cold seq read (vs plain)", r["crypt_read_mibps"], "MiB/s", r["plain_read_mibps"], ">= 0.95", lambda x: x >= 0.95),
-    ("seq write + fsync, write log on", r["log_on_write_mibps"], "MiB/s", r["log_on_pass_mibps"], "(vs raw Puts just before)", None),
-    ("seq write + fsync, write log off", r["log_off_write_mibps"], "MiB/s", r["log_off_pass_mibps"], "(vs raw Puts just before)", None),
-]
-# Costs whose round-to-round spread is as large as their gap to the target
-# are judged on alternating pairs: the mean of the per-pair ratios with its
-# standard error. Met only when mean +- 2 standard errors is inside the
-# target, missed only when it is wholly outside; otherwise the run cannot
-# tell ("unsettled": more rounds, not more tuning).
-def log_pairs(key):
-    return [key(m="on", i=i) / key(m="off", i=i) for i in range(1, n_log + 1)]
-pooled = [
-    ("write log cost: seq write ratio, on/off", log_pairs(
-        lambda m, i: r[f"log_{m}_write_mibps_{i}"] / r[f"log_{m}_pass_mibps_{i}"]), ">= 0.95", lambda x: x >= 0.95),
-    ("write log cost: daemon CPU, on/off", log_pairs(
-        lambda m, i: r[f"daemon_cpu_log_{m}_{i}"]), "<= 1.05", lambda x: x <= 1.05),
-]
-table, out_rows = [], []
-for name, v, unit, ceil, target, ok in rows:
-    q = ratio(v, ceil)
-    met = None if ok is None or q is None else ok(q)
-    out_rows.append({"figure": name, "value": v, "unit": unit, "ceiling": ceil,
-                     "ratio": q, "target": target, "met": met})
-    table.append((name, f"{v:g} {unit}", f"{ceil:g}", f"{q}", target,
-                  "-" if met is None else ("met" if met else "MISSED")))
-for name, pairs, target, ok in pooled:
-    n = len(pairs)
-    m = sum(pairs) / n
-    se = (sum((x - m) ** 2 for x in pairs) / (n - 1) / n) ** 0.5 if n > 1 else float("inf")
-    lo, hi = ok(m - 2 * se), ok(m + 2 * se)
-    verdict = "met" if lo and hi else ("MISSED" if not lo and not hi else "unsettled")
-    out_rows.append({"figure": name, "ratio": round(m, 3), "standard_error": round(se, 3),
-                     "pairs": n, "target": target, "met": {"met": True, "MISSED": False}.get(verdict)})
-    table.append((f"{name} ({n} pairs)", "", "", f"{m:.3f} +- {se:.3f}", target, verdict))
-absolute = [
-    ("mount+open empty 8 TiB", r["mount_empty_8t_s"], "s", "< 0.5", r["mount_empty_8t_s"] < 0.5),
-    ("mount+open 8 TiB, 10k extents", r["mount_10k_extents_s"], "s", "< 2", r["mount_10k_extents_s"] < 2),
-    ("rand 4k write burst, 32 MiB, qd32", r["burst_iops"], "IOPS", ">= 20000", r["burst_iops"] >= 20000),
-    ("daemon CPU, seq write", r["daemon_cpu_seq_write"], "s/GiB", "<= 2.0", r["daemon_cpu_seq_write"] <= 2.0),
-    ("daemon CPU, cold seq read", r["daemon_cpu_seq_read"], "s/GiB", "<= 2.0", r["daemon_cpu_seq_read"] <= 2.0),
-    ("peak RSS, 512-byte burst, 128 MiB cache", r["tiny_peak_rss_mib"], "MiB", "<= 192", r["tiny_peak_rss_mib"] <= 192),
-    ("Put Page per GiB written", r["put_page_per_gib"], "requests", "<= 300", r["put_page_per_gib"] <= 300),
-    ("Gets of the read from the tier", r["tier_warm_gets"], "requests", "0", r["tier_warm_gets"] == 0),
-    ("disk tier size after the reads", r["tier_bytes"] / 2**20, "MiB", "-", None),
-    ("bytes up per GiB written", r["bytes_up_per_gib"] / 2**30, "GiB", "-", None),
-    ("stored after mkfs.ext4 1 TiB", r["mkfs_1t_stored_bytes"] / 2**20, "MiB", "< 1% (10485 MiB)", r["mkfs_1t_stored_bytes"] < 0.01 * 2**40),
-    ("peak RSS, 256 MiB cache", r["rss_peak_mib"], "MiB", "<= 320", r["rss_peak_mib"] <= 320),
-    (f"I/O stall per kill -9, p50 of {n_kills}", r["stall_p50_s"], "s", "< 2", r["stall_p50_s"] < 2),
-    (f"I/O stall per kill -9, max of {n_kills}", r["stall_max_s"], "s", "< 2", r["stall_max_s"] < 2),
-    (f"write errors under {n_kills} kills -9", r["stall_write_errors"], "errors", "0", r["stall_write_errors"] == 0),
-]
-for name, v, unit, target, met in absolute:
-    out_rows.append({"figure": name, "value": v, "unit": unit, "target": target, "met": met})
-    table.append((name, f"{v:.3g} {unit}" if unit != "requests" else f"{v:g}", "", "", target,
-                  "-" if met is None else ("met" if met else "MISSED")))
-
-head = ("figure", "blobdrive", "ceiling", "ratio", "target", "")
-widths = [max(len(str(x[i])) for x in table + [head]) for i in range(len(head))]
-for line in [head] + table:
-    print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip())
-print()
-print(f"ceiling: put_4m best {put['best']} MiB/s at p{put['best_parallelism']}, "
-      f"get_4m best {get['best']} MiB/s at p{get['best_parallelism']}, "
-      f"get_4k {small['at_32']} IOPS at p32 (best {small['best']} at p{small['best_parallelism']})")
-print("azurite CPU share (cores): " + ", ".join(f"{k[len('azurite_cpu_'):]} {v}" for k, v in r.items() if k.startswith("azurite_cpu_")))
-print(f"raw 4k Put Page: {put_small} at p8 (best {ceiling['put_4k']['best']} at p{ceiling['put_4k']['best_parallelism']}); "
-      f"the burst's drain sent {r['drain_put_pages']:g} Put Pages; "
-      f"512-byte burst {r['tiny_burst_iops']:g} IOPS")
-def mean(prefix):
-    v = [x for k, x in r.items() if k.startswith(prefix)]
-    return round(sum(v) / len(v), 2) if v else None
-print(f"daemon CPU s/GiB, plain vs encrypted: write {mean('daemon_cpu_plain_write_')} vs {mean('daemon_cpu_crypt_write_')}, "
-      f"cold read {mean('daemon_cpu_plain_read_')} vs {mean('daemon_cpu_crypt_read_')}")
-for key, what in (("seq_read", "cold seq reads"), ("seq_read_pinned", "with Azurite on its own core")):
-    rounds = range(1, sum(1 for k in r if k.startswith(f"{key}_mibps_")) + 1)
-    if rounds:
-        print(f"{what}, one by one (MiB/s), each after its raw pass: " + ", ".join(
-            f"{r[f'{key}_mibps_{i}']:g} after {r[f'{key}_pass_mibps_{i}']:g}" for i in rounds)
-            + "; daemon CPU s/GiB: " + ", ".join(f"{r[f'daemon_cpu_{key}_{i}']:g}" for i in rounds)
-            + "; Azurite's helper threads (its garbage collector) s/GiB, pass / read: "
-            + ", ".join(f"{r[f'azurite_helpers_{key}_pass_{i}']:g} / {r[f'azurite_helpers_{key}_{i}']:g}" for i in rounds))
-print(f"write log on vs off, {n_log} rounds each, one by one (MiB/s after the raw pass's; daemon CPU s/GiB, of it the holder's): "
-      + "; ".join(f"{m} " + ", ".join(
-          f"{r[f'log_{m}_write_mibps_{i}']:g} after {r[f'log_{m}_pass_mibps_{i}']:g} "
-          f"({r[f'daemon_cpu_log_{m}_{i}']:g}, {r[f'holder_cpu_log_{m}_{i}']:g})" for i in range(1, n_log + 1))
-          for m in ("on", "off")))
-print(f"kill -9 under 4 KiB writes (qd1, {r['stall_write_iops']:g} IOPS): {r['takeover_kills']:g} takeovers; "
-      "stall per kill (s): " + ", ".join(f"{r[f'stall_s_{i}']:g}" for i in range(1, n_kills + 1))
-      + f"; kill to the new pid in stats p50 {r['takeover_p50_s']:g} s; longest gap away from the kills {r['stall_baseline_max_s']:g} s")
-print(f"GETs: cold seq read {r['seq_read_gets']:g}, cold rand read {r['rand_read_gets']:g}; "
-      f"tmpfs O_DIRECT: {'yes' if r['tmpfs_direct'] else 'no'}; mkfs 1 TiB took {r['mkfs_1t_s']} s")
-json.dump({"quick": quick, "ceiling": ceiling, "raw": r, "rows": out_rows},
-          open(sys.argv[3], "w"), indent=2)
-print(f"JSON: {sys.argv[3]}")
-PY
+report
 echo
 python3 scripts/bench-nbd-report.py "$res" "$(dirname "$out")/bench-nbd.json"
