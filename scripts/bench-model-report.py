@@ -109,7 +109,7 @@ for name, v, unit, limit, raw, raw_what, key in rows:
         basis = targets[key][1] if key in targets else "lower"
         per_pair = [x / (min(limit, p) if basis == "lower" else limit) for x, p in zip(reads, passes)]
         m, se = mean_se(per_pair)
-        verdict = pooled_verdict(m, se, target)
+        verdict = pooled_verdict(m, se, len(per_pair), target)
         vs_lower = f"{pm(m, se)} ({bound})"
         out_rows[-1].update({"bound": bound, "ratio_to_lower": round(m, 3), "standard_error": json_se(se),
                              "pairs": n_reads})
@@ -139,7 +139,7 @@ if errors:
     print("fio failed (errno): " + ", ".join(f"{k[len('model_'):-len('_fio_error')]} {v:g}" for k, v in errors.items()))
 req, busy = final["requests"], final["busy"]
 if quick and targets:
-    print("--quick: the cold read is judged on its pairs (unsettled while mean +- 2 s.e. straddles the target); "
+    print("--quick: the cold read is judged on its pairs (unsettled while the 95% interval (mean +- t s.e.) straddles the target); "
           "the other rows are shown, not judged (one short run settles none of them)")
 print(f"the whole run through the model: {req} requests, {busy} answered 503 ({busy / req if req else 0:.4f}), "
       f"{final['queued']} waited for a cap (longest {final['max_queue_wait_s']:.3f} s), "

@@ -35,7 +35,7 @@
 #
 # What it judges (scripts/bench-model-report.py, scripts/bench_stats.py):
 # the cold read on its pairs (mean of the per-pair ratios +- standard
-# error: met, MISSED, or unsettled while mean +- 2 s.e. straddles the
+# error: met, MISSED, or unsettled while the 95% interval (mean +- t s.e.) straddles the
 # target), in --quick as in a full run; every other row is one measurement,
 # met or MISSED in a full run and "not judged (quick)" in --quick, as is the
 # share of 503s. Each row shows its ratio to the lower of the model's limit

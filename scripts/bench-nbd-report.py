@@ -43,7 +43,7 @@ for name, key, unit, target in FIGURES:
     if n == 0:
         continue
     m, se = mean_se(ratios)
-    verdict = pooled_verdict(m, se, target)
+    verdict = pooled_verdict(m, se, len(ratios), target)
     target_text = str(target) if target else "(all processes)"
     mean = lambda v: sum(v) / len(v)
     rows.append({"figure": name, "unit": unit, "nbd_mean": round(mean(nbd), 2),

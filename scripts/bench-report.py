@@ -173,7 +173,7 @@ for row in filter(None, map(opt, singles)):
 for row in filter(None, map(opt, pooled)):
     name, pairs, a, b, unit, target = row
     m, se = mean_se(pairs)
-    verdict = pooled_verdict(m, se, target)
+    verdict = pooled_verdict(m, se, len(pairs), target)
     out_rows.append({"figure": name, "value": round(a, 3), "unit": unit, "ceiling": round(b, 3),
                      "ratio": round(m, 3), "standard_error": json_se(se), "pairs": len(pairs),
                      "target": str(target), "met": met(verdict)})
@@ -183,7 +183,7 @@ for row in filter(None, map(opt, pooled_absolute)):
     if not values:
         continue
     m, se = mean_se(values)
-    verdict = pooled_verdict(m, se, target)
+    verdict = pooled_verdict(m, se, len(values), target)
     out_rows.append({"figure": name, "value": round(m, 3), "standard_error": json_se(se), "unit": unit,
                      "rounds": len(values), "target": str(target), "met": met(verdict)})
     table.append((f"{name} ({len(values)} reads)", f"{pm(m, se, 2)} {unit}", "", "", str(target), verdict))
@@ -198,7 +198,7 @@ for row in filter(None, map(opt, absolute)):
 print_table(("figure", "blobdrive", "ceiling", "ratio", "target", ""), table)
 print()
 if quick:
-    print(f"--quick: pooled rows are judged on their pairs (unsettled while mean +- 2 s.e. straddles "
+    print(f"--quick: pooled rows are judged on their pairs (unsettled while the 95% interval (mean +- t s.e.) straddles "
           f"the target); other rows of a shorter or smaller workload say '{NOT_JUDGED_QUICK}'")
 print(f"ceiling: put_4m best {put['best']} MiB/s at p{put['best_parallelism']}, "
       f"get_4m best {get['best']} MiB/s at p{get['best_parallelism']}, "

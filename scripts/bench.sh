@@ -42,7 +42,8 @@
 #
 # What a run judges (scripts/bench-report.py prints the verdicts):
 # - pooled pairs: the mean of the per-pair ratios +- its standard error;
-#   met when mean +- 2 s.e. is inside the target, MISSED when wholly
+#   met when its 95% interval (mean +- t s.e., Student's t for the
+#   pairs' count) is inside the target, MISSED when wholly
 #   outside, else "unsettled" (more pairs, not more tuning), in --quick as
 #   in a full run;
 # - single measurements against a ceiling, and absolute figures of a

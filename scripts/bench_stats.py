@@ -7,9 +7,13 @@ Pooled pairs: a cost whose run-to-run spread is as large as its gap to the
 target is measured as alternating pairs (A then B, B then A, ...) so the
 machine's drift hits both sides, and judged on the pairs' ratios: their mean
 with its standard error (the sample deviation over the square root of the
-count). Met only when mean +- 2 standard errors is inside the target, MISSED
-only when it is wholly outside; otherwise the run cannot tell ("unsettled":
-more pairs, not more tuning). One pair has no spread: unsettled.
+count). Met only when the mean's 95% interval (mean +- t standard errors,
+t from Student's distribution for the pairs' count: 4.3 for 3 pairs, 2.26
+for 10, near 2 for many) is inside the target, MISSED only when it is wholly
+outside; otherwise the run cannot tell ("unsettled": more pairs, not more
+tuning). With a fixed 2 instead of t, a figure right on its target would
+read MISSED in about one 2-pair run of six. One pair has no spread:
+unsettled.
 
 Single figures (one measurement) are met or MISSED, except in a --quick run
 where the row's workload is smaller or shorter than the full run's: then
@@ -82,11 +86,26 @@ def mean_se(values):
     return m, (sum((x - m) ** 2 for x in values) / (n - 1) / n) ** 0.5
 
 
-def pooled_verdict(mean, se, target):
-    """met, MISSED or unsettled for a pooled mean; "-" with no target."""
+# Student's t, two-sided 95%, by degrees of freedom (pairs - 1); 1.96 beyond.
+T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t95(n):
+    """The t factor of a 95% interval for the mean of n values."""
+    df = n - 1
+    if df < 1:
+        return math.inf
+    known = [d for d in T95 if d <= df]
+    return T95[max(known)] if df <= 30 else 1.96
+
+
+def pooled_verdict(mean, se, n, target):
+    """met, MISSED or unsettled for the mean of n pooled values; "-" with no target."""
     if target is None:
         return "-"
-    lo, hi = target.ok(mean - 2 * se), target.ok(mean + 2 * se)
+    k = t95(n) * se
+    lo, hi = target.ok(mean - k), target.ok(mean + k)
     if lo and hi:
         return "met"
     if not lo and not hi:
