@@ -1,0 +1,383 @@
+//! Where a chunk lives on disk: slab files of fixed slots, so a tier that
+//! fills and evicts all the time creates and deletes no file per chunk.
+//!
+//! Chunk `idx` lives in the slab file named `{idx / SLAB_CHUNKS:016x}`, in
+//! slot `idx % SLAB_CHUNKS`, at offset `slot * SLOT_BYTES`: its encoded form
+//! (`format.rs`: header, then the held non-zero pages) from the slot's
+//! start, the rest of the slot a hole. The place of a chunk follows from its
+//! index alone, so there is no slot map to keep, rebuild or tear: the index
+//! in memory is rebuilt at open by reading the header of every slot that
+//! holds data ([`scan`]), and processes sharing a snapshot's directory find
+//! each other's chunks where they expect them. An evicted or invalidated
+//! chunk's slot is punched out (`fallocate(PUNCH_HOLE)`): its blocks go back
+//! to the filesystem, so the tier's bound holds in bytes on disk, and a slot
+//! left so reads as empty. A slab file is made once, the first time one of
+//! its chunks is kept, and stays until the drive's directory is emptied:
+//! at most one file per 64 MiB of the drive ever read.
+//!
+//! Invariants:
+//! - A slot is written, read and punched only under an open-file-description
+//!   lock on its byte range (`F_OFD_SETLKW`; write for the writer, read for a
+//!   lookup), so a lookup in this process or another never reads a slot half
+//!   written by a live writer. What a crash tears is caught by the chunk's
+//!   CRC-32C and index (`format::decode`): never served.
+//! - Slab files are 0600 from their creation (`private_dir::open_file`).
+//! - Nothing here is durable until [`sync_all`]: the drive's record is set
+//!   `clean` only after it (see `DiskCache::finish`).
+
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+use super::format::{self, HEADER_BYTES};
+use super::{round_up, BLOCK_BYTES, PAGES, PAGE_BYTES};
+use crate::private_dir;
+
+/// Chunks per slab file: 256 chunks of 256 KiB, 64 MiB of the drive.
+pub const SLAB_CHUNKS: u64 = 256;
+/// Bytes per slot: the largest encoded chunk, in whole 4 KiB blocks (so a
+/// punched slot frees whole blocks and a full chunk needs no punch after it).
+pub const SLOT_BYTES: u64 = round_up((HEADER_BYTES + PAGES * PAGE_BYTES) as u64);
+/// Largest data length a header may claim.
+const MAX_DATA_BYTES: usize = PAGES * PAGE_BYTES;
+
+const _: () = assert!(SLOT_BYTES % BLOCK_BYTES == 0);
+
+/// The slab file holding chunk `idx` and the offset of its slot there.
+pub fn place(chunks_dir: &Path, idx: u64) -> (PathBuf, u64) {
+    let slab = idx / SLAB_CHUNKS;
+    (
+        chunks_dir.join(format!("{slab:016x}")),
+        (idx % SLAB_CHUNKS) * SLOT_BYTES,
+    )
+}
+
+/// An `F_OFD_SETLKW` lock on one slot, released when dropped.
+struct SlotLock<'a> {
+    file: &'a File,
+    offset: u64,
+}
+
+fn ofd_lock(file: &File, kind: libc::c_int, offset: u64) -> io::Result<()> {
+    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = offset as libc::off_t;
+    fl.l_len = SLOT_BYTES as libc::off_t;
+    loop {
+        // SAFETY: fcntl on a descriptor we own with a pointer to a live flock.
+        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLKW, &fl) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+impl<'a> SlotLock<'a> {
+    fn take(file: &'a File, offset: u64, write: bool) -> io::Result<Self> {
+        let kind = if write { libc::F_WRLCK } else { libc::F_RDLCK };
+        ofd_lock(file, kind, offset)?;
+        Ok(SlotLock { file, offset })
+    }
+}
+
+impl Drop for SlotLock<'_> {
+    fn drop(&mut self) {
+        // Closing the file would release it too; unlocking now lets a
+        // waiting reader in before the next slot is written.
+        let _ = ofd_lock(self.file, libc::F_UNLCK, self.offset);
+    }
+}
+
+/// Free `[offset, offset + len)` of `file` (the file keeps its size).
+fn punch(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: fallocate on a descriptor we own; no memory is passed.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn open_existing(path: &Path, write: bool) -> io::Result<Option<File>> {
+    match OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Read up to `buf.len()` bytes at `offset`; fewer only at the end of the file.
+fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// The encoded bytes in chunk `idx`'s slot, for `format::decode` to check:
+/// `None` when the slot (or its slab) is empty. A slot that is not empty
+/// but not a whole chunk either comes back as what was there, and is
+/// refused by `decode`. Blocks.
+pub fn read_slot(chunks_dir: &Path, idx: u64) -> io::Result<Option<Bytes>> {
+    let (path, offset) = place(chunks_dir, idx);
+    let Some(file) = open_existing(&path, false)? else {
+        return Ok(None);
+    };
+    let _lock = SlotLock::take(&file, offset, false)?;
+    let mut header = [0u8; HEADER_BYTES];
+    let n = read_full_at(&file, &mut header, offset)?;
+    if header[..n].iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    let data_len = match format::peek(&header[..n]) {
+        Some((_, len)) if len <= MAX_DATA_BYTES => len,
+        _ => return Ok(Some(Bytes::copy_from_slice(&header[..n]))),
+    };
+    let mut raw = vec![0u8; HEADER_BYTES + data_len];
+    raw[..HEADER_BYTES].copy_from_slice(&header);
+    let got = read_full_at(
+        &file,
+        &mut raw[HEADER_BYTES..],
+        offset + HEADER_BYTES as u64,
+    )?;
+    raw.truncate(HEADER_BYTES + got);
+    Ok(Some(raw.into()))
+}
+
+/// The writer thread's handle on the slab files: the last one used stays
+/// open (a sequential fill writes 256 chunks into one), and the slabs written
+/// since open are remembered for [`sync_all`]'s callers.
+pub struct Slabs {
+    chunks_dir: PathBuf,
+    open: Option<(PathBuf, File)>,
+    written: HashSet<PathBuf>,
+    punch_refused: bool,
+}
+
+impl Slabs {
+    /// The slabs of `chunks_dir`.
+    pub fn new(chunks_dir: &Path) -> Self {
+        Slabs {
+            chunks_dir: chunks_dir.to_path_buf(),
+            open: None,
+            written: HashSet::new(),
+            punch_refused: false,
+        }
+    }
+
+    /// The slab at `path`, open for writing; `None` when it does not exist
+    /// and `create` is false.
+    fn file(&mut self, path: PathBuf, create: bool) -> io::Result<Option<&File>> {
+        if self.open.as_ref().is_none_or(|(p, _)| *p != path) {
+            let file = if create {
+                private_dir::open_file(&path)?
+            } else {
+                match open_existing(&path, true)? {
+                    Some(f) => f,
+                    None => return Ok(None),
+                }
+            };
+            self.open = Some((path, file));
+        }
+        Ok(self.open.as_ref().map(|(_, f)| f))
+    }
+
+    /// Put chunk `idx`'s encoded form (`header` then `data`) in its slot.
+    /// `clear_tail`: the slot may hold a longer chunk, whose blocks past
+    /// this one's end must go. Blocks.
+    pub fn write(
+        &mut self,
+        idx: u64,
+        header: &[u8],
+        data: &[u8],
+        clear_tail: bool,
+    ) -> io::Result<()> {
+        let (path, offset) = place(&self.chunks_dir, idx);
+        self.written.insert(path.clone());
+        let mut refused = false;
+        let file = self.file(path, true)?.expect("created when missing");
+        {
+            let _lock = SlotLock::take(file, offset, true)?;
+            file.write_all_at(header, offset)?;
+            file.write_all_at(data, offset + header.len() as u64)?;
+            let end = round_up((header.len() + data.len()) as u64);
+            if clear_tail && end < SLOT_BYTES {
+                refused = punch_or_refuse(file, offset + end, SLOT_BYTES - end)?;
+            }
+        }
+        self.note_refused(refused);
+        Ok(())
+    }
+
+    /// Empty chunk `idx`'s slot and give its blocks back. Blocks.
+    pub fn erase(&mut self, idx: u64) -> io::Result<()> {
+        let (path, offset) = place(&self.chunks_dir, idx);
+        let Some(file) = self.file(path.clone(), false)? else {
+            return Ok(());
+        };
+        let refused = {
+            let _lock = SlotLock::take(file, offset, true)?;
+            let refused = punch_or_refuse(file, offset, SLOT_BYTES)?;
+            if refused {
+                // Without holes the slot must still read as empty.
+                file.write_all_at(&[0u8; HEADER_BYTES], offset)?;
+            }
+            refused
+        };
+        self.written.insert(path);
+        self.note_refused(refused);
+        Ok(())
+    }
+
+    fn note_refused(&mut self, refused: bool) {
+        if refused && !self.punch_refused {
+            self.punch_refused = true;
+            tracing::warn!(dir = %self.chunks_dir.display(),
+                "disk cache: this filesystem cannot punch holes; evicted chunks keep their disk space");
+        }
+    }
+}
+
+/// Punch, or `true` when the filesystem cannot.
+fn punch_or_refuse(file: &File, offset: u64, len: u64) -> io::Result<bool> {
+    match punch(file, offset, len) {
+        Ok(()) => Ok(false),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
+/// Make every slab of `chunks_dir`, and the directory, durable. Blocks.
+pub fn sync_all(chunks_dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(chunks_dir)? {
+        let entry = entry?;
+        if slab_number(&entry.file_name()).is_some() {
+            if let Some(f) = open_existing(&entry.path(), false)? {
+                f.sync_all()?;
+            }
+        }
+    }
+    File::open(chunks_dir)?.sync_all()
+}
+
+fn slab_number(name: &std::ffi::OsStr) -> Option<u64> {
+    let name = name.to_str()?;
+    if name.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(name, 16).ok()
+}
+
+/// One chunk found in a slab by [`scan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// The chunk's index.
+    pub index: u64,
+    /// The slab file holding it.
+    pub file: PathBuf,
+    /// Where its slot starts in that file.
+    pub offset: u64,
+    /// Disk space it takes (whole 4 KiB blocks).
+    pub bytes: u64,
+}
+
+/// Next offset at or after `from` holding data, `None` past the last.
+fn next_data(file: &File, from: u64) -> io::Result<Option<u64>> {
+    // SAFETY: lseek on a descriptor we own.
+    let at = unsafe { libc::lseek(file.as_raw_fd(), from as libc::off_t, libc::SEEK_DATA) };
+    if at >= 0 {
+        return Ok(Some(at as u64));
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ENXIO) {
+        Ok(None)
+    } else {
+        Err(err)
+    }
+}
+
+/// The chunks whose slots hold a header naming them and the length it
+/// claims, slab by slab, slot by slot (holes skipped with `SEEK_DATA`).
+/// Checksums are not read here: a lookup checks them. `repair` (the directory is held alone): a slot that
+/// holds data but no such header, left by a crash, is punched out, so the
+/// space counted is the space used. Other files are left alone. Blocks.
+pub fn scan(chunks_dir: &Path, repair: bool) -> io::Result<Vec<Found>> {
+    let mut found = Vec::new();
+    let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(chunks_dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| Some((slab_number(&e.file_name())?, e.path())))
+        .collect();
+    names.sort_unstable();
+    for (slab, path) in names {
+        let Some(file) = open_existing(&path, repair)? else {
+            continue;
+        };
+        let file_len = file.metadata()?.len();
+        let mut from = 0;
+        while let Some(at) = next_data(&file, from)? {
+            let slot = at / SLOT_BYTES;
+            let offset = slot * SLOT_BYTES;
+            if slot >= SLAB_CHUNKS {
+                if repair {
+                    file.set_len(SLAB_CHUNKS * SLOT_BYTES)?;
+                }
+                break;
+            }
+            let index = slab * SLAB_CHUNKS + slot;
+            let mut header = [0u8; HEADER_BYTES];
+            let n = read_full_at(&file, &mut header, offset)?;
+            match format::peek(&header[..n]) {
+                Some((i, len))
+                    if i == index
+                        && len <= MAX_DATA_BYTES
+                        && offset + (HEADER_BYTES + len) as u64 <= file_len =>
+                {
+                    found.push(Found {
+                        index,
+                        file: path.clone(),
+                        offset,
+                        bytes: round_up((HEADER_BYTES + len) as u64),
+                    })
+                }
+                _ if repair => {
+                    if punch_or_refuse(&file, offset, SLOT_BYTES)? {
+                        file.write_all_at(&[0u8; HEADER_BYTES], offset)?;
+                    }
+                }
+                _ => {}
+            }
+            from = offset + SLOT_BYTES;
+        }
+    }
+    Ok(found)
+}
