@@ -1,7 +1,8 @@
 //! `blobdrive cache clear [--cache-dir DIR]`: empty the disk tier.
 //!
 //! Removes every drive's cache under the cache directory (default
-//! `/var/cache/blobdrive`, the default of `mount --cache-dir`) except those a
+//! `/var/cache/blobdrive`, the default of `mount --cache-dir`), in the
+//! tier's current layout and in an older one (`disk_cache::clear`), except those a
 //! running mount holds (their lock is taken): they are counted and left, and
 //! the command still exits 0, so it is safe to run at any time.
 
