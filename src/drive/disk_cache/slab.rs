@@ -247,12 +247,7 @@ impl Slabs {
         };
         let refused = {
             let _lock = SlotLock::take(file, offset, true)?;
-            let refused = punch_or_refuse(file, offset, SLOT_BYTES)?;
-            if refused {
-                // Without holes the slot must still read as empty.
-                file.write_all_at(&[0u8; HEADER_BYTES], offset)?;
-            }
-            refused
+            empty_slot(file, offset)?
         };
         self.written.insert(path);
         self.note_refused(refused);
@@ -275,6 +270,16 @@ fn punch_or_refuse(file: &File, offset: u64, len: u64) -> io::Result<bool> {
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(true),
         Err(e) => Err(e),
     }
+}
+
+/// Punch out the slot at `offset`, or where the filesystem cannot, zero its
+/// header so it still reads as empty; `true` in that case.
+fn empty_slot(file: &File, offset: u64) -> io::Result<bool> {
+    let refused = punch_or_refuse(file, offset, SLOT_BYTES)?;
+    if refused {
+        file.write_all_at(&[0u8; HEADER_BYTES], offset)?;
+    }
+    Ok(refused)
 }
 
 /// Make every slab of `chunks_dir`, and the directory, durable. Blocks.
@@ -370,9 +375,7 @@ pub fn scan(chunks_dir: &Path, repair: bool) -> io::Result<Vec<Found>> {
                     })
                 }
                 _ if repair => {
-                    if punch_or_refuse(&file, offset, SLOT_BYTES)? {
-                        file.write_all_at(&[0u8; HEADER_BYTES], offset)?;
-                    }
+                    empty_slot(&file, offset)?;
                 }
                 _ => {}
             }
