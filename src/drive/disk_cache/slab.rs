@@ -25,7 +25,6 @@
 //! - Nothing here is durable until [`sync_all`]: the drive's record is set
 //!   `clean` only after it (see `DiskCache::finish`).
 
-use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -175,12 +174,10 @@ pub fn read_slot(chunks_dir: &Path, idx: u64) -> io::Result<Option<Bytes>> {
 }
 
 /// The writer thread's handle on the slab files: the last one used stays
-/// open (a sequential fill writes 256 chunks into one), and the slabs written
-/// since open are remembered for [`sync_all`]'s callers.
+/// open (a sequential fill writes 256 chunks into one).
 pub struct Slabs {
     chunks_dir: PathBuf,
     open: Option<(PathBuf, File)>,
-    written: HashSet<PathBuf>,
     punch_refused: bool,
 }
 
@@ -190,7 +187,6 @@ impl Slabs {
         Slabs {
             chunks_dir: chunks_dir.to_path_buf(),
             open: None,
-            written: HashSet::new(),
             punch_refused: false,
         }
     }
@@ -223,7 +219,6 @@ impl Slabs {
         clear_tail: bool,
     ) -> io::Result<()> {
         let (path, offset) = place(&self.chunks_dir, idx);
-        self.written.insert(path.clone());
         let mut refused = false;
         let file = self.file(path, true)?.expect("created when missing");
         {
@@ -242,14 +237,13 @@ impl Slabs {
     /// Empty chunk `idx`'s slot and give its blocks back. Blocks.
     pub fn erase(&mut self, idx: u64) -> io::Result<()> {
         let (path, offset) = place(&self.chunks_dir, idx);
-        let Some(file) = self.file(path.clone(), false)? else {
+        let Some(file) = self.file(path, false)? else {
             return Ok(());
         };
         let refused = {
             let _lock = SlotLock::take(file, offset, true)?;
             empty_slot(file, offset)?
         };
-        self.written.insert(path);
         self.note_refused(refused);
         Ok(())
     }
