@@ -35,7 +35,10 @@
 //!   directory never read half a slot while it is written.
 //! - A copy refused by its ticket, or overwritten in place after the chunk
 //!   changed, never outlives the mount: its slot is punched by the writer
-//!   thread, and `finish` syncs the slabs before it records `clean`.
+//!   thread (or, where the punch fails, its header zeroed), and `finish`
+//!   syncs the slabs before it records `clean`. A slot that could be
+//!   neither punched nor zeroed (or a writer thread that died) leaves the
+//!   record `in-use`: the next open empties the directory.
 //! - The bytes held stay under `max_bytes` (each slot's chunk rounded up to
 //!   4 KiB, least recently used chunks evicted first, their blocks punched
 //!   out). Processes sharing one snapshot's directory each keep their own
@@ -60,7 +63,7 @@ mod slab;
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -238,6 +241,9 @@ struct Shared {
     max_bytes: u64,
     index: Mutex<Index>,
     meters: Meters,
+    /// A slot that had to be emptied may still hold its chunk (neither
+    /// punched nor its header zeroed): `finish` must not record `clean`.
+    unclean: AtomicBool,
     /// The directory's lock: held until `finish`, or until both the cache
     /// and its writer thread are gone (a dropped cache's last writes still
     /// happen under it).
@@ -467,6 +473,7 @@ impl DiskCache {
             max_bytes: opts.max_bytes,
             index: Mutex::new(index),
             meters: Meters::default(),
+            unclean: AtomicBool::new(false),
             lock: Mutex::new(Some(lock)),
         });
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE_CHUNKS);
@@ -693,9 +700,20 @@ impl DiskCache {
                 .take(),
         );
         if let Some(h) = self.writer.lock().expect("writer mutex poisoned").take() {
-            let _ = h.join();
+            if h.join().is_err() {
+                self.shared.unclean.store(true, Ordering::Relaxed);
+            }
         }
-        if self.access == Access::Writer {
+        if !self.shared.index().stale.is_empty() {
+            self.shared.unclean.store(true, Ordering::Relaxed);
+        }
+        let unclean = self.shared.unclean.load(Ordering::Relaxed);
+        if unclean && self.access == Access::Writer && final_etag.is_some() {
+            // The record stays `in-use`: the next open empties the directory.
+            tracing::warn!(dir = %self.dir.display(),
+                "disk cache: a slot could not be emptied; the tier is dropped at the next mount");
+        }
+        if self.access == Access::Writer && !unclean {
             if let Some(etag) = final_etag {
                 // Slots are written and punched in place: what the record
                 // vouches for must be on disk before it does.
@@ -741,10 +759,13 @@ impl Drop for DiskCache {
     }
 }
 
-/// Empty the slots of `chunks`.
+/// Empty the slots of `chunks`. A slot that cannot be emptied may still
+/// hold a whole chunk the index no longer vouches for: the tier is marked
+/// unclean, so `finish` does not record it `clean`.
 fn erase_slots(shared: &Shared, slabs: &mut Slabs, chunks: &[u64]) {
     for &idx in chunks {
         if let Err(e) = slabs.erase(idx) {
+            shared.unclean.store(true, Ordering::Relaxed);
             tracing::warn!(chunk = idx, error = %e, dir = %shared.chunks_dir.display(),
                 "disk cache: could not empty a slot");
         }

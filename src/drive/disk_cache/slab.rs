@@ -11,7 +11,9 @@
 //! each other's chunks where they expect them. An evicted or invalidated
 //! chunk's slot is punched out (`fallocate(PUNCH_HOLE)`): its blocks go back
 //! to the filesystem, so the tier's bound holds in bytes on disk, and a slot
-//! left so reads as empty. A slab file is made once, the first time one of
+//! left so reads as empty. Where a punch fails (no hole support, or a full
+//! filesystem that needs a block to split an extent) the slot's header is
+//! zeroed instead, so it still reads as empty. A slab file is made once, the first time one of
 //! its chunks is kept, and stays until the drive's directory is emptied:
 //! at most one file per 64 MiB of the drive ever read.
 //!
@@ -100,6 +102,10 @@ impl Drop for SlotLock<'_> {
 
 /// Free `[offset, offset + len)` of `file` (the file keeps its size).
 fn punch(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    #[cfg(test)]
+    if let Some(errno) = hooks::punch_fails(file) {
+        return Err(io::Error::from_raw_os_error(errno));
+    }
     // SAFETY: fallocate on a descriptor we own; no memory is passed.
     let rc = unsafe {
         libc::fallocate(
@@ -266,14 +272,30 @@ fn punch_or_refuse(file: &File, offset: u64, len: u64) -> io::Result<bool> {
     }
 }
 
-/// Punch out the slot at `offset`, or where the filesystem cannot, zero its
-/// header so it still reads as empty; `true` in that case.
+/// Punch out the slot at `offset`, or where that fails (a filesystem that
+/// cannot punch, or one that is full: a punch may need a block to split an
+/// extent), zero its header so it still reads as empty; `true` when the
+/// filesystem cannot punch holes. An error only when the header could not
+/// be zeroed either: the slot may then still hold a whole chunk.
 fn empty_slot(file: &File, offset: u64) -> io::Result<bool> {
-    let refused = punch_or_refuse(file, offset, SLOT_BYTES)?;
-    if refused {
-        file.write_all_at(&[0u8; HEADER_BYTES], offset)?;
-    }
+    let refused = match punch_or_refuse(file, offset, SLOT_BYTES) {
+        Ok(false) => return Ok(false),
+        Ok(true) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "disk cache: cannot punch a slot out; zeroing its header");
+            false
+        }
+    };
+    zero_header(file, offset)?;
     Ok(refused)
+}
+
+fn zero_header(file: &File, offset: u64) -> io::Result<()> {
+    #[cfg(test)]
+    if let Some(errno) = hooks::zero_fails(file) {
+        return Err(io::Error::from_raw_os_error(errno));
+    }
+    file.write_all_at(&[0u8; HEADER_BYTES], offset)
 }
 
 /// Make every slab of `chunks_dir`, and the directory, durable. Blocks.
@@ -377,4 +399,43 @@ pub fn scan(chunks_dir: &Path, repair: bool) -> io::Result<Vec<Found>> {
         }
     }
     Ok(found)
+}
+
+/// Failures injected by tests, per chunk directory (tests run in parallel,
+/// each in its own temporary directory).
+#[cfg(test)]
+pub mod hooks {
+    use std::fs::File;
+    use std::os::fd::AsRawFd;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    static PUNCH: Mutex<Vec<(PathBuf, i32)>> = Mutex::new(Vec::new());
+    static ZERO: Mutex<Vec<(PathBuf, i32)>> = Mutex::new(Vec::new());
+
+    /// Make every punch in a slab under `dir` fail with `errno`.
+    pub fn fail_punch(dir: &Path, errno: i32) {
+        PUNCH.lock().unwrap().push((dir.to_path_buf(), errno));
+    }
+
+    /// Make every header zeroing in a slab under `dir` fail with `errno`.
+    pub fn fail_zero(dir: &Path, errno: i32) {
+        ZERO.lock().unwrap().push((dir.to_path_buf(), errno));
+    }
+
+    fn lookup(list: &Mutex<Vec<(PathBuf, i32)>>, file: &File) -> Option<i32> {
+        let path = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()?;
+        let list = list.lock().unwrap();
+        list.iter()
+            .find(|(dir, _)| path.starts_with(dir))
+            .map(|&(_, e)| e)
+    }
+
+    pub(super) fn punch_fails(file: &File) -> Option<i32> {
+        lookup(&PUNCH, file)
+    }
+
+    pub(super) fn zero_fails(file: &File) -> Option<i32> {
+        lookup(&ZERO, file)
+    }
 }

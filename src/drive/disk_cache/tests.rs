@@ -505,3 +505,53 @@ fn a_v1_tier_in_use_by_an_older_build_is_left_alone_and_clear_removes_it_after()
     );
     assert!(!root.exists());
 }
+
+/// A writer's tier holding chunks 4 and 9 recorded `clean` at ETag `e1`,
+/// reopened; its slots' failures are then injected by the caller.
+fn reopened_with_two_chunks(o: &DiskCacheOptions) -> DiskCache {
+    let c = DiskCache::open(o, "b", Some("e1"), Access::Writer)
+        .unwrap()
+        .unwrap();
+    let _ = c.store(4, c.ticket(), chunk(1, PAGES));
+    let _ = c.store(9, c.ticket(), chunk(2, PAGES));
+    c.finish(Some("e1")).unwrap();
+    drop(c);
+    let c = open_when_free(o, "b", "e1", Access::Writer);
+    assert_eq!(c.lookup(4), Some(chunk(1, PAGES)));
+    c
+}
+
+#[test]
+fn a_slot_that_cannot_be_punched_after_a_discard_is_not_served_after_a_remount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(tmp.path(), 64 * MB);
+    let c = reopened_with_two_chunks(&o);
+    // A full filesystem: punching needs a block to split the extent.
+    slab::hooks::fail_punch(&c.shared.chunks_dir, libc::ENOSPC);
+    c.invalidate(4);
+    c.finish(Some("e2")).unwrap();
+    drop(c);
+    let c = open_when_free(&o, "b", "e2", Access::Writer);
+    assert_eq!(c.lookup(4), None, "the discarded chunk's old copy");
+    assert_eq!(
+        c.lookup(9),
+        Some(chunk(2, PAGES)),
+        "its header was zeroed, the rest kept"
+    );
+}
+
+#[test]
+fn a_slot_that_cannot_be_emptied_at_all_leaves_the_tier_untrusted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(tmp.path(), 64 * MB);
+    let c = reopened_with_two_chunks(&o);
+    slab::hooks::fail_punch(&c.shared.chunks_dir, libc::ENOSPC);
+    slab::hooks::fail_zero(&c.shared.chunks_dir, libc::EIO);
+    c.invalidate(4);
+    c.finish(Some("e2")).unwrap();
+    assert_eq!(record::read(&c.dir).unwrap().state, record::IN_USE);
+    drop(c);
+    let c = open_when_free(&o, "b", "e2", Access::Writer);
+    assert_eq!(c.lookup(4), None, "the discarded chunk's old copy");
+    assert_eq!(c.lookup(9), None, "the whole tier was dropped");
+}
