@@ -281,9 +281,70 @@ pub struct DiskCache {
 
 /// The directory of the blob named `identity` under the cache dir.
 pub fn drive_dir(cache_dir: &Path, identity: &str) -> PathBuf {
+    cache_dir.join(LAYOUT).join(drive_dir_name(identity))
+}
+
+/// The name of a drive's directory (in every layout so far): the first 16
+/// bytes of the SHA-256 of the blob's identity, in hex.
+fn drive_dir_name(identity: &str) -> String {
     let hash = Sha256::digest(identity.as_bytes());
-    let name: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
-    cache_dir.join(LAYOUT).join(name)
+    hash[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn is_hex(name: &str, len: usize) -> bool {
+    name.len() == len
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Does `path` look like one drive's directory of a layout root, as this
+/// and older builds make them: a real directory of this user alone, named
+/// by [`drive_dir_name`], holding only `lock`, a `record.json` that parses
+/// and names a blob whose hash is that name, temporary records, and a
+/// `chunks/` of regular files named by 16 hex digits (or temporary chunk
+/// files of `v1`)? Only such a directory is ever removed: a cache dir may
+/// hold other things under `v1/` or `v2/` by accident.
+fn is_drive_dir(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    if !is_hex(name, 32) || !private_dir::is_ours_alone(path) {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return false;
+    };
+    entries.into_iter().all(|e| {
+        let Ok(e) = e else { return false };
+        let Ok(kind) = e.file_type() else {
+            return false;
+        };
+        match e.file_name().to_str() {
+            Some("lock") => kind.is_file(),
+            Some("record.json") => {
+                kind.is_file()
+                    && record::read(path).is_some_and(|r| drive_dir_name(&r.identity) == name)
+            }
+            Some(n) if n.starts_with("record.json.tmp.") => kind.is_file(),
+            Some("chunks") => kind.is_dir() && holds_only_chunk_files(&e.path()),
+            _ => false,
+        }
+    })
+}
+
+fn holds_only_chunk_files(chunks_dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(chunks_dir) else {
+        return false;
+    };
+    entries.into_iter().all(|e| {
+        e.is_ok_and(|e| {
+            e.file_type().is_ok_and(|t| t.is_file())
+                && e.file_name()
+                    .to_str()
+                    .is_some_and(|n| is_hex(n, 16) || n.contains(".tmp."))
+        })
+    })
 }
 
 const fn round_up(bytes: u64) -> u64 {
@@ -311,24 +372,37 @@ fn check_root(cache_dir: &Path) -> io::Result<()> {
 
 /// Remove the tiers an older blobdrive kept in an older layout (nothing in
 /// them is ever read): every drive's directory not locked by a running
-/// mount of that version, then the layout directory once empty. Only a
-/// layout directory of this user, that no one else may write to, is
-/// touched. Trouble is logged, never fatal: the tier works without it.
+/// mount of that version, then the layout directory once empty. Only what
+/// [`clear_layout`] recognises as a drive's directory is touched. Trouble
+/// is logged, never fatal: the tier works without it.
 fn discard_old_layouts(cache_dir: &Path) {
     for old in OLD_LAYOUTS {
         let root = cache_dir.join(old);
-        if !private_dir::is_ours_alone(&root) {
-            continue;
-        }
         match clear_layout(&root) {
             Ok(done) => {
-                let _ = std::fs::remove_dir(&root);
-                tracing::info!(dir = %root.display(), removed = done.removed, in_use = done.in_use,
-                    "disk cache: removed the tier of an older blobdrive (layout {old}); none of it is used");
+                if done.in_use == 0 && done.left.is_empty() {
+                    let _ = std::fs::remove_dir(&root);
+                }
+                if done.removed > 0 {
+                    tracing::info!(dir = %root.display(), removed = done.removed, in_use = done.in_use,
+                        "disk cache: removed the tier of an older blobdrive (layout {old}); none of it is used");
+                }
+                log_left(&done.left);
             }
             Err(e) => tracing::warn!(dir = %root.display(), error = %e,
                 "disk cache: cannot remove the tier of an older blobdrive"),
         }
+    }
+}
+
+/// Name, once per process (an open may be retried many times), what a
+/// layout root holds that is not a drive's directory.
+fn log_left(left: &[PathBuf]) {
+    static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !left.is_empty() && !LOGGED.swap(true, Ordering::Relaxed) {
+        let names: Vec<String> = left.iter().map(|p| p.display().to_string()).collect();
+        tracing::warn!(left = %names.join(", "),
+            "disk cache: left alone, not the cache of a drive");
     }
 }
 
@@ -847,6 +921,9 @@ pub struct Cleared {
     pub removed: usize,
     /// Drive caches left because a mount is using them.
     pub in_use: usize,
+    /// Entries left because they are not a drive's cache (or a layout
+    /// directory that is a symbolic link, or not this user's alone).
+    pub left: Vec<PathBuf>,
 }
 
 /// Empty the cache dir: remove every drive's cache not in use by a mount,
@@ -857,7 +934,7 @@ pub fn clear(cache_dir: &Path) -> io::Result<Cleared> {
     for old in OLD_LAYOUTS {
         let root = cache_dir.join(old);
         let done = clear_layout(&root)?;
-        if done.in_use == 0 {
+        if done.in_use == 0 && done.left.is_empty() {
             match std::fs::remove_dir(&root) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -866,21 +943,30 @@ pub fn clear(cache_dir: &Path) -> io::Result<Cleared> {
         }
         out.removed += done.removed;
         out.in_use += done.in_use;
+        out.left.extend(done.left);
     }
     Ok(out)
 }
 
-/// Remove every drive's directory under `root` not in use by a mount.
+/// Remove every drive's directory under the layout directory `root` not in
+/// use by a mount. A root that is a symbolic link, or not this user's
+/// alone, is not read; entries that are not a drive's directory
+/// ([`is_drive_dir`]) are left.
 fn clear_layout(root: &Path) -> io::Result<Cleared> {
     let mut out = Cleared::default();
-    let entries = match std::fs::read_dir(root) {
-        Ok(e) => e,
+    match std::fs::symlink_metadata(root) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
         Err(e) => return Err(e),
-    };
-    for entry in entries {
+        Ok(_) if !private_dir::is_ours_alone(root) => {
+            out.left.push(root.to_path_buf());
+            return Ok(out);
+        }
+        Ok(_) => {}
+    }
+    for entry in std::fs::read_dir(root)? {
         let path = entry?.path();
-        if !path.is_dir() {
+        if !is_drive_dir(&path) {
+            out.left.push(path);
             continue;
         }
         match DirLock::try_take(&path, LockMode::Exclusive)? {

@@ -499,7 +499,8 @@ fn a_v1_tier_in_use_by_an_older_build_is_left_alone_and_clear_removes_it_after()
         done,
         Cleared {
             removed: 2,
-            in_use: 0
+            in_use: 0,
+            left: Vec::new(),
         },
         "one drive of each layout"
     );
@@ -554,4 +555,65 @@ fn a_slot_that_cannot_be_emptied_at_all_leaves_the_tier_untrusted() {
     let c = open_when_free(&o, "b", "e2", Access::Writer);
     assert_eq!(c.lookup(4), None, "the discarded chunk's old copy");
     assert_eq!(c.lookup(9), None, "the whole tier was dropped");
+}
+
+#[test]
+fn an_unrelated_directory_under_v1_survives_a_mount_and_cache_clear() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = make_v1_tier(tmp.path(), "blob", "e1");
+    // A user's own directories that happen to sit in a v1/ there: one named
+    // like a drive's cache but holding something else, one not.
+    let mine = root.join("notes");
+    let lookalike = root.join("0123456789abcdef0123456789abcdef");
+    for d in [&mine, &lookalike] {
+        private_dir::ensure(d).unwrap();
+        std::fs::write(d.join("todo.txt"), b"keep me").unwrap();
+    }
+    let c = DiskCache::open(
+        &opts(tmp.path(), 64 * MB),
+        "blob",
+        Some("e1"),
+        Access::Writer,
+    )
+    .unwrap()
+    .unwrap();
+    c.finish(None).unwrap();
+    drop(c);
+    let done = clear(tmp.path()).unwrap();
+    assert_eq!(done.left.len(), 2, "{done:?}");
+    for d in [&mine, &lookalike] {
+        assert_eq!(std::fs::read(d.join("todo.txt")).unwrap(), b"keep me");
+    }
+    assert_eq!(
+        root.read_dir().unwrap().count(),
+        2,
+        "the old tier itself is gone"
+    );
+}
+
+#[test]
+fn a_symlinked_layout_root_is_not_followed_by_a_mount_or_cache_clear() {
+    let tmp = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    // Something that has every look of a drive's cache, reached by a link.
+    let target = make_v1_tier(elsewhere.path(), "blob", "e1");
+    std::os::unix::fs::symlink(&target, tmp.path().join("v1")).unwrap();
+    let c = DiskCache::open(
+        &opts(tmp.path(), 64 * MB),
+        "blob",
+        Some("e1"),
+        Access::Writer,
+    )
+    .unwrap()
+    .unwrap();
+    c.finish(None).unwrap();
+    drop(c);
+    let done = clear(tmp.path()).unwrap();
+    assert_eq!(done.left, vec![tmp.path().join("v1")]);
+    assert_eq!(
+        target.read_dir().unwrap().count(),
+        1,
+        "the linked tier is untouched"
+    );
+    assert!(tmp.path().join("v1").symlink_metadata().is_ok());
 }
