@@ -615,6 +615,11 @@ impl DiskCache {
                 self.shared.index().remove(idx);
                 return None;
             }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Another process holds the slot: a miss, the slot stays.
+                tracing::debug!(chunk = idx, "disk cache slot busy");
+                return None;
+            }
             Err(e) => {
                 tracing::warn!(chunk = idx, error = %e, "disk cache read failed");
                 self.shared.index().remove(idx);
@@ -817,7 +822,8 @@ impl DiskCache {
         self.shared.meters.bad_chunks.load(Ordering::Relaxed)
     }
 
-    /// Copies dropped because the writer was behind.
+    /// Copies dropped because the writer was behind, or their slot was
+    /// held by another process.
     pub fn dropped_copies(&self) -> u64 {
         self.shared.meters.dropped.load(Ordering::Relaxed)
     }
@@ -867,6 +873,11 @@ fn write_chunk(shared: &Shared, slabs: &mut Slabs, idx: u64, ticket: u64, chunk:
     let clear_tail = before.is_none_or(|b| b > bytes);
     let header = format::header(idx, chunk);
     if let Err(e) = slabs.write(idx, &header, &chunk.data, clear_tail) {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            // Another process holds the slot: nothing was written.
+            shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         tracing::warn!(chunk = idx, error = %e, "disk cache write failed");
         shared.index().remove(idx);
         erase_slots(shared, slabs, &[idx]);

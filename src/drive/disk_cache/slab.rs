@@ -19,9 +19,11 @@
 //!
 //! Invariants:
 //! - A slot is written, read and punched only under an open-file-description
-//!   lock on its byte range (`F_OFD_SETLKW`; write for the writer, read for a
+//!   lock on its byte range (`F_OFD_SETLK`; write for the writer, read for a
 //!   lookup), so a lookup in this process or another never reads a slot half
-//!   written by a live writer. What a crash tears is caught by the chunk's
+//!   written by a live writer. The lock is tried for 100 ms at most: a slot
+//!   held longer (by a stopped process) is a miss for a lookup and drops a
+//!   copy, never a hang. What a crash tears is caught by the chunk's
 //!   CRC-32C and index (`format::decode`): never served.
 //! - Slab files are 0600 from their creation (`private_dir::open_file`).
 //! - Nothing here is durable until [`sync_all`]: the drive's record is set
@@ -32,6 +34,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -58,13 +61,19 @@ pub fn place(chunks_dir: &Path, idx: u64) -> (PathBuf, u64) {
     )
 }
 
-/// An `F_OFD_SETLKW` lock on one slot, released when dropped.
+/// How long a slot lock is tried for before the slot counts as busy.
+const LOCK_PATIENCE: Duration = Duration::from_millis(100);
+
+/// An `F_OFD_SETLK` lock on one slot, released when dropped.
 struct SlotLock<'a> {
     file: &'a File,
     offset: u64,
 }
 
-fn ofd_lock(file: &File, kind: libc::c_int, offset: u64) -> io::Result<()> {
+/// Set (or with `F_UNLCK` release) the lock of the slot at `offset`,
+/// without waiting: `false` when another open file description holds a
+/// conflicting one.
+fn ofd_lock(file: &File, kind: libc::c_int, offset: u64) -> io::Result<bool> {
     // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = kind as libc::c_short;
@@ -73,21 +82,39 @@ fn ofd_lock(file: &File, kind: libc::c_int, offset: u64) -> io::Result<()> {
     fl.l_len = SLOT_BYTES as libc::off_t;
     loop {
         // SAFETY: fcntl on a descriptor we own with a pointer to a live flock.
-        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLKW, &fl) };
+        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
         if rc == 0 {
-            return Ok(());
+            return Ok(true);
         }
         let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
+        match err.raw_os_error() {
+            Some(libc::EINTR) => {}
+            Some(libc::EAGAIN) | Some(libc::EACCES) => return Ok(false),
+            _ => return Err(err),
         }
     }
 }
 
 impl<'a> SlotLock<'a> {
+    /// Lock the slot at `offset`, trying for [`LOCK_PATIENCE`]: a slot is
+    /// held for one slot's I/O, so a holder that keeps it longer is stopped
+    /// (a frozen or stopped process sharing the directory), and waiting for
+    /// it would hang this drive's reads. An error of kind `WouldBlock` then:
+    /// a lookup is a miss, a copy is dropped.
     fn take(file: &'a File, offset: u64, write: bool) -> io::Result<Self> {
         let kind = if write { libc::F_WRLCK } else { libc::F_RDLCK };
-        ofd_lock(file, kind, offset)?;
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(200);
+        while !ofd_lock(file, kind, offset)? {
+            if started.elapsed() >= LOCK_PATIENCE {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "slot locked by another process for too long",
+                ));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
         Ok(SlotLock { file, offset })
     }
 }

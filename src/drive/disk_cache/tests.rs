@@ -617,3 +617,65 @@ fn a_symlinked_layout_root_is_not_followed_by_a_mount_or_cache_clear() {
     );
     assert!(tmp.path().join("v1").symlink_metadata().is_ok());
 }
+
+/// Hold chunk `idx`'s slot as another process would: a write lock through
+/// an open file description of its own (OFD locks conflict between
+/// descriptions, in one process as across processes).
+fn hold_slot(c: &DiskCache, idx: u64) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let (path, offset) = slab::place(&c.shared.chunks_dir, idx);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = offset as libc::off_t;
+    fl.l_len = SLOT_BYTES as libc::off_t;
+    // SAFETY: fcntl on a descriptor we own with a pointer to a live flock.
+    assert_eq!(
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) },
+        0
+    );
+    f
+}
+
+#[test]
+fn a_slot_held_by_a_stopped_process_is_a_miss_not_a_hang() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(tmp.path(), 64 * MB);
+    let c = Arc::new(
+        DiskCache::open(&o, "b", Some("e"), Access::Reader)
+            .unwrap()
+            .unwrap(),
+    );
+    let _ = c.store(3, c.ticket(), chunk(1, PAGES));
+    c.sync();
+    let held = hold_slot(&c, 3);
+    let (tx, rx) = mpsc::channel();
+    let c2 = c.clone();
+    std::thread::spawn(move || {
+        let got = c2.lookup(3);
+        let _ = c2.store(3, c2.ticket(), chunk(2, PAGES));
+        c2.sync();
+        let _ = tx.send(got);
+    });
+    let got = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the lookup and the store came back");
+    assert_eq!(got, None, "a busy slot is a miss");
+    assert_eq!(
+        c.dropped_copies(),
+        1,
+        "the copy for the busy slot was dropped"
+    );
+    drop(held);
+    assert_eq!(
+        c.lookup(3),
+        Some(chunk(1, PAGES)),
+        "the slot kept its chunk"
+    );
+}
