@@ -41,7 +41,10 @@
 //!   record `in-use`: the next open empties the directory.
 //! - The bytes held stay under `max_bytes` (each slot's chunk rounded up to
 //!   4 KiB, least recently used chunks evicted first, their blocks punched
-//!   out). Processes sharing one snapshot's directory each keep their own
+//!   out). On a filesystem that cannot punch holes an evicted slot keeps
+//!   its blocks (its header zeroed): from the first refused punch (at an
+//!   eviction, or a repair at open) the mount stores no more copies, so
+//!   the space used stays within the bound and one chunk. Processes sharing one snapshot's directory each keep their own
 //!   account, so the bound there holds per process.
 //! - Nobody else can read a page: the directories are 0700 and the files
 //!   0600 from their creation (`private_dir`), a loose directory left by an
@@ -244,6 +247,9 @@ struct Shared {
     /// A slot that had to be emptied may still hold its chunk (neither
     /// punched nor its header zeroed): `finish` must not record `clean`.
     unclean: AtomicBool,
+    /// The filesystem cannot punch holes: evicted chunks keep their blocks,
+    /// so no more copies are stored (see the module doc).
+    punch_refused: AtomicBool,
     /// The directory's lock: held until `finish`, or until both the cache
     /// and its writer thread are gone (a dropped cache's last writes still
     /// happen under it).
@@ -408,9 +414,12 @@ fn log_left(left: &[PathBuf]) {
 
 /// The chunks present, by slab and slot (the order of their use is not
 /// kept on disk).
-fn scan(chunks_dir: &Path, repair: bool) -> io::Result<Index> {
+fn scan(chunks_dir: &Path, repair: bool, punch_refused: &AtomicBool) -> io::Result<Index> {
     let mut index = Index::default();
-    for (n, found) in slab::scan(chunks_dir, repair)?.into_iter().enumerate() {
+    for (n, found) in slab::scan(chunks_dir, repair, punch_refused)?
+        .into_iter()
+        .enumerate()
+    {
         index.entries.insert(
             found.index,
             Entry {
@@ -437,7 +446,7 @@ pub fn stored_chunks(cache_dir: &Path) -> io::Result<Vec<StoredChunk>> {
     for d in drives {
         let chunks = d?.path().join("chunks");
         if chunks.is_dir() {
-            out.extend(slab::scan(&chunks, false)?);
+            out.extend(slab::scan(&chunks, false, &AtomicBool::new(false))?);
         }
     }
     Ok(out)
@@ -538,7 +547,8 @@ impl DiskCache {
                 },
             )?;
         }
-        let index = scan(&chunks_dir, exclusive)?;
+        let punch_refused = AtomicBool::new(false);
+        let index = scan(&chunks_dir, exclusive, &punch_refused)?;
         if access == Access::Reader && exclusive && !lock.try_convert(LockMode::Shared)? {
             return Ok(Opened::Busy);
         }
@@ -548,6 +558,7 @@ impl DiskCache {
             index: Mutex::new(index),
             meters: Meters::default(),
             unclean: AtomicBool::new(false),
+            punch_refused,
             lock: Mutex::new(Some(lock)),
         });
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE_CHUNKS);
@@ -566,7 +577,7 @@ impl DiskCache {
         let over = cache.shared.index().shrink_to(cache.shared.budget());
         erase_slots(
             &cache.shared,
-            &mut Slabs::new(&cache.shared.chunks_dir),
+            &mut Slabs::new(&cache.shared.chunks_dir, &cache.shared.punch_refused),
             &over,
         );
         // Read before logging: two index guards in one macro call deadlock.
@@ -860,6 +871,10 @@ fn erase_stale(shared: &Shared, slabs: &mut Slabs) {
 }
 
 fn write_chunk(shared: &Shared, slabs: &mut Slabs, idx: u64, ticket: u64, chunk: &CachedChunk) {
+    if slabs.punch_refused() {
+        // Eviction frees nothing here: the tier keeps what it has.
+        return;
+    }
     let bytes = round_up(chunk.encoded_len() as u64);
     let before = {
         let index = shared.index();
@@ -910,7 +925,7 @@ fn write_chunk(shared: &Shared, slabs: &mut Slabs, idx: u64, ticket: u64, chunk:
 }
 
 fn writer_loop(shared: &Shared, mut rx: Receiver<Job>) {
-    let mut slabs = Slabs::new(&shared.chunks_dir);
+    let mut slabs = Slabs::new(&shared.chunks_dir, &shared.punch_refused);
     while let Some(job) = rx.blocking_recv() {
         erase_stale(shared, &mut slabs);
         match job {

@@ -34,6 +34,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -208,20 +209,26 @@ pub fn read_slot(chunks_dir: &Path, idx: u64) -> io::Result<Option<Bytes>> {
 
 /// The writer thread's handle on the slab files: the last one used stays
 /// open (a sequential fill writes 256 chunks into one).
-pub struct Slabs {
+pub struct Slabs<'a> {
     chunks_dir: PathBuf,
     open: Option<(PathBuf, File)>,
-    punch_refused: bool,
+    punch_refused: &'a AtomicBool,
 }
 
-impl Slabs {
-    /// The slabs of `chunks_dir`.
-    pub fn new(chunks_dir: &Path) -> Self {
+impl<'a> Slabs<'a> {
+    /// The slabs of `chunks_dir`; `punch_refused` is set (and a warning
+    /// logged, once) when the filesystem refuses to punch a hole.
+    pub fn new(chunks_dir: &Path, punch_refused: &'a AtomicBool) -> Self {
         Slabs {
             chunks_dir: chunks_dir.to_path_buf(),
             open: None,
-            punch_refused: false,
+            punch_refused,
         }
+    }
+
+    /// Has the filesystem refused to punch a hole?
+    pub fn punch_refused(&self) -> bool {
+        self.punch_refused.load(Ordering::Relaxed)
     }
 
     /// The slab at `path`, open for writing; `None` when it does not exist
@@ -282,11 +289,14 @@ impl Slabs {
     }
 
     fn note_refused(&mut self, refused: bool) {
-        if refused && !self.punch_refused {
-            self.punch_refused = true;
-            tracing::warn!(dir = %self.chunks_dir.display(),
-                "disk cache: this filesystem cannot punch holes; evicted chunks keep their disk space");
-        }
+        note_refused(self.punch_refused, &self.chunks_dir, refused);
+    }
+}
+
+fn note_refused(flag: &AtomicBool, chunks_dir: &Path, refused: bool) {
+    if refused && !flag.swap(true, Ordering::Relaxed) {
+        tracing::warn!(dir = %chunks_dir.display(),
+            "disk cache: this filesystem cannot punch holes, so evicted chunks keep their disk space; no more chunks are kept on disk until the next mount");
     }
 }
 
@@ -378,8 +388,9 @@ fn next_data(file: &File, from: u64) -> io::Result<Option<u64>> {
 /// claims, slab by slab, slot by slot (holes skipped with `SEEK_DATA`).
 /// Checksums are not read here: a lookup checks them. `repair` (the directory is held alone): a slot that
 /// holds data but no such header, left by a crash, is punched out, so the
-/// space counted is the space used. Other files are left alone. Blocks.
-pub fn scan(chunks_dir: &Path, repair: bool) -> io::Result<Vec<Found>> {
+/// space counted is the space used (`punch_refused` is set where the
+/// filesystem cannot). Other files are left alone. Blocks.
+pub fn scan(chunks_dir: &Path, repair: bool, punch_refused: &AtomicBool) -> io::Result<Vec<Found>> {
     let mut found = Vec::new();
     let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(chunks_dir)?
         .filter_map(|e| e.ok())
@@ -418,7 +429,8 @@ pub fn scan(chunks_dir: &Path, repair: bool) -> io::Result<Vec<Found>> {
                     })
                 }
                 _ if repair => {
-                    empty_slot(&file, offset)?;
+                    let refused = empty_slot(&file, offset)?;
+                    note_refused(punch_refused, chunks_dir, refused);
                 }
                 _ => {}
             }

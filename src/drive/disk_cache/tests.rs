@@ -679,3 +679,30 @@ fn a_slot_held_by_a_stopped_process_is_a_miss_not_a_hang() {
         "the slot kept its chunk"
     );
 }
+
+#[test]
+fn on_a_filesystem_without_holes_the_tier_stops_growing_at_the_first_refused_punch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let max = 2 * MB;
+    let c = DiskCache::open(&opts(tmp.path(), max), "b", Some("e"), Access::Writer)
+        .unwrap()
+        .unwrap();
+    slab::hooks::fail_punch(&c.shared.chunks_dir, libc::EOPNOTSUPP);
+    let mut at_20 = 0;
+    for idx in 0..40 {
+        let _ = c.store(idx, c.ticket(), chunk(idx as u8 | 1, PAGES));
+        c.sync();
+        // The chunk whose eviction found the punch refused is the last.
+        let used = on_disk(&c);
+        assert!(used <= max + SLOT_BYTES, "chunk {idx}: {used} on disk");
+        if idx == 20 {
+            at_20 = used;
+        }
+    }
+    assert_eq!(on_disk(&c), at_20, "the tier stopped growing");
+    assert!(c.bytes_held() < max, "evicted, and nothing stored after");
+    assert!(
+        !c.contains(39),
+        "no copy is stored once eviction frees nothing"
+    );
+}
