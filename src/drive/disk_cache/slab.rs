@@ -26,6 +26,9 @@
 //!   copy, never a hang. What a crash tears is caught by the chunk's
 //!   CRC-32C and index (`format::decode`): never served.
 //! - Slab files are 0600 from their creation (`private_dir::open_file`).
+//! - Only regular files named by 16 hex digits, of slabs whose chunk
+//!   indexes fit in a `u64`, are slabs: anything else with such a name (a
+//!   FIFO, a directory) is skipped, opened without waiting (`O_NONBLOCK`).
 //! - Nothing here is durable until [`sync_all`]: the drive's record is set
 //!   `clean` only after it (see `DiskCache::finish`).
 
@@ -150,17 +153,35 @@ fn punch(file: &File, offset: u64, len: u64) -> io::Result<()> {
     }
 }
 
+/// Open the slab at `path`; `None` when it does not exist or is not a
+/// regular file (a FIFO, a device or a directory with a slab's name is
+/// skipped: never waited on, never an error that turns the tier off).
 fn open_existing(path: &Path, write: bool) -> io::Result<Option<File>> {
-    match OpenOptions::new()
+    let file = match OpenOptions::new()
         .read(true)
         .write(write)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
     {
-        Ok(f) => Ok(Some(f)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EISDIR | libc::ENXIO)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(file.metadata()?.is_file().then_some(file))
+}
+
+/// Open (or create, 0600) the slab at `path` for writing; an error when
+/// something other than a regular file has its name.
+fn open_or_create(path: &Path) -> io::Result<File> {
+    let file = private_dir::open_file(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
     }
+    Ok(file)
 }
 
 /// Read up to `buf.len()` bytes at `offset`; fewer only at the end of the file.
@@ -236,7 +257,7 @@ impl<'a> Slabs<'a> {
     fn file(&mut self, path: PathBuf, create: bool) -> io::Result<Option<&File>> {
         if self.open.as_ref().is_none_or(|(p, _)| *p != path) {
             let file = if create {
-                private_dir::open_file(&path)?
+                open_or_create(&path)?
             } else {
                 match open_existing(&path, true)? {
                     Some(f) => f,
@@ -348,12 +369,17 @@ pub fn sync_all(chunks_dir: &Path) -> io::Result<()> {
     File::open(chunks_dir)?.sync_all()
 }
 
+/// The slab a file's name says it is; `None` for another name, or for a
+/// slab whose chunks' indexes would not fit in a `u64` (no drive has one).
 fn slab_number(name: &std::ffi::OsStr) -> Option<u64> {
     let name = name.to_str()?;
     if name.len() != 16 {
         return None;
     }
-    u64::from_str_radix(name, 16).ok()
+    let slab = u64::from_str_radix(name, 16).ok()?;
+    slab.checked_mul(SLAB_CHUNKS)?
+        .checked_add(SLAB_CHUNKS - 1)?;
+    Some(slab)
 }
 
 /// One chunk found in a slab by [`scan`].

@@ -706,3 +706,46 @@ fn on_a_filesystem_without_holes_the_tier_stops_growing_at_the_first_refused_pun
         "no copy is stored once eviction frees nothing"
     );
 }
+
+#[test]
+fn a_fifo_a_directory_or_a_huge_number_named_like_a_slab_is_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(tmp.path(), 64 * MB);
+    let c = DiskCache::open(&o, "b", Some("e"), Access::Writer)
+        .unwrap()
+        .unwrap();
+    let _ = c.store(1, c.ticket(), chunk(1, PAGES));
+    let _ = c.store(SLAB_CHUNKS + 1, c.ticket(), chunk(2, PAGES));
+    c.finish(Some("e")).unwrap();
+    let chunks_dir = c.shared.chunks_dir.clone();
+    drop(c);
+    // Slab 1 replaced by a FIFO, slab 2 by a directory; a slab whose chunk
+    // indexes overflow holds a well-formed slot.
+    let fifo = chunks_dir.join(format!("{:016x}", 1));
+    std::fs::remove_file(&fifo).unwrap();
+    let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    std::fs::create_dir(chunks_dir.join(format!("{:016x}", 2))).unwrap();
+    std::fs::copy(
+        chunks_dir.join(format!("{:016x}", 0)),
+        chunks_dir.join(format!("{:016x}", u64::MAX)),
+    )
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let o2 = o.clone();
+    std::thread::spawn(move || {
+        let c = open_when_free(&o2, "b", "e", Access::Writer);
+        let got = (c.lookup(1), c.lookup(SLAB_CHUNKS + 1));
+        let _ = c.store(SLAB_CHUNKS + 2, c.ticket(), chunk(3, PAGES));
+        let _ = c.store(2 * SLAB_CHUNKS, c.ticket(), chunk(3, PAGES));
+        c.finish(Some("e")).unwrap();
+        let _ = tx.send((got, c.bytes_held()));
+    });
+    let ((one, other), held) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("open, lookups and stores came back");
+    assert_eq!(one, Some(chunk(1, PAGES)), "the tier stayed on");
+    assert_eq!(other, None, "the FIFO is no slab");
+    assert_eq!(held, round_up(chunk(1, PAGES).encoded_len() as u64));
+}
