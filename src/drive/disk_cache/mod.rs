@@ -36,7 +36,7 @@
 //! - A copy refused by its ticket, or overwritten in place after the chunk
 //!   changed, never outlives the mount: its slot is punched by the writer
 //!   thread (or, where the punch fails, its header zeroed), and `finish`
-//!   syncs the slabs before it records `clean`. A slot that could be
+//!   syncs the slabs this mount wrote or punched before it records `clean`. A slot that could be
 //!   neither punched nor zeroed (or a writer thread that died) leaves the
 //!   record `in-use`: the next open empties the directory.
 //! - The bytes held stay under `max_bytes` (each slot's chunk rounded up to
@@ -250,6 +250,8 @@ struct Shared {
     /// The filesystem cannot punch holes: evicted chunks keep their blocks,
     /// so no more copies are stored (see the module doc).
     punch_refused: AtomicBool,
+    /// The slabs written or punched since open, for `finish` to sync.
+    written: Mutex<HashSet<PathBuf>>,
     /// The directory's lock: held until `finish`, or until both the cache
     /// and its writer thread are gone (a dropped cache's last writes still
     /// happen under it).
@@ -259,6 +261,14 @@ struct Shared {
 impl Shared {
     fn index(&self) -> MutexGuard<'_, Index> {
         self.index.lock().expect("disk cache index mutex poisoned")
+    }
+
+    /// Remember the slabs `slabs` wrote, for `finish` to sync.
+    fn note_written(&self, slabs: &mut Slabs) {
+        self.written
+            .lock()
+            .expect("written mutex poisoned")
+            .extend(slabs.take_written());
     }
 
     fn budget(&self) -> u64 {
@@ -559,6 +569,7 @@ impl DiskCache {
             meters: Meters::default(),
             unclean: AtomicBool::new(false),
             punch_refused,
+            written: Mutex::default(),
             lock: Mutex::new(Some(lock)),
         });
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE_CHUNKS);
@@ -575,11 +586,9 @@ impl DiskCache {
             writer: Mutex::new(Some(writer)),
         };
         let over = cache.shared.index().shrink_to(cache.shared.budget());
-        erase_slots(
-            &cache.shared,
-            &mut Slabs::new(&cache.shared.chunks_dir, &cache.shared.punch_refused),
-            &over,
-        );
+        let mut slabs = Slabs::new(&cache.shared.chunks_dir, &cache.shared.punch_refused);
+        erase_slots(&cache.shared, &mut slabs, &over);
+        cache.shared.note_written(&mut slabs);
         // Read before logging: two index guards in one macro call deadlock.
         let (chunks, bytes) = {
             let index = cache.shared.index();
@@ -807,7 +816,8 @@ impl DiskCache {
             if let Some(etag) = final_etag {
                 // Slots are written and punched in place: what the record
                 // vouches for must be on disk before it does.
-                slab::sync_all(&self.shared.chunks_dir)?;
+                let written = self.shared.written.lock().expect("written mutex poisoned");
+                slab::sync_all(&self.shared.chunks_dir, written.iter())?;
                 record::write(
                     &self.dir,
                     &Record {
@@ -938,6 +948,7 @@ fn writer_loop(shared: &Shared, mut rx: Receiver<Job>) {
         }
     }
     erase_stale(shared, &mut slabs);
+    shared.note_written(&mut slabs);
 }
 
 /// What `clear` did.

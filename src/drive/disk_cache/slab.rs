@@ -14,8 +14,9 @@
 //! left so reads as empty. Where a punch fails (no hole support, or a full
 //! filesystem that needs a block to split an extent) the slot's header is
 //! zeroed instead, so it still reads as empty. A slab file is made once, the first time one of
-//! its chunks is kept, and stays until the drive's directory is emptied:
-//! at most one file per 64 MiB of the drive ever read.
+//! its chunks is kept, and stays until the drive's directory is emptied or
+//! a writer's open finds it holding no chunk: at most one file per 64 MiB
+//! of the drive ever read.
 //!
 //! Invariants:
 //! - A slot is written, read and punched only under an open-file-description
@@ -32,6 +33,7 @@
 //! - Nothing here is durable until [`sync_all`]: the drive's record is set
 //!   `clean` only after it (see `DiskCache::finish`).
 
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -229,10 +231,12 @@ pub fn read_slot(chunks_dir: &Path, idx: u64) -> io::Result<Option<Bytes>> {
 }
 
 /// The writer thread's handle on the slab files: the last one used stays
-/// open (a sequential fill writes 256 chunks into one).
+/// open (a sequential fill writes 256 chunks into one), and the slabs
+/// written or punched are remembered for [`sync_all`].
 pub struct Slabs<'a> {
     chunks_dir: PathBuf,
     open: Option<(PathBuf, File)>,
+    written: HashSet<PathBuf>,
     punch_refused: &'a AtomicBool,
 }
 
@@ -243,8 +247,14 @@ impl<'a> Slabs<'a> {
         Slabs {
             chunks_dir: chunks_dir.to_path_buf(),
             open: None,
+            written: HashSet::new(),
             punch_refused,
         }
+    }
+
+    /// The slabs written or punched since the last call.
+    pub fn take_written(&mut self) -> HashSet<PathBuf> {
+        std::mem::take(&mut self.written)
     }
 
     /// Has the filesystem refused to punch a hole?
@@ -264,6 +274,7 @@ impl<'a> Slabs<'a> {
                     None => return Ok(None),
                 }
             };
+            self.written.insert(path.clone());
             self.open = Some((path, file));
         }
         Ok(self.open.as_ref().map(|(_, f)| f))
@@ -356,14 +367,15 @@ fn zero_header(file: &File, offset: u64) -> io::Result<()> {
     file.write_all_at(&[0u8; HEADER_BYTES], offset)
 }
 
-/// Make every slab of `chunks_dir`, and the directory, durable. Blocks.
-pub fn sync_all(chunks_dir: &Path) -> io::Result<()> {
-    for entry in std::fs::read_dir(chunks_dir)? {
-        let entry = entry?;
-        if slab_number(&entry.file_name()).is_some() {
-            if let Some(f) = open_existing(&entry.path(), false)? {
-                f.sync_all()?;
-            }
+/// Make the slabs `written` (see [`Slabs::take_written`]) and the
+/// directory `chunks_dir` durable. Blocks.
+pub fn sync_all<'a>(
+    chunks_dir: &Path,
+    written: impl IntoIterator<Item = &'a PathBuf>,
+) -> io::Result<()> {
+    for path in written {
+        if let Some(f) = open_existing(path, false)? {
+            f.sync_all()?;
         }
     }
     File::open(chunks_dir)?.sync_all()
@@ -415,7 +427,8 @@ fn next_data(file: &File, from: u64) -> io::Result<Option<u64>> {
 /// Checksums are not read here: a lookup checks them. `repair` (the directory is held alone): a slot that
 /// holds data but no such header, left by a crash, is punched out, so the
 /// space counted is the space used (`punch_refused` is set where the
-/// filesystem cannot). Other files are left alone. Blocks.
+/// filesystem cannot), and a slab left with no chunk is removed. Other
+/// files are left alone. Blocks.
 pub fn scan(chunks_dir: &Path, repair: bool, punch_refused: &AtomicBool) -> io::Result<Vec<Found>> {
     let mut found = Vec::new();
     let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(chunks_dir)?
@@ -428,6 +441,7 @@ pub fn scan(chunks_dir: &Path, repair: bool, punch_refused: &AtomicBool) -> io::
             continue;
         };
         let file_len = file.metadata()?.len();
+        let kept = found.len();
         let mut from = 0;
         while let Some(at) = next_data(&file, from)? {
             let slot = at / SLOT_BYTES;
@@ -461,6 +475,12 @@ pub fn scan(chunks_dir: &Path, repair: bool, punch_refused: &AtomicBool) -> io::
                 _ => {}
             }
             from = offset + SLOT_BYTES;
+        }
+        if repair && found.len() == kept {
+            // No chunk left in it (a tier that evicted a whole slab, or a
+            // crash's remains): its inode goes. Nothing it held was
+            // servable, so the removal needs no sync.
+            std::fs::remove_file(&path)?;
         }
     }
     Ok(found)

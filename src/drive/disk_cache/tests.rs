@@ -749,3 +749,23 @@ fn a_fifo_a_directory_or_a_huge_number_named_like_a_slab_is_skipped() {
     assert_eq!(other, None, "the FIFO is no slab");
     assert_eq!(held, round_up(chunk(1, PAGES).encoded_len() as u64));
 }
+
+#[test]
+fn a_slab_left_without_chunks_is_removed_at_the_next_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(tmp.path(), 64 * MB);
+    let c = DiskCache::open(&o, "b", Some("e"), Access::Writer)
+        .unwrap()
+        .unwrap();
+    let _ = c.store(1, c.ticket(), chunk(1, PAGES));
+    let _ = c.store(SLAB_CHUNKS + 1, c.ticket(), chunk(2, PAGES));
+    c.sync();
+    assert_eq!(inodes(&c).len(), 2);
+    c.invalidate(SLAB_CHUNKS + 1);
+    c.finish(Some("e")).unwrap();
+    drop(c);
+    let c = open_when_free(&o, "b", "e", Access::Writer);
+    assert_eq!(inodes(&c).len(), 1, "the emptied slab is gone");
+    assert_eq!(c.lookup(1), Some(chunk(1, PAGES)));
+    assert_eq!(c.lookup(SLAB_CHUNKS + 1), None);
+}
