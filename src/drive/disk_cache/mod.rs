@@ -422,14 +422,25 @@ fn log_left(left: &[PathBuf]) {
     }
 }
 
-/// The chunks present, by slab and slot (the order of their use is not
-/// kept on disk).
+/// The chunks present. Their order of use is not kept on disk; the least
+/// recently used come first as well as the disk can tell: slabs by the time
+/// they were last written (a slab written long ago holds chunks not kept
+/// again since), then slot by slot.
 fn scan(chunks_dir: &Path, repair: bool, punch_refused: &AtomicBool) -> io::Result<Index> {
+    let mut found = slab::scan(chunks_dir, repair, punch_refused)?;
+    let mut written: HashMap<PathBuf, std::time::SystemTime> = HashMap::new();
+    for f in &found {
+        if !written.contains_key(&f.file) {
+            let at = std::fs::symlink_metadata(&f.file)
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            written.insert(f.file.clone(), at);
+        }
+    }
+    // Stable: within a slab, the scan's slot order stays.
+    found.sort_by_key(|f| written[&f.file]);
     let mut index = Index::default();
-    for (n, found) in slab::scan(chunks_dir, repair, punch_refused)?
-        .into_iter()
-        .enumerate()
-    {
+    for (n, found) in found.into_iter().enumerate() {
         index.entries.insert(
             found.index,
             Entry {

@@ -769,3 +769,34 @@ fn a_slab_left_without_chunks_is_removed_at_the_next_open() {
     assert_eq!(c.lookup(1), Some(chunk(1, PAGES)));
     assert_eq!(c.lookup(SLAB_CHUNKS + 1), None);
 }
+
+#[test]
+fn after_a_reopen_the_slab_written_longest_ago_is_evicted_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(tmp.path(), 64 * MB);
+    let c = DiskCache::open(&o, "b", Some("e"), Access::Writer)
+        .unwrap()
+        .unwrap();
+    // Slab 1 (high chunks) first, then slab 0 (low chunks, say the
+    // filesystem's metadata read again and again).
+    let _ = c.store(SLAB_CHUNKS, c.ticket(), chunk(1, PAGES));
+    c.sync();
+    let (old_slab, _) = slab::place(&c.shared.chunks_dir, SLAB_CHUNKS);
+    let f = std::fs::File::options()
+        .write(true)
+        .open(&old_slab)
+        .unwrap();
+    f.set_modified(std::time::SystemTime::now() - Duration::from_secs(3600))
+        .unwrap();
+    let _ = c.store(0, c.ticket(), chunk(2, PAGES));
+    c.finish(Some("e")).unwrap();
+    drop(c);
+    // Room for one chunk only: the open evicts the least recently used.
+    let one = OVERHEAD_BYTES + SLOT_BYTES;
+    let c = open_when_free(&opts(tmp.path(), one), "b", "e", Access::Writer);
+    assert!(c.contains(0), "the slab written last stays");
+    assert!(
+        !c.contains(SLAB_CHUNKS),
+        "the slab written longest ago goes"
+    );
+}
