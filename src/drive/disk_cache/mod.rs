@@ -250,6 +250,8 @@ struct Shared {
     /// The filesystem cannot punch holes: evicted chunks keep their blocks,
     /// so no more copies are stored (see the module doc).
     punch_refused: AtomicBool,
+    /// Other processes (readers of the same snapshot) may write slots here.
+    shared_dir: bool,
     /// The slabs written or punched since open, for `finish` to sync.
     written: Mutex<HashSet<PathBuf>>,
     /// The directory's lock: held until `finish`, or until both the cache
@@ -580,6 +582,7 @@ impl DiskCache {
             meters: Meters::default(),
             unclean: AtomicBool::new(false),
             punch_refused,
+            shared_dir: access == Access::Reader,
             written: Mutex::default(),
             lock: Mutex::new(Some(lock)),
         });
@@ -905,8 +908,9 @@ fn write_chunk(shared: &Shared, slabs: &mut Slabs, idx: u64, ticket: u64, chunk:
         index.entries.get(&idx).map(|e| e.bytes)
     };
     // A slot not known to hold a chunk no longer than this one may hold
-    // anything (another reader's chunk, a bad slot being dropped).
-    let clear_tail = before.is_none_or(|b| b > bytes);
+    // anything (a bad slot being dropped); in a shared directory, another
+    // reader may have rewritten any slot with a longer copy since.
+    let clear_tail = shared.shared_dir || before.is_none_or(|b| b > bytes);
     let header = format::header(idx, chunk);
     if let Err(e) = slabs.write(idx, &header, &chunk.data, clear_tail) {
         if e.kind() == io::ErrorKind::WouldBlock {

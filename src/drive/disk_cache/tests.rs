@@ -800,3 +800,23 @@ fn after_a_reopen_the_slab_written_longest_ago_is_evicted_first() {
         "the slab written longest ago goes"
     );
 }
+
+#[test]
+fn a_reader_rewriting_a_slot_a_peer_filled_longer_leaves_no_blocks_uncounted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(tmp.path(), 64 * MB);
+    let a = DiskCache::open(&o, "b", Some("e"), Access::Reader)
+        .unwrap()
+        .unwrap();
+    let b = DiskCache::open(&o, "b", Some("e"), Access::Reader)
+        .unwrap()
+        .unwrap();
+    let _ = a.store(5, a.ticket(), chunk(1, 8));
+    a.sync();
+    // Peer b keeps a full copy of the same chunk in the same slot.
+    let _ = b.store(5, b.ticket(), chunk(1, PAGES));
+    b.sync();
+    let _ = a.store(5, a.ticket(), chunk(1, 8));
+    a.sync();
+    assert_eq!(on_disk(&a), round_up(chunk(1, 8).encoded_len() as u64));
+}
