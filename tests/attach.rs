@@ -1262,7 +1262,10 @@ fn no_other_user_can_read_the_disk_tier_of_an_attach() {
     // layout directory of this version left loose the same way.
     let cache = site.dir("cache");
     let cache_s = cache.to_string_lossy().to_string();
-    let old_chunks = cache.join("v1").join("0123456789abcdef").join("chunks");
+    let old_chunks = cache
+        .join("v1")
+        .join("0123456789abcdef0123456789abcdef")
+        .join("chunks");
     std::fs::create_dir_all(&old_chunks).unwrap();
     std::fs::write(old_chunks.join("0000000000000000"), b"BDCHUNK1").unwrap();
     std::fs::create_dir(cache.join("v2")).unwrap();

@@ -504,3 +504,73 @@ fn v1_chunk_file(idx: u64, fill: u8) -> Vec<u8> {
     out.extend_from_slice(&data);
     out
 }
+
+/// Take a write lock on `chunk`'s slot through an open file description of
+/// our own, as a stopped process sharing the directory would hold it.
+fn hold_slot(chunk: &StoredChunk) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&chunk.file)
+        .unwrap();
+    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = chunk.offset as libc::off_t;
+    fl.l_len = disk_cache::SLOT_BYTES as libc::off_t;
+    // SAFETY: fcntl on a descriptor we own with a pointer to a live flock.
+    assert_eq!(
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) },
+        0
+    );
+    f
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_held_by_a_stopped_process_does_not_hang_reads() {
+    let g = ContainerGuard::new("dcache-held").await;
+    let size = 32 * MIB;
+    let data = 4 * MIB;
+    let path = make_drive(&g, "held.vhd", size, data, 7).await;
+    let cache = tempfile::tempdir().unwrap();
+    let d = open(&g.client, &path, opts(Mode::ReadOnly, cache.path(), GIB)).await;
+    read_all(&d, data).await;
+    d.close().await.unwrap();
+
+    let held = hold_slot(&chunks_held(cache.path())[0]);
+    let d = open(&g.client, &path, opts(Mode::ReadOnly, cache.path(), GIB)).await;
+    let got = tokio::time::timeout(Duration::from_secs(20), d.read_at(0, 256 * 1024))
+        .await
+        .expect("the read came back")
+        .unwrap();
+    assert!(
+        got[..] == pattern(7, 0, 256 * 1024)[..],
+        "the read is right"
+    );
+    assert!(d.counters().get >= 2, "the held chunk came from the blob");
+    d.close().await.unwrap();
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discarded_range_reads_zeros_after_a_remount() {
+    let g = ContainerGuard::new("dcache-discard").await;
+    let size = 32 * MIB;
+    let data = 4 * MIB;
+    let path = make_drive(&g, "discard.vhd", size, data, 8).await;
+    let cache = tempfile::tempdir().unwrap();
+    let d = open(&g.client, &path, opts(Mode::ReadWrite, cache.path(), GIB)).await;
+    read_all(&d, data).await;
+    d.close().await.unwrap();
+    // Its chunks are on disk only, not in memory, when the discard comes.
+    let d = open(&g.client, &path, opts(Mode::ReadWrite, cache.path(), GIB)).await;
+    d.discard(0, MIB).await.unwrap();
+    d.close().await.unwrap();
+    let d = open(&g.client, &path, opts(Mode::ReadWrite, cache.path(), GIB)).await;
+    let all = read_all(&d, data).await;
+    assert!(all[..MIB as usize].iter().all(|&b| b == 0), "discarded");
+    assert!(all[MIB as usize..] == pattern(8, MIB, (data - MIB) as usize)[..]);
+    d.close().await.unwrap();
+}
