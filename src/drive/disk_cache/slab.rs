@@ -302,6 +302,8 @@ impl<'a> Slabs<'a> {
                 refused = punch_or_refuse(file, offset + end, SLOT_BYTES - end)?;
             }
         }
+        #[cfg(test)]
+        hooks::written(&self.chunks_dir);
         self.note_refused(refused);
         Ok(())
     }
@@ -497,6 +499,28 @@ pub mod hooks {
 
     static PUNCH: Mutex<Vec<(PathBuf, i32)>> = Mutex::new(Vec::new());
     static ZERO: Mutex<Vec<(PathBuf, i32)>> = Mutex::new(Vec::new());
+    type Hook = Box<dyn FnOnce() + Send>;
+    static AFTER_WRITE: Mutex<Vec<(PathBuf, Hook)>> = Mutex::new(Vec::new());
+
+    /// Run `hook` once, on the writer thread, right after the next slot
+    /// written under `dir` (before the writer looks at its index again).
+    pub fn after_write(dir: &Path, hook: impl FnOnce() + Send + 'static) {
+        AFTER_WRITE
+            .lock()
+            .unwrap()
+            .push((dir.to_path_buf(), Box::new(hook)));
+    }
+
+    pub(super) fn written(dir: &Path) {
+        let hook = {
+            let mut list = AFTER_WRITE.lock().unwrap();
+            let at = list.iter().position(|(d, _)| d == dir);
+            at.map(|i| list.swap_remove(i).1)
+        };
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
 
     /// Make every punch in a slab under `dir` fail with `errno`.
     pub fn fail_punch(dir: &Path, errno: i32) {

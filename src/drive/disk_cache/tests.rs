@@ -378,7 +378,9 @@ fn a_chunk_invalidated_after_its_copy_was_kept_is_not_trusted_after_a_remount() 
     let old = c.ticket();
     c.invalidate(4);
     let _ = c.store(4, old, chunk(3, PAGES));
-    // Chunk 9 is written while its slot is being rewritten in place.
+    // Chunk 9 likewise, while its slot holds a copy (refused before the
+    // write; a change during the write is in
+    // `a_chunk_invalidated_while_its_copy_is_written_is_not_kept`).
     let old9 = c.ticket();
     c.invalidate(9);
     let _ = c.store(9, old9, chunk(4, PAGES));
@@ -819,4 +821,47 @@ fn a_reader_rewriting_a_slot_a_peer_filled_longer_leaves_no_blocks_uncounted() {
     let _ = a.store(5, a.ticket(), chunk(1, 8));
     a.sync();
     assert_eq!(on_disk(&a), round_up(chunk(1, 8).encoded_len() as u64));
+}
+
+#[test]
+fn a_chunk_invalidated_while_its_copy_is_written_is_not_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(tmp.path(), 64 * MB);
+    let c = Arc::new(
+        DiskCache::open(&o, "b", Some("e1"), Access::Writer)
+            .unwrap()
+            .unwrap(),
+    );
+    let _ = c.store(9, c.ticket(), chunk(1, PAGES));
+    c.sync();
+    // The next copy passes the first freshness check, then the chunk
+    // changes while its slot is written.
+    let peer = Arc::downgrade(&c);
+    slab::hooks::after_write(&c.shared.chunks_dir, move || {
+        if let Some(c) = peer.upgrade() {
+            c.invalidate(9);
+        }
+    });
+    let _ = c.store(9, c.ticket(), chunk(2, PAGES));
+    c.sync();
+    assert!(!c.contains(9));
+    c.finish(Some("e2")).unwrap();
+    drop(c);
+    let c = open_when_free(&o, "b", "e2", Access::Writer);
+    assert_eq!(c.lookup(9), None);
+    assert_eq!(c.bytes_held(), 0, "its slot was emptied");
+}
+
+#[test]
+fn where_holes_cannot_be_punched_an_invalidated_slot_reads_empty_after_a_remount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(tmp.path(), 64 * MB);
+    let c = reopened_with_two_chunks(&o);
+    slab::hooks::fail_punch(&c.shared.chunks_dir, libc::EOPNOTSUPP);
+    c.invalidate(4);
+    c.finish(Some("e2")).unwrap();
+    drop(c);
+    let c = open_when_free(&o, "b", "e2", Access::Writer);
+    assert_eq!(c.lookup(4), None);
+    assert_eq!(c.lookup(9), Some(chunk(2, PAGES)));
 }
