@@ -36,16 +36,18 @@
 //! - A copy refused by its ticket, or overwritten in place after the chunk
 //!   changed, never outlives the mount: its slot is punched by the writer
 //!   thread (or, where the punch fails, its header zeroed), and `finish`
-//!   syncs the slabs this mount wrote or punched before it records `clean`. A slot that could be
-//!   neither punched nor zeroed (or a writer thread that died) leaves the
-//!   record `in-use`: the next open empties the directory.
+//!   syncs the slabs this mount wrote or punched before it records
+//!   `clean`. A slot that could be neither punched nor zeroed (or a writer
+//!   thread that died) leaves the record `in-use`: the next open empties
+//!   the directory.
 //! - The bytes held stay under `max_bytes` (each slot's chunk rounded up to
 //!   4 KiB, least recently used chunks evicted first, their blocks punched
 //!   out). On a filesystem that cannot punch holes an evicted slot keeps
 //!   its blocks (its header zeroed): from the first refused punch (at an
 //!   eviction, or a repair at open) the mount stores no more copies, so
-//!   the space used stays within the bound and one chunk. Processes sharing one snapshot's directory each keep their own
-//!   account, so the bound there holds per process.
+//!   the space used stays within the bound and one chunk. Processes
+//!   sharing one snapshot's directory each keep their own account, so the
+//!   bound there holds per process.
 //! - Nobody else can read a page: the directories are 0700 and the files
 //!   0600 from their creation (`private_dir`), a loose directory left by an
 //!   older blobdrive is tightened at open, and a directory of
@@ -416,7 +418,7 @@ fn discard_old_layouts(cache_dir: &Path) {
 /// Name, once per process (an open may be retried many times), what a
 /// layout root holds that is not a drive's directory.
 fn log_left(left: &[PathBuf]) {
-    static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    static LOGGED: AtomicBool = AtomicBool::new(false);
     if !left.is_empty() && !LOGGED.swap(true, Ordering::Relaxed) {
         let names: Vec<String> = left.iter().map(|p| p.display().to_string()).collect();
         tracing::warn!(left = %names.join(", "),

@@ -426,11 +426,11 @@ fn next_data(file: &File, from: u64) -> io::Result<Option<u64>> {
 
 /// The chunks whose slots hold a header naming them and the length it
 /// claims, slab by slab, slot by slot (holes skipped with `SEEK_DATA`).
-/// Checksums are not read here: a lookup checks them. `repair` (the directory is held alone): a slot that
-/// holds data but no such header, left by a crash, is punched out, so the
-/// space counted is the space used (`punch_refused` is set where the
-/// filesystem cannot), and a slab left with no chunk is removed. Other
-/// files are left alone. Blocks.
+/// Checksums are not read here: a lookup checks them. `repair` (the
+/// directory is held alone): a slot that holds data but no such header,
+/// left by a crash, is punched out, so the space counted is the space used
+/// (`punch_refused` is set where the filesystem cannot), and a slab left
+/// with no chunk is removed. Other files are left alone. Blocks.
 pub fn scan(chunks_dir: &Path, repair: bool, punch_refused: &AtomicBool) -> io::Result<Vec<Found>> {
     let mut found = Vec::new();
     let mut names: Vec<(u64, PathBuf)> = std::fs::read_dir(chunks_dir)?
