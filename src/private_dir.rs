@@ -151,14 +151,15 @@ pub fn create_file(path: &Path) -> io::Result<File> {
 }
 
 /// Open (or create, 0600) `path` for writing, keeping its contents; an older
-/// file with a looser mode is tightened.
+/// file with a looser mode is tightened. Never waits: a FIFO planted there
+/// fails to open (`O_NONBLOCK`) rather than hang the caller.
 pub fn open_file(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .mode(FILE_MODE)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)?;
     tighten_file(&file)?;
     Ok(file)

@@ -1093,9 +1093,9 @@ fn cat_of_a_file_reaches_the_daemon_as_whole_1_mib_fuse_reads() {
     assert!(site.leftovers().is_empty(), "{:?}", site.leftovers());
 }
 
-/// The drives' directories of a disk tier (`DIR/v1/<hash>`).
+/// The drives' directories of a disk tier (`DIR/v2/<hash>`).
 fn cached_drives(cache_dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(cache_dir.join("v1")) else {
+    let Ok(entries) = std::fs::read_dir(cache_dir.join("v2")) else {
         return Vec::new();
     };
     entries
@@ -1105,15 +1105,11 @@ fn cached_drives(cache_dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Chunk files (256 KiB of pages each) of every drive under a disk tier.
+/// Chunks (256 KiB of pages each) of every drive under a disk tier.
 fn cached_chunks(cache_dir: &Path) -> usize {
-    cached_drives(cache_dir)
-        .iter()
-        .filter_map(|d| std::fs::read_dir(d.join("chunks")).ok())
-        .flatten()
-        .filter_map(Result::ok)
-        .filter(|e| !e.file_name().to_string_lossy().contains(".tmp."))
-        .count()
+    blobdrive::drive::disk_cache::stored_chunks(cache_dir)
+        .unwrap()
+        .len()
 }
 
 #[test]
@@ -1338,11 +1334,21 @@ fn no_other_user_can_read_the_disk_tier_of_an_attach() {
     std::fs::write(dir.join("secret.bin"), &data).unwrap();
     site.ok(&["unmount", &dir_s]);
 
-    // A tier directory an older blobdrive made (0755, as the umask gave).
+    // A tier an older blobdrive made, in its layout (v1: one file per
+    // chunk) and with its modes (0755 and 0644, as the umask gave), and a
+    // layout directory of this version left loose the same way.
     let cache = site.dir("cache");
     let cache_s = cache.to_string_lossy().to_string();
-    std::fs::create_dir(cache.join("v1")).unwrap();
-    std::fs::set_permissions(cache.join("v1"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let old_chunks = cache
+        .join("v1")
+        .join("0123456789abcdef0123456789abcdef")
+        .join("chunks");
+    std::fs::create_dir_all(&old_chunks).unwrap();
+    std::fs::write(old_chunks.join("0000000000000000"), b"BDCHUNK1").unwrap();
+    std::fs::create_dir(cache.join("v2")).unwrap();
+    for d in ["v1", "v2"] {
+        std::fs::set_permissions(cache.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
 
     site.ok(&[
@@ -1361,7 +1367,11 @@ fn no_other_user_can_read_the_disk_tier_of_an_attach() {
     }
     assert!(filled(), "the tier filled: {}", device_stats(&site, &dir));
     assert!(cached_chunks(&cache) > 0, "the tier holds chunks");
-    let held = tree(&cache.join("v1"));
+    assert!(
+        !cache.join("v1").exists(),
+        "the older layout's tier is removed"
+    );
+    let held = tree(&cache.join("v2"));
     assert!(held.len() > 4, "{held:?}");
     let opened = opened_by_nobody(&site, &held);
     assert!(opened.is_empty(), "nobody can open: {opened:?}");

@@ -4,11 +4,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blobdrive::blob::{BlobClient, BlobPath};
+use blobdrive::drive::disk_cache::{self, StoredChunk};
 use blobdrive::drive::{BlobPageStore, DiskCacheOptions, Drive, DriveOptions, Mode};
 use blobdrive::vhd;
 use bytes::Bytes;
@@ -83,22 +84,10 @@ async fn read_all(d: &Drive, len: u64) -> Vec<u8> {
     out
 }
 
-/// Every chunk file of the cache dir.
-fn chunk_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Ok(drives) = std::fs::read_dir(dir.join("v1")) else {
-        return out;
-    };
-    for d in drives {
-        let chunks = d.unwrap().path().join("chunks");
-        for f in std::fs::read_dir(chunks).into_iter().flatten() {
-            let p = f.unwrap().path();
-            if !p.to_string_lossy().contains(".tmp.") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
+/// Every chunk the cache dir holds, by chunk index.
+fn chunks_held(dir: &Path) -> Vec<StoredChunk> {
+    let mut out = disk_cache::stored_chunks(dir).unwrap();
+    out.sort_by_key(|c| c.index);
     out
 }
 
@@ -268,14 +257,22 @@ async fn a_corrupted_cache_file_is_detected_and_reads_stay_right() {
     read_all(&d, data).await;
     d.close().await.unwrap();
 
-    let files = chunk_files(cache.path());
-    assert_eq!(files.len() as u64, data / (256 * 1024));
-    let victim = &files[5];
-    let mut raw = std::fs::read(victim).unwrap();
-    for at in [200, 50_000, 200_000] {
-        raw[at] ^= 0x5a;
+    let chunks = chunks_held(cache.path());
+    assert_eq!(chunks.len() as u64, data / (256 * 1024));
+    let victim = &chunks[5];
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&victim.file)
+            .unwrap();
+        for at in [200, 50_000, 200_000] {
+            let mut b = [0u8];
+            f.read_exact_at(&mut b, victim.offset + at).unwrap();
+            f.write_all_at(&[b[0] ^ 0x5a], victim.offset + at).unwrap();
+        }
     }
-    std::fs::write(victim, raw).unwrap();
 
     let d = open(&g.client, &path, opts(Mode::ReadOnly, cache.path(), GIB)).await;
     let all = read_all(&d, data).await;
@@ -324,7 +321,7 @@ async fn three_snapshot_mounts_share_one_cache() {
         assert_eq!(c.get, 1, "only the footer: {c:?}");
         assert_eq!(c.disk_hits, data / 512);
     }
-    assert_eq!(chunk_files(cache.path()).len() as u64, data / (256 * 1024));
+    assert_eq!(chunks_held(cache.path()).len() as u64, data / (256 * 1024));
     for d in drives {
         d.close().await.unwrap();
     }
@@ -398,7 +395,7 @@ async fn cache_clear_empties_the_cache_dir() {
     drop(d);
     let done = blobdrive::drive::disk_cache::clear(cache.path()).unwrap();
     assert_eq!(done.removed, 1);
-    assert!(chunk_files(cache.path()).is_empty());
+    assert!(chunks_held(cache.path()).is_empty());
 }
 
 /// The closing record relies on this: the ETag read after the last flush,
@@ -447,5 +444,133 @@ async fn a_writer_that_crashed_leaves_nothing_trusted() {
     assert_eq!(c.disk_hits, 0, "no clean close record: nothing trusted");
     assert_eq!(c.disk_misses, data / 512, "the tier is on, and empty");
     assert!(c.bytes_down >= data);
+    d.close().await.unwrap();
+}
+
+/// A tier an older blobdrive left (layout v1: one file per chunk, in a
+/// directory named like this version's) that claims, under a clean record
+/// of the blob's current ETag, other bytes than the blob's: it is removed at
+/// the next mount, and every read comes from the blob.
+#[tokio::test]
+async fn a_tier_left_by_an_older_blobdrive_is_removed_and_never_served() {
+    let g = ContainerGuard::new("dcache-v1").await;
+    let data = 4 * MIB;
+    let path = make_drive(&g, "v.vhd", 16 * MIB, data, 10).await;
+    let cache = tempfile::tempdir().unwrap();
+    // This version's tier of the blob gives the directory name and a record
+    // that vouches for the blob's ETag; the older layout gets both.
+    let d = open(&g.client, &path, opts(Mode::ReadOnly, cache.path(), GIB)).await;
+    read_all(&d, data).await;
+    d.close().await.unwrap();
+    let old = cache.path().join("v1");
+    std::fs::rename(cache.path().join("v2"), &old).unwrap();
+    let drive_dir = std::fs::read_dir(&old)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let chunks = drive_dir.join("chunks");
+    std::fs::remove_dir_all(&chunks).unwrap();
+    std::fs::create_dir(&chunks).unwrap();
+    for idx in 0..data / (256 * 1024) {
+        std::fs::write(chunks.join(format!("{idx:016x}")), v1_chunk_file(idx, 0x33)).unwrap();
+    }
+
+    let d = open(&g.client, &path, opts(Mode::ReadOnly, cache.path(), GIB)).await;
+    assert!(!old.exists(), "the older tier is gone");
+    assert!(read_all(&d, data).await == pattern(10, 0, data as usize));
+    let c = d.counters();
+    assert_eq!(
+        c.disk_hits, 0,
+        "nothing of the older tier was served: {c:?}"
+    );
+    assert!(c.bytes_down >= data);
+    d.close().await.unwrap();
+}
+
+/// A chunk file as blobdrive's first tier layout wrote it: magic
+/// `BDCHUNK1`, chunk index, held and zero page bitmaps, data length, the
+/// CRC-32C of all that and the data, then the data (every page held, `fill`).
+fn v1_chunk_file(idx: u64, fill: u8) -> Vec<u8> {
+    let mut out = b"BDCHUNK1".to_vec();
+    out.extend_from_slice(&idx.to_le_bytes());
+    out.extend_from_slice(&[0xff; 64]);
+    out.extend_from_slice(&[0; 64]);
+    out.extend_from_slice(&(256u32 * 1024).to_le_bytes());
+    let data = vec![fill; 256 * 1024];
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out), &data);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&data);
+    out
+}
+
+/// Take a write lock on `chunk`'s slot through an open file description of
+/// our own, as a stopped process sharing the directory would hold it.
+fn hold_slot(chunk: &StoredChunk) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&chunk.file)
+        .unwrap();
+    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = chunk.offset as libc::off_t;
+    fl.l_len = disk_cache::SLOT_BYTES as libc::off_t;
+    // SAFETY: fcntl on a descriptor we own with a pointer to a live flock.
+    assert_eq!(
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) },
+        0
+    );
+    f
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_held_by_a_stopped_process_does_not_hang_reads() {
+    let g = ContainerGuard::new("dcache-held").await;
+    let size = 32 * MIB;
+    let data = 4 * MIB;
+    let path = make_drive(&g, "held.vhd", size, data, 7).await;
+    let cache = tempfile::tempdir().unwrap();
+    let d = open(&g.client, &path, opts(Mode::ReadOnly, cache.path(), GIB)).await;
+    read_all(&d, data).await;
+    d.close().await.unwrap();
+
+    let held = hold_slot(&chunks_held(cache.path())[0]);
+    let d = open(&g.client, &path, opts(Mode::ReadOnly, cache.path(), GIB)).await;
+    let got = tokio::time::timeout(Duration::from_secs(20), d.read_at(0, 256 * 1024))
+        .await
+        .expect("the read came back")
+        .unwrap();
+    assert!(
+        got[..] == pattern(7, 0, 256 * 1024)[..],
+        "the read is right"
+    );
+    assert!(d.counters().get >= 2, "the held chunk came from the blob");
+    d.close().await.unwrap();
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discarded_range_reads_zeros_after_a_remount() {
+    let g = ContainerGuard::new("dcache-discard").await;
+    let size = 32 * MIB;
+    let data = 4 * MIB;
+    let path = make_drive(&g, "discard.vhd", size, data, 8).await;
+    let cache = tempfile::tempdir().unwrap();
+    let d = open(&g.client, &path, opts(Mode::ReadWrite, cache.path(), GIB)).await;
+    read_all(&d, data).await;
+    d.close().await.unwrap();
+    // Its chunks are on disk only, not in memory, when the discard comes.
+    let d = open(&g.client, &path, opts(Mode::ReadWrite, cache.path(), GIB)).await;
+    d.discard(0, MIB).await.unwrap();
+    d.close().await.unwrap();
+    let d = open(&g.client, &path, opts(Mode::ReadWrite, cache.path(), GIB)).await;
+    let all = read_all(&d, data).await;
+    assert!(all[..MIB as usize].iter().all(|&b| b == 0), "discarded");
+    assert!(all[MIB as usize..] == pattern(8, MIB, (data - MIB) as usize)[..]);
     d.close().await.unwrap();
 }

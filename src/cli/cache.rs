@@ -1,9 +1,12 @@
 //! `blobdrive cache clear [--cache-dir DIR]`: empty the disk tier.
 //!
 //! Removes every drive's cache under the cache directory (default
-//! `/var/cache/blobdrive`, the default of `mount --cache-dir`) except those a
+//! `/var/cache/blobdrive`, the default of `mount --cache-dir`), in the
+//! tier's current layout and in an older one (`disk_cache::clear`), except those a
 //! running mount holds (their lock is taken): they are counted and left, and
-//! the command still exits 0, so it is safe to run at any time.
+//! the command still exits 0, so it is safe to run at any time. Only
+//! directories shaped like a drive's cache are removed; anything else there
+//! (or a layout directory that is a symbolic link) is left and named.
 
 use std::path::PathBuf;
 
@@ -47,6 +50,14 @@ pub fn run(_ctx: &Context, args: &CacheArgs) -> CmdResult {
                 text.push_str(&format!(
                     "left {} in use by a mount; unmount it and run this again\n",
                     done.in_use
+                ));
+            }
+            if !done.left.is_empty() {
+                let names: Vec<String> =
+                    done.left.iter().map(|p| p.display().to_string()).collect();
+                text.push_str(&format!(
+                    "left alone, not the cache of a drive: {}\n",
+                    names.join(", ")
                 ));
             }
             output::print_text(&text);

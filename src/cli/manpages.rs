@@ -149,7 +149,9 @@ fn files() -> Section {
             ),
             Item::Term(
                 "/var/cache/blobdrive/",
-                "The local disk tier (--cache-dir); directories 0700, files 0600.",
+                "The local disk tier (--cache-dir): v2/ with a directory per drive, its \
+                 chunks in slab files of 256 chunks (64 MiB of the drive) each; directories \
+                 0700, files 0600. A v1/ left by an older blobdrive is removed at mount.",
             ),
             Item::Term(
                 "/etc/blobdrive/NAME.conf, /etc/blobdrive/NAME.env",

@@ -1,23 +1,25 @@
-//! The on-disk form of one cached chunk: a header with the chunk number, two
-//! page bitmaps and a CRC-32C, followed by the bytes of the pages that hold
-//! something other than zeros.
+//! The on-disk form of one cached chunk, as its slot holds it (`slab.rs`):
+//! a header with the chunk number, two page bitmaps and a CRC-32C, followed
+//! by the bytes of the pages that hold something other than zeros.
 //!
 //! ```text
-//! magic "BDCHUNK1" | chunk index u64 LE | held bits (64 B) | zero bits (64 B)
+//! magic "BDCHUNK2" | chunk index u64 LE | held bits (64 B) | zero bits (64 B)
 //! | data length u32 LE | crc32c u32 LE | data (held, non-zero pages, in order)
 //! ```
 //!
-//! `held` marks the pages whose blob content the file knows; `zero` (a subset
+//! `held` marks the pages whose blob content the slot knows; `zero` (a subset
 //! of `held`) marks those known to be all zeros, which take no bytes. The CRC
 //! covers the header before it and all the data. Invariant: [`decode`] returns
 //! a chunk only if every byte checks out (magic, index, lengths, CRC), so a
-//! torn or flipped file is never served.
+//! torn or flipped slot is never served. The magic names the layout: a
+//! chunk of the first layout (`BDCHUNK1`, one file per chunk) is never read
+//! as one of this one.
 
 use bytes::Bytes;
 
 use super::{ChunkBits, PAGES, PAGE_BYTES};
 
-const MAGIC: &[u8; 8] = b"BDCHUNK1";
+const MAGIC: &[u8; 8] = b"BDCHUNK2";
 const BITS_BYTES: usize = PAGES / 8;
 /// Bytes before the data.
 pub(crate) const HEADER_BYTES: usize = 8 + 8 + 2 * BITS_BYTES + 4 + 4;
@@ -31,7 +33,7 @@ pub struct CachedChunk {
     /// Known pages that are all zeros (a subset of `held`).
     pub zero: ChunkBits,
     /// The non-zero held pages, 512 bytes each, in page order (a slice of
-    /// the file read, without a copy).
+    /// the slot read, without a copy).
     pub data: Bytes,
     /// `held` and not `zero`: the pages in `data`.
     stored: ChunkBits,
@@ -84,7 +86,7 @@ impl CachedChunk {
             .collect()
     }
 
-    /// Size of the encoded file.
+    /// Size of the encoded chunk.
     pub fn encoded_len(&self) -> usize {
         HEADER_BYTES + self.data.len()
     }
@@ -105,7 +107,7 @@ fn get_bits(raw: &[u8]) -> ChunkBits {
     bits
 }
 
-/// The header of the file for chunk `index`; the file is this followed by
+/// The header of chunk `index`; its slot holds this followed by
 /// `chunk.data` (written separately, so the data is not copied once more).
 pub fn header(index: u64, chunk: &CachedChunk) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_BYTES);
@@ -119,10 +121,21 @@ pub fn header(index: u64, chunk: &CachedChunk) -> Vec<u8> {
     out
 }
 
-/// Why a file was refused.
+/// The chunk index and data length a header claims, when `raw` starts
+/// with one (nothing is verified: [`decode`] does that).
+pub fn peek(raw: &[u8]) -> Option<(u64, usize)> {
+    if raw.len() < HEADER_BYTES || &raw[..8] != MAGIC {
+        return None;
+    }
+    let index = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+    let len = u32::from_le_bytes(raw[CRC_AT - 4..CRC_AT].try_into().expect("4 bytes"));
+    Some((index, len as usize))
+}
+
+/// Why a slot was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bad {
-    /// Shorter than its header says, or not a chunk file.
+    /// Shorter than its header says, or not a chunk.
     Torn,
     /// Written for another chunk.
     WrongIndex,
@@ -130,7 +143,7 @@ pub enum Bad {
     Checksum,
 }
 
-/// Parse and verify the file of chunk `index`.
+/// Parse and verify the slot of chunk `index`.
 pub fn decode(index: u64, raw: Bytes) -> Result<CachedChunk, Bad> {
     if raw.len() < HEADER_BYTES || &raw[..8] != MAGIC {
         return Err(Bad::Torn);

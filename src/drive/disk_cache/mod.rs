@@ -3,11 +3,24 @@
 //!
 //! What it owns: one directory per blob (or snapshot) under the cache dir,
 //! named by a hash of the blob's identity (endpoint, container, name,
-//! snapshot time); in it one file per 256 KiB chunk holding only the chunk's
-//! known pages (zero pages take no bytes, see `format.rs`), a lock file and a
-//! record of the blob's ETag the files belong to (`record.rs`). It knows
+//! snapshot time); in it the slab files (`slab.rs`), each with a fixed slot
+//! for each of 256 chunks of 256 KiB, a slot holding only its chunk's known
+//! pages (zero pages take no bytes, see `format.rs`), a lock file and a
+//! record of the blob's ETag the slots belong to (`record.rs`). It knows
 //! nothing of FUSE or of the drive's memory cache: the drive asks it for
 //! chunks, hands it chunks to keep, and tells it which chunks changed.
+//!
+//! Why slabs: the first layout (`v1`) kept one file per chunk, written to a
+//! temporary name and renamed. A full tier evicts and creates files all
+//! the time, and after a tier was emptied ext4's inode allocation took up
+//! to 37% of the daemon's CPU in a cold read. Slots at places fixed by
+//! the chunk's index keep that layout's properties without a file per
+//! chunk: no slot map to tear or rebuild (a slot's header names its chunk),
+//! processes sharing a snapshot's directory find each other's chunks where
+//! they expect them, and eviction punches the slot's blocks out. Reusing
+//! evicted chunk files would have kept the files but not spared the inodes
+//! of a tier that starts empty. A `v1` tier found at open is removed
+//! ([`discard_old_layouts`]): nothing in it is read.
 //!
 //! Invariants:
 //! - Nothing stale is served: a chunk is trusted only when the record says
@@ -15,17 +28,29 @@
 //!   a chunk changed by a write is dropped from the index at once
 //!   ([`DiskCache::invalidate`]) and a copy taken before that change is
 //!   never installed (tickets, see [`DiskCache::store`]).
-//! - Nothing torn is served: every file carries a CRC-32C checked on each
-//!   read; a bad file counts in `bad_chunks`, is deleted, and reads as a miss.
-//! - Files appear only by rename of a fully written temporary file, so
-//!   several processes sharing a snapshot's directory never see half a file.
-//! - The bytes held stay under `max_bytes` (file sizes rounded up to 4 KiB,
-//!   least recently used chunks evicted first). Processes sharing one
-//!   snapshot's directory each keep their own account, so the bound there
-//!   holds per process.
+//! - Nothing torn is served: every slot carries a CRC-32C and its chunk's
+//!   index, checked on each read; a bad slot counts in `bad_chunks`, is
+//!   punched out, and reads as a miss. A slot is written in place under a
+//!   byte-range lock (`slab.rs`), so several processes sharing a snapshot's
+//!   directory never read half a slot while it is written.
+//! - A copy refused by its ticket, or overwritten in place after the chunk
+//!   changed, never outlives the mount: its slot is punched by the writer
+//!   thread (or, where the punch fails, its header zeroed), and `finish`
+//!   syncs the slabs this mount wrote or punched before it records
+//!   `clean`. A slot that could be neither punched nor zeroed (or a writer
+//!   thread that died) leaves the record `in-use`: the next open empties
+//!   the directory.
+//! - The bytes held stay under `max_bytes` (each slot's chunk rounded up to
+//!   4 KiB, least recently used chunks evicted first, their blocks punched
+//!   out). On a filesystem that cannot punch holes an evicted slot keeps
+//!   its blocks (its header zeroed): from the first refused punch (at an
+//!   eviction, or a repair at open) the mount stores no more copies, so
+//!   the space used stays within the bound and one chunk. Processes
+//!   sharing one snapshot's directory each keep their own account, so the
+//!   bound there holds per process.
 //! - Nobody else can read a page: the directories are 0700 and the files
-//!   0600 from their creation (`private_dir`), a loose directory or file
-//!   left by an older blobdrive is tightened at open, and a directory of
+//!   0600 from their creation (`private_dir`), a loose directory left by an
+//!   older blobdrive is tightened at open, and a directory of
 //!   another user, or one others may write to, turns the tier off with one
 //!   line saying why. The cache dir itself is never changed (it may be
 //!   shared); it must belong to this user or root.
@@ -38,14 +63,12 @@
 
 mod format;
 mod record;
+mod slab;
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::fs::Permissions;
-use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -58,6 +81,8 @@ use tokio::sync::mpsc::{Receiver, Sender};
 use crate::private_dir;
 pub use format::CachedChunk;
 use record::{DirLock, LockMode, Record};
+use slab::Slabs;
+pub use slab::{Found as StoredChunk, SLAB_CHUNKS, SLOT_BYTES};
 
 /// Pages per cached chunk (the drive's chunk size).
 pub const PAGES: usize = 512;
@@ -66,7 +91,9 @@ pub const PAGE_BYTES: usize = crate::units::PAGE_SIZE as usize;
 /// Default cache directory (`--cache-dir`).
 pub const DEFAULT_CACHE_DIR: &str = "/var/cache/blobdrive";
 /// Sub-directory holding the drives' directories, named for the layout version.
-const LAYOUT: &str = "v1";
+const LAYOUT: &str = "v2";
+/// Layouts of older versions: removed when found, never read.
+const OLD_LAYOUTS: &[&str] = &["v1"];
 /// Chunk copies waiting for the writer at most (64 x 256 KiB).
 const QUEUE_CHUNKS: usize = 64;
 /// Bytes counted for the lock file, the record and the directories.
@@ -142,7 +169,7 @@ pub enum Access {
     Reader,
 }
 
-/// One chunk file known to the index.
+/// One chunk known to the index (its slot holds it).
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     bytes: u64,
@@ -161,7 +188,7 @@ struct Index {
     /// Copies with tickets below this are refused: the invalidations before
     /// it were forgotten to keep `invalidated` small.
     floor: u64,
-    /// Chunks whose file must be deleted by the writer.
+    /// Chunks whose slot must be emptied by the writer.
     stale: HashSet<u64>,
 }
 
@@ -187,7 +214,7 @@ impl Index {
     }
 
     /// Drop least recently used entries until the total is at most `target`;
-    /// returns the chunks whose files must go.
+    /// returns the chunks whose slots must be emptied.
     fn shrink_to(&mut self, target: u64) -> Vec<u64> {
         if self.bytes <= target {
             return Vec::new();
@@ -219,6 +246,16 @@ struct Shared {
     max_bytes: u64,
     index: Mutex<Index>,
     meters: Meters,
+    /// A slot that had to be emptied may still hold its chunk (neither
+    /// punched nor its header zeroed): `finish` must not record `clean`.
+    unclean: AtomicBool,
+    /// The filesystem cannot punch holes: evicted chunks keep their blocks,
+    /// so no more copies are stored (see the module doc).
+    punch_refused: AtomicBool,
+    /// Other processes (readers of the same snapshot) may write slots here.
+    shared_dir: bool,
+    /// The slabs written or punched since open, for `finish` to sync.
+    written: Mutex<HashSet<PathBuf>>,
     /// The directory's lock: held until `finish`, or until both the cache
     /// and its writer thread are gone (a dropped cache's last writes still
     /// happen under it).
@@ -230,8 +267,12 @@ impl Shared {
         self.index.lock().expect("disk cache index mutex poisoned")
     }
 
-    fn chunk_path(&self, idx: u64) -> PathBuf {
-        self.chunks_dir.join(format!("{idx:016x}"))
+    /// Remember the slabs `slabs` wrote, for `finish` to sync.
+    fn note_written(&self, slabs: &mut Slabs) {
+        self.written
+            .lock()
+            .expect("written mutex poisoned")
+            .extend(slabs.take_written());
     }
 
     fn budget(&self) -> u64 {
@@ -260,20 +301,77 @@ pub struct DiskCache {
 
 /// The directory of the blob named `identity` under the cache dir.
 pub fn drive_dir(cache_dir: &Path, identity: &str) -> PathBuf {
-    let hash = Sha256::digest(identity.as_bytes());
-    let name: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
-    cache_dir.join(LAYOUT).join(name)
+    cache_dir.join(LAYOUT).join(drive_dir_name(identity))
 }
 
-fn round_up(bytes: u64) -> u64 {
+/// The name of a drive's directory (in every layout so far): the first 16
+/// bytes of the SHA-256 of the blob's identity, in hex.
+fn drive_dir_name(identity: &str) -> String {
+    let hash = Sha256::digest(identity.as_bytes());
+    hash[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn is_hex(name: &str, len: usize) -> bool {
+    name.len() == len
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Does `path` look like one drive's directory of a layout root, as this
+/// and older builds make them: a real directory of this user alone, named
+/// by [`drive_dir_name`], holding only `lock`, a `record.json` that parses
+/// and names a blob whose hash is that name, temporary records, and a
+/// `chunks/` of regular files named by 16 hex digits (or temporary chunk
+/// files of `v1`)? Only such a directory is ever removed: a cache dir may
+/// hold other things under `v1/` or `v2/` by accident.
+fn is_drive_dir(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    if !is_hex(name, 32) || !private_dir::is_ours_alone(path) {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return false;
+    };
+    entries.into_iter().all(|e| {
+        let Ok(e) = e else { return false };
+        let Ok(kind) = e.file_type() else {
+            return false;
+        };
+        match e.file_name().to_str() {
+            Some("lock") => kind.is_file(),
+            Some("record.json") => {
+                kind.is_file()
+                    && record::read(path).is_some_and(|r| drive_dir_name(&r.identity) == name)
+            }
+            Some(n) if n.starts_with("record.json.tmp.") => kind.is_file(),
+            Some("chunks") => kind.is_dir() && holds_only_chunk_files(&e.path()),
+            _ => false,
+        }
+    })
+}
+
+fn holds_only_chunk_files(chunks_dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(chunks_dir) else {
+        return false;
+    };
+    entries.into_iter().all(|e| {
+        e.is_ok_and(|e| {
+            e.file_type().is_ok_and(|t| t.is_file())
+                && e.file_name()
+                    .to_str()
+                    .is_some_and(|n| is_hex(n, 16) || n.contains(".tmp."))
+        })
+    })
+}
+
+const fn round_up(bytes: u64) -> u64 {
     bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES
 }
 
-fn is_temp(name: &str) -> bool {
-    name.contains(".tmp.")
-}
-
-/// Remove every chunk file (and leftover temporary file) of a directory.
+/// Remove every slab file of a directory.
 fn wipe(chunks_dir: &Path) -> io::Result<()> {
     match std::fs::remove_dir_all(chunks_dir) {
         Ok(()) => {}
@@ -288,46 +386,95 @@ fn wipe(chunks_dir: &Path) -> io::Result<()> {
 /// used (see `private_dir`). The error names the directory and what is wrong.
 fn check_root(cache_dir: &Path) -> io::Result<()> {
     private_dir::check_parent(cache_dir)?;
+    discard_old_layouts(cache_dir);
     private_dir::ensure(&cache_dir.join(LAYOUT))
 }
 
-/// The chunk files present, oldest first by modification time.
-fn scan(chunks_dir: &Path, remove_temps: bool) -> io::Result<Index> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(chunks_dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if is_temp(name) {
-            if remove_temps {
-                let _ = std::fs::remove_file(entry.path());
+/// Remove the tiers an older blobdrive kept in an older layout (nothing in
+/// them is ever read): every drive's directory not locked by a running
+/// mount of that version, then the layout directory once empty. Only what
+/// [`clear_layout`] recognises as a drive's directory is touched. Trouble
+/// is logged, never fatal: the tier works without it.
+fn discard_old_layouts(cache_dir: &Path) {
+    for old in OLD_LAYOUTS {
+        let root = cache_dir.join(old);
+        match clear_layout(&root) {
+            Ok(done) => {
+                if done.in_use == 0 && done.left.is_empty() {
+                    let _ = std::fs::remove_dir(&root);
+                }
+                if done.removed > 0 {
+                    tracing::info!(dir = %root.display(), removed = done.removed, in_use = done.in_use,
+                        "disk cache: removed the tier of an older blobdrive (layout {old}); none of it is used");
+                }
+                log_left(&done.left);
             }
-            continue;
+            Err(e) => tracing::warn!(dir = %root.display(), error = %e,
+                "disk cache: cannot remove the tier of an older blobdrive"),
         }
-        let Ok(idx) = u64::from_str_radix(name, 16) else {
-            continue;
-        };
-        let meta = entry.metadata()?;
-        if meta.mode() & 0o077 != 0 {
-            // Left by an older blobdrive, which made chunk files 0644.
-            std::fs::set_permissions(entry.path(), Permissions::from_mode(private_dir::FILE_MODE))?;
-        }
-        found.push((meta.modified().ok(), idx, round_up(meta.len())));
     }
-    found.sort_unstable();
+}
+
+/// Name, once per process (an open may be retried many times), what a
+/// layout root holds that is not a drive's directory.
+fn log_left(left: &[PathBuf]) {
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    if !left.is_empty() && !LOGGED.swap(true, Ordering::Relaxed) {
+        let names: Vec<String> = left.iter().map(|p| p.display().to_string()).collect();
+        tracing::warn!(left = %names.join(", "),
+            "disk cache: left alone, not the cache of a drive");
+    }
+}
+
+/// The chunks present. Their order of use is not kept on disk; the least
+/// recently used come first as well as the disk can tell: slabs by the time
+/// they were last written (a slab written long ago holds chunks not kept
+/// again since), then slot by slot.
+fn scan(chunks_dir: &Path, repair: bool, punch_refused: &AtomicBool) -> io::Result<Index> {
+    let mut found = slab::scan(chunks_dir, repair, punch_refused)?;
+    let mut written: HashMap<PathBuf, std::time::SystemTime> = HashMap::new();
+    for f in &found {
+        if !written.contains_key(&f.file) {
+            let at = std::fs::symlink_metadata(&f.file)
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            written.insert(f.file.clone(), at);
+        }
+    }
+    // Stable: within a slab, the scan's slot order stays.
+    found.sort_by_key(|f| written[&f.file]);
     let mut index = Index::default();
-    for (n, (_, idx, bytes)) in found.into_iter().enumerate() {
+    for (n, found) in found.into_iter().enumerate() {
         index.entries.insert(
-            idx,
+            found.index,
             Entry {
-                bytes,
+                bytes: found.bytes,
                 last_use: n as u64,
             },
         );
-        index.bytes += bytes;
+        index.bytes += found.bytes;
     }
     index.clock = index.entries.len() as u64;
     Ok(index)
+}
+
+/// Every chunk the tier under `cache_dir` holds, drive by drive, as its
+/// slab headers name them (checksums unchecked); for tests and tools that
+/// look at the tier from outside. Blocks.
+pub fn stored_chunks(cache_dir: &Path) -> io::Result<Vec<StoredChunk>> {
+    let mut out = Vec::new();
+    let drives = match std::fs::read_dir(cache_dir.join(LAYOUT)) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for d in drives {
+        let chunks = d?.path().join("chunks");
+        if chunks.is_dir() {
+            out.extend(slab::scan(&chunks, false, &AtomicBool::new(false))?);
+        }
+    }
+    Ok(out)
 }
 
 impl DiskCache {
@@ -425,7 +572,8 @@ impl DiskCache {
                 },
             )?;
         }
-        let index = scan(&chunks_dir, exclusive)?;
+        let punch_refused = AtomicBool::new(false);
+        let index = scan(&chunks_dir, exclusive, &punch_refused)?;
         if access == Access::Reader && exclusive && !lock.try_convert(LockMode::Shared)? {
             return Ok(Opened::Busy);
         }
@@ -434,6 +582,10 @@ impl DiskCache {
             max_bytes: opts.max_bytes,
             index: Mutex::new(index),
             meters: Meters::default(),
+            unclean: AtomicBool::new(false),
+            punch_refused,
+            shared_dir: access == Access::Reader,
+            written: Mutex::default(),
             lock: Mutex::new(Some(lock)),
         });
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE_CHUNKS);
@@ -450,7 +602,9 @@ impl DiskCache {
             writer: Mutex::new(Some(writer)),
         };
         let over = cache.shared.index().shrink_to(cache.shared.budget());
-        remove_files(&cache.shared, &over);
+        let mut slabs = Slabs::new(&cache.shared.chunks_dir, &cache.shared.punch_refused);
+        erase_slots(&cache.shared, &mut slabs, &over);
+        cache.shared.note_written(&mut slabs);
         // Read before logging: two index guards in one macro call deadlock.
         let (chunks, bytes) = {
             let index = cache.shared.index();
@@ -465,13 +619,13 @@ impl DiskCache {
         &self.dir
     }
 
-    /// Is a file for chunk `idx` known (it may still turn out bad)?
+    /// Is a slot holding chunk `idx` known (it may still turn out bad)?
     pub fn contains(&self, idx: u64) -> bool {
         self.shared.index().entries.contains_key(&idx)
     }
 
     /// May chunk `idx` be on disk? A reader's directory is shared, so other
-    /// processes may have added files this index has not seen.
+    /// processes may have filled slots this index has not seen.
     pub fn may_hold(&self, idx: u64) -> bool {
         self.access == Access::Reader || self.contains(idx)
     }
@@ -491,18 +645,25 @@ impl DiskCache {
                 None => return None,
             }
         };
-        let raw = match std::fs::read(self.shared.chunk_path(idx)) {
-            Ok(raw) => raw,
+        let raw = match slab::read_slot(&self.shared.chunks_dir, idx) {
+            Ok(Some(raw)) => raw,
+            Ok(None) => {
+                self.shared.index().remove(idx);
+                return None;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Another process holds the slot: a miss, the slot stays.
+                tracing::debug!(chunk = idx, "disk cache slot busy");
+                return None;
+            }
             Err(e) => {
-                if e.kind() != io::ErrorKind::NotFound {
-                    tracing::warn!(chunk = idx, error = %e, "disk cache read failed");
-                }
+                tracing::warn!(chunk = idx, error = %e, "disk cache read failed");
                 self.shared.index().remove(idx);
                 return None;
             }
         };
         let raw_len = raw.len();
-        match format::decode(idx, raw.into()) {
+        match format::decode(idx, raw) {
             Ok(chunk) => {
                 if !known {
                     // Written by another reader of this directory: count it.
@@ -536,8 +697,8 @@ impl DiskCache {
         self.shared.index().seq
     }
 
-    /// Chunk `idx` changed (written or discarded): forget its file now, and
-    /// refuse every copy of it taken before this call.
+    /// Chunk `idx` changed (written or discarded): forget its slot now (the
+    /// writer empties it), and refuse every copy of it taken before this call.
     pub fn invalidate(&self, idx: u64) {
         let mut index = self.shared.index();
         index.seq += 1;
@@ -550,8 +711,8 @@ impl DiskCache {
     }
 
     /// [`DiskCache::invalidate`] every chunk of `range`: the invalidation is
-    /// recorded for each chunk whether or not it has a file yet (a copy of
-    /// it may be on its way to the writer), and the files there go. A range
+    /// recorded for each chunk whether or not it has a slot yet (a copy of
+    /// it may be on its way to the writer), and the slots there are emptied. A range
     /// too long to list raises the floor instead: every copy in flight loses.
     pub fn invalidate_range(&self, range: std::ops::Range<u64>) {
         let mut index = self.shared.index();
@@ -582,7 +743,7 @@ impl DiskCache {
         }
     }
 
-    /// Keep `chunk` as the file of chunk `idx`, unless the chunk was
+    /// Keep `chunk` in the slot of chunk `idx`, unless the chunk was
     /// invalidated after `ticket` was taken. Never waits: when the writer is
     /// behind, the copy is counted as dropped and given back, for the caller
     /// to keep or let go.
@@ -631,7 +792,7 @@ impl DiskCache {
     }
 
     /// Wait until every copy handed to `store` so far is on disk (or
-    /// refused) and stale files are deleted. Blocks.
+    /// refused) and stale slots are emptied. Blocks.
     pub fn sync(&self) {
         let (done_tx, done_rx) = mpsc::channel();
         if let Some(tx) = self.sender() {
@@ -643,8 +804,8 @@ impl DiskCache {
 
     /// End of a mount: write what is queued, stop the writer, for a writer
     /// record the blob's ETag after its last flush (`Some`: the contents are
-    /// trusted at the next open; `None`: they stay untrusted), and release
-    /// the directory's lock. Blocks.
+    /// trusted at the next open, once every slab is durable; `None`: they
+    /// stay untrusted), and release the directory's lock. Blocks.
     pub fn finish(&self, final_etag: Option<&str>) -> io::Result<()> {
         self.sync();
         drop(
@@ -654,11 +815,25 @@ impl DiskCache {
                 .take(),
         );
         if let Some(h) = self.writer.lock().expect("writer mutex poisoned").take() {
-            let _ = h.join();
+            if h.join().is_err() {
+                self.shared.unclean.store(true, Ordering::Relaxed);
+            }
         }
-        if self.access == Access::Writer {
+        if !self.shared.index().stale.is_empty() {
+            self.shared.unclean.store(true, Ordering::Relaxed);
+        }
+        let unclean = self.shared.unclean.load(Ordering::Relaxed);
+        if unclean && self.access == Access::Writer && final_etag.is_some() {
+            // The record stays `in-use`: the next open empties the directory.
+            tracing::warn!(dir = %self.dir.display(),
+                "disk cache: a slot could not be emptied; the tier is dropped at the next mount");
+        }
+        if self.access == Access::Writer && !unclean {
             if let Some(etag) = final_etag {
-                File::open(&self.shared.chunks_dir)?.sync_all()?;
+                // Slots are written and punched in place: what the record
+                // vouches for must be on disk before it does.
+                let written = self.shared.written.lock().expect("written mutex poisoned");
+                slab::sync_all(&self.shared.chunks_dir, written.iter())?;
                 record::write(
                     &self.dir,
                     &Record {
@@ -674,17 +849,18 @@ impl DiskCache {
         Ok(())
     }
 
-    /// Disk space held by chunk files (4 KiB blocks).
+    /// Disk space held by chunks (4 KiB blocks).
     pub fn bytes_held(&self) -> u64 {
         self.shared.index().bytes
     }
 
-    /// Chunk files found torn or corrupted since open.
+    /// Chunks found torn or corrupted since open.
     pub fn bad_chunks(&self) -> u64 {
         self.shared.meters.bad_chunks.load(Ordering::Relaxed)
     }
 
-    /// Copies dropped because the writer was behind.
+    /// Copies dropped because the writer was behind, or their slot was
+    /// held by another process.
     pub fn dropped_copies(&self) -> u64 {
         self.shared.meters.dropped.load(Ordering::Relaxed)
     }
@@ -700,48 +876,67 @@ impl Drop for DiskCache {
     }
 }
 
-fn remove_files(shared: &Shared, chunks: &[u64]) {
+/// Empty the slots of `chunks`. A slot that cannot be emptied may still
+/// hold a whole chunk the index no longer vouches for: the tier is marked
+/// unclean, so `finish` does not record it `clean`.
+fn erase_slots(shared: &Shared, slabs: &mut Slabs, chunks: &[u64]) {
     for &idx in chunks {
-        match std::fs::remove_file(shared.chunk_path(idx)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(chunk = idx, error = %e, "disk cache: could not delete"),
+        if let Err(e) = slabs.erase(idx) {
+            shared.unclean.store(true, Ordering::Relaxed);
+            tracing::warn!(chunk = idx, error = %e, dir = %shared.chunks_dir.display(),
+                "disk cache: could not empty a slot");
         }
     }
 }
 
-/// Delete the files of invalidated chunks (only this thread renames files,
-/// so none of them can be re-created meanwhile).
-fn delete_stale(shared: &Shared) {
+/// Empty the slots of invalidated chunks (only this thread writes slots,
+/// so none of them can be filled again meanwhile).
+fn erase_stale(shared: &Shared, slabs: &mut Slabs) {
     let stale: Vec<u64> = shared.index().stale.drain().collect();
-    remove_files(shared, &stale);
+    erase_slots(shared, slabs, &stale);
 }
 
-fn write_chunk(shared: &Shared, idx: u64, ticket: u64, chunk: &CachedChunk, n: u64) {
-    let tmp = shared
-        .chunks_dir
-        .join(format!("{idx:016x}.tmp.{}.{n}", std::process::id()));
-    let written = private_dir::create_file(&tmp).and_then(|mut f| {
-        f.write_all(&format::header(idx, chunk))?;
-        f.write_all(&chunk.data)
-    });
-    if let Err(e) = written {
+fn write_chunk(shared: &Shared, slabs: &mut Slabs, idx: u64, ticket: u64, chunk: &CachedChunk) {
+    if slabs.punch_refused() {
+        // Eviction frees nothing here: the tier keeps what it has.
+        return;
+    }
+    let bytes = round_up(chunk.encoded_len() as u64);
+    let before = {
+        let index = shared.index();
+        if !index.fresh(idx, ticket) {
+            return;
+        }
+        index.entries.get(&idx).map(|e| e.bytes)
+    };
+    // A slot not known to hold a chunk no longer than this one may hold
+    // anything (a bad slot being dropped); in a shared directory, another
+    // reader may have rewritten any slot with a longer copy since.
+    let clear_tail = shared.shared_dir || before.is_none_or(|b| b > bytes);
+    let header = format::header(idx, chunk);
+    if let Err(e) = slabs.write(idx, &header, &chunk.data, clear_tail) {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            // Another process holds the slot: nothing was written.
+            shared.meters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         tracing::warn!(chunk = idx, error = %e, "disk cache write failed");
-        let _ = std::fs::remove_file(&tmp);
+        shared.index().remove(idx);
+        erase_slots(shared, slabs, &[idx]);
         return;
     }
     let evicted = {
         let mut index = shared.index();
-        let fresh = index.fresh(idx, ticket);
-        if !fresh || std::fs::rename(&tmp, shared.chunk_path(idx)).is_err() {
+        if !index.fresh(idx, ticket) {
+            // Invalidated while it was written: the copy must not stay.
+            index.remove(idx);
             drop(index);
-            let _ = std::fs::remove_file(&tmp);
+            erase_slots(shared, slabs, &[idx]);
             return;
         }
         index.remove(idx);
         index.stale.remove(&idx);
         index.clock += 1;
-        let bytes = round_up(chunk.encoded_len() as u64);
         let last_use = index.clock;
         index.entries.insert(idx, Entry { bytes, last_use });
         index.bytes += bytes;
@@ -753,24 +948,24 @@ fn write_chunk(shared: &Shared, idx: u64, ticket: u64, chunk: &CachedChunk, n: u
             Vec::new()
         }
     };
-    remove_files(shared, &evicted);
+    erase_slots(shared, slabs, &evicted);
 }
 
 fn writer_loop(shared: &Shared, mut rx: Receiver<Job>) {
-    let mut n = 0u64;
+    let mut slabs = Slabs::new(&shared.chunks_dir, &shared.punch_refused);
     while let Some(job) = rx.blocking_recv() {
-        delete_stale(shared);
+        erase_stale(shared, &mut slabs);
         match job {
             Job::Store { idx, ticket, chunk } => {
-                n += 1;
-                write_chunk(shared, idx, ticket, &chunk, n);
+                write_chunk(shared, &mut slabs, idx, ticket, &chunk);
             }
             Job::Sync(done) => {
                 let _ = done.send(());
             }
         }
     }
-    delete_stale(shared);
+    erase_stale(shared, &mut slabs);
+    shared.note_written(&mut slabs);
 }
 
 /// What `clear` did.
@@ -780,21 +975,52 @@ pub struct Cleared {
     pub removed: usize,
     /// Drive caches left because a mount is using them.
     pub in_use: usize,
+    /// Entries left because they are not a drive's cache (or a layout
+    /// directory that is a symbolic link, or not this user's alone).
+    pub left: Vec<PathBuf>,
 }
 
-/// Empty the cache dir: remove every drive's cache not in use by a mount.
-/// A missing directory is already empty. Blocks.
+/// Empty the cache dir: remove every drive's cache not in use by a mount,
+/// in this layout and in those of older versions (whose layout directory
+/// goes too once empty). A missing directory is already empty. Blocks.
 pub fn clear(cache_dir: &Path) -> io::Result<Cleared> {
+    let mut out = clear_layout(&cache_dir.join(LAYOUT))?;
+    for old in OLD_LAYOUTS {
+        let root = cache_dir.join(old);
+        let done = clear_layout(&root)?;
+        if done.in_use == 0 && done.left.is_empty() {
+            match std::fs::remove_dir(&root) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        out.removed += done.removed;
+        out.in_use += done.in_use;
+        out.left.extend(done.left);
+    }
+    Ok(out)
+}
+
+/// Remove every drive's directory under the layout directory `root` not in
+/// use by a mount. A root that is a symbolic link, or not this user's
+/// alone, is not read; entries that are not a drive's directory
+/// ([`is_drive_dir`]) are left.
+fn clear_layout(root: &Path) -> io::Result<Cleared> {
     let mut out = Cleared::default();
-    let root = cache_dir.join(LAYOUT);
-    let entries = match std::fs::read_dir(&root) {
-        Ok(e) => e,
+    match std::fs::symlink_metadata(root) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
         Err(e) => return Err(e),
-    };
-    for entry in entries {
+        Ok(_) if !private_dir::is_ours_alone(root) => {
+            out.left.push(root.to_path_buf());
+            return Ok(out);
+        }
+        Ok(_) => {}
+    }
+    for entry in std::fs::read_dir(root)? {
         let path = entry?.path();
-        if !path.is_dir() {
+        if !is_drive_dir(&path) {
+            out.left.push(path);
             continue;
         }
         match DirLock::try_take(&path, LockMode::Exclusive)? {
