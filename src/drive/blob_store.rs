@@ -128,6 +128,10 @@ impl PageStore for BlobPageStore {
         Ok(self.client.get_properties(&self.path).await?.content_length)
     }
 
+    fn read_limit(&self) -> Option<usize> {
+        Some(self.client.concurrency_limits().1)
+    }
+
     fn cache_identity(&self) -> Option<String> {
         let p = &self.path;
         Some(format!(

@@ -97,6 +97,10 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         self.inner.cache_identity()
     }
 
+    fn read_limit(&self) -> Option<usize> {
+        self.inner.read_limit()
+    }
+
     fn writes_zero_pages(&self) -> bool {
         true
     }

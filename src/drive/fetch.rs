@@ -32,12 +32,6 @@ use super::extents::{intersect, PageRange};
 use super::{Inner, Mode};
 use crate::units::{ByteRange, MAX_GET_BYTES, PAGE_SIZE};
 
-/// Holes up to this size between two stored extents are read along with
-/// them (the service returns zeros there): one 4 MiB Get costs about what a
-/// 64 KiB one does, while each request has a fixed round trip. A cold read
-/// of a fragmented ext4 region went from 282 Gets per 64 MiB to about 16.
-const MAX_READ_HOLE_BYTES: u64 = 256 * 1024;
-
 /// Get Blob requests one fetch has in flight; more only queue at the
 /// service and hold more bodies in memory at once.
 const GETS_IN_FLIGHT: usize = 8;
@@ -80,13 +74,15 @@ fn push_page(ranges: &mut Vec<PageRange>, page: u64) {
 }
 
 /// Append `next` (after every range in `fetch`) to the reads, merged into
-/// the last read when the hole between them is small and the result stays
-/// within one Get. Pages of a hole that are not this job's are read but
-/// never filled (`finish` fills only `mine`).
-fn push_coalesced(fetch: &mut Vec<PageRange>, next: PageRange) {
+/// the last read when the hole between them is at most `hole_pages` (the
+/// service returns zeros there; what the link says a hole read along may
+/// cost, `link.rs`) and the result stays within one Get. Pages of a hole
+/// that are not this job's are read but never filled (`finish` fills only
+/// `mine`).
+fn push_coalesced(fetch: &mut Vec<PageRange>, next: PageRange, hole_pages: u64) {
     if let Some(last) = fetch.last_mut() {
         if next.start >= last.end
-            && next.start - last.end <= MAX_READ_HOLE_BYTES / PAGE_SIZE
+            && next.start - last.end <= hole_pages
             && next.end - last.start <= MAX_GET_BYTES / PAGE_SIZE
         {
             last.end = next.end;
@@ -234,6 +230,7 @@ impl Inner {
             }
         }
         let mut fetch = Vec::new();
+        let hole_pages = self.link.estimate().read_along_hole_bytes() / PAGE_SIZE;
         {
             let extents = self.extents();
             for m in &mine {
@@ -243,7 +240,7 @@ impl Inner {
                     let mut start = d.start;
                     while start < d.end {
                         let end = d.end.min(start + MAX_GET_BYTES / PAGE_SIZE);
-                        push_coalesced(&mut fetch, PageRange::new(start, end));
+                        push_coalesced(&mut fetch, PageRange::new(start, end), hole_pages);
                         start = end;
                     }
                 }
@@ -290,8 +287,11 @@ impl Inner {
             .map(|(f, sink)| {
                 add(&self.meters.get, 1);
                 async move {
+                    let started = std::time::Instant::now();
                     self.store.read_into(f.bytes(), sink).await?;
-                    add(&self.meters.bytes_down, f.len_pages() * PAGE_SIZE);
+                    let bytes = f.len_pages() * PAGE_SIZE;
+                    self.link.record(started, std::time::Instant::now(), bytes);
+                    add(&self.meters.bytes_down, bytes);
                     Ok::<(), crate::blob::Error>(())
                 }
             })

@@ -75,6 +75,13 @@ pub trait PageStore: Send + Sync + 'static {
     /// The reverse of [`PageStore::seal_pages`].
     fn open_pages(&self, _pages: &[u64], _buf: &mut [u8]) {}
 
+    /// Ranged reads the client may keep in flight now (its adaptive limit,
+    /// `blob/limiter.rs`), shared by foreground reads and read-ahead;
+    /// `None` when the store has no such limit.
+    fn read_limit(&self) -> Option<usize> {
+        None
+    }
+
     /// The blob's ETag now (every write changes it). `None` when unknown,
     /// which keeps the disk cache off.
     async fn etag(&self) -> Result<Option<String>> {
