@@ -138,9 +138,9 @@ async fn a_flush_over_the_blob_caps_is_slowed_and_refused_but_every_page_lands()
 
 /// Read-ahead follows the link and the reader (`drive/link.rs`): through
 /// the model of a standard blob (60 MiB/s, 5 ms), a cold sequential read
-/// of 64 MiB in 1 MiB reads fetches at most 30% more than it read (the
-/// window the link asks for is three 4 MiB steps; a fixed 32 MiB window
-/// fetched 50% more), and 256 random 4 KiB reads, eight at a time (as a
+/// of 64 MiB in 1 MiB reads fetches at most 35% more than it read (the
+/// window the link asks for is four 4 MiB steps, 25% more; a fixed 32 MiB
+/// window fetched 50% more), and 256 random 4 KiB reads, eight at a time (as a
 /// filesystem's mount and a database make), fetch no read-ahead at all:
 /// what they fetch is what they read. Byte counts come from the drive's
 /// counters (as `blobdrive stats` shows them), not from timing.
@@ -222,8 +222,8 @@ async fn read_ahead_fetches_little_beyond_a_sequential_reader_and_nothing_for_a_
         READ / MIB
     );
     assert!(
-        fetched * 10 <= READ * 13,
-        "fetched {fetched} bytes for a sequential read of {READ}: more than 30% beyond"
+        fetched * 20 <= READ * 27,
+        "fetched {fetched} bytes for a sequential read of {READ}: more than 35% beyond"
     );
     drive.close().await.expect("close");
 }

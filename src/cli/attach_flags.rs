@@ -33,7 +33,7 @@ pub struct CacheFlags {
     pub max_dirty: Option<u64>,
     /// The most sequential reads fetch ahead from the blob. Within it the
     /// depth follows the link as the drive measures it (twice what keeps
-    /// it busy: 12M on a standard blob) and grows only while the reader
+    /// it busy and a step: 16M on a standard blob) and grows only while the reader
     /// keeps up; 0 turns read-ahead off.
     #[arg(long, value_name = "SIZE", default_value = "32M", value_parser = values::size)]
     pub read_ahead: u64,
