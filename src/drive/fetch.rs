@@ -28,7 +28,8 @@ use super::chunk::{chunk_pages, chunks_of, CHUNK_BYTES};
 use super::counters::add;
 use super::disk_cache::CachedChunk;
 use super::error::{Error, Result};
-use super::extents::{intersect, PageRange};
+use super::extents::{intersect, Extents, PageRange};
+use super::link::DEFAULT_READ_HOLE_BYTES;
 use super::{Inner, Mode};
 use crate::units::{ByteRange, MAX_GET_BYTES, PAGE_SIZE};
 
@@ -74,15 +75,26 @@ fn push_page(ranges: &mut Vec<PageRange>, page: u64) {
 }
 
 /// Append `next` (after every range in `fetch`) to the reads, merged into
-/// the last read when the hole between them is at most `hole_pages` (the
-/// service returns zeros there; what the link says a hole read along may
-/// cost, `link.rs`) and the result stays within one Get. Pages of a hole
-/// that are not this job's are read but never filled (`finish` fills only
-/// `mine`).
-fn push_coalesced(fetch: &mut Vec<PageRange>, next: PageRange, hole_pages: u64) {
+/// the last read when the result stays within one Get and the gap between
+/// them is at most `hole_pages` (what the link says a hole read along may
+/// cost, `link.rs`) and either short (at most [`DEFAULT_READ_HOLE_BYTES`])
+/// or a true hole (no page of it in `extents`: the service returns zeros). A gap with stored pages holds pages that are valid or being
+/// fetched by another job (they are not this job's): joining across a
+/// long one would download cached data again, so only the short gaps the
+/// drive joined before it measured the link are. Pages of a gap that are
+/// not this job's are read but never filled (`finish` fills only `mine`).
+fn push_coalesced(
+    fetch: &mut Vec<PageRange>,
+    next: PageRange,
+    hole_pages: u64,
+    extents: &Extents,
+) {
     if let Some(last) = fetch.last_mut() {
+        let gap = PageRange::new(last.end, next.start.max(last.end));
+        let joinable = gap.len_pages() <= hole_pages
+            && (gap.len_pages() <= DEFAULT_READ_HOLE_BYTES / PAGE_SIZE || !extents.any_in(gap));
         if next.start >= last.end
-            && next.start - last.end <= hole_pages
+            && joinable
             && next.end - last.start <= MAX_GET_BYTES / PAGE_SIZE
         {
             last.end = next.end;
@@ -240,7 +252,12 @@ impl Inner {
                     let mut start = d.start;
                     while start < d.end {
                         let end = d.end.min(start + MAX_GET_BYTES / PAGE_SIZE);
-                        push_coalesced(&mut fetch, PageRange::new(start, end), hole_pages);
+                        push_coalesced(
+                            &mut fetch,
+                            PageRange::new(start, end),
+                            hole_pages,
+                            &extents,
+                        );
                         start = end;
                     }
                 }
@@ -412,3 +429,69 @@ impl Inner {
 /// The cache has no room to pin a read-ahead's chunks now.
 #[derive(Debug)]
 pub(crate) struct NoRoom;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use crate::drive::{Drive, DriveOptions, MemoryStore, Mode};
+    use crate::units::ByteRange;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A read-only drive of 16 MiB with data in `data` (byte ranges), no
+    /// read-ahead, whose link is measured at 40 MiB/s and 60 ms: holes of
+    /// up to 2 MiB are read along.
+    async fn far_link_drive(data: &[(u64, u64)]) -> (Arc<MemoryStore>, Drive) {
+        let store = Arc::new(MemoryStore::with_drive(16 * MIB));
+        for &(start, end) in data {
+            let bytes: Vec<u8> = (start..end).map(|i| (i / 4096) as u8 | 1).collect();
+            store.poke(start, &bytes);
+        }
+        let drive = Drive::open(
+            store.clone(),
+            DriveOptions {
+                mode: Mode::ReadOnly,
+                cache_bytes: 64 * MIB,
+                read_ahead_bytes: 0,
+                ..DriveOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let t0 = Instant::now();
+        let link = &drive.inner.link;
+        link.record(t0, t0 + Duration::from_millis(100), 4 * MIB);
+        link.record(t0, t0 + Duration::from_millis(60), 4096);
+        assert!(link.estimate().read_along_hole_bytes() >= 2 * MIB);
+        (store, drive)
+    }
+
+    #[tokio::test]
+    async fn a_read_around_cached_data_does_not_fetch_it_again() {
+        let (store, drive) = far_link_drive(&[(0, 16 * MIB)]).await;
+        let before = store.counts().bytes_read;
+        drive.read_at(MIB + MIB / 2, MIB as usize).await.unwrap();
+        assert_eq!(store.counts().bytes_read - before, MIB);
+        // Around it: 1.5 MiB before, 1.5 MiB after; the cached MiB between
+        // is data, not a hole, and is not read again.
+        let before = store.counts().bytes_read;
+        let got = drive.read_at(0, 4 * MIB as usize).await.unwrap();
+        assert_eq!(store.counts().bytes_read - before, 3 * MIB);
+        assert_eq!(&got[..], &store.contents(ByteRange::new(0, 4 * MIB))[..]);
+        drive.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_true_hole_the_link_allows_is_read_along() {
+        let (store, drive) = far_link_drive(&[(0, MIB), (2 * MIB, 3 * MIB)]).await;
+        let before = store.counts();
+        let got = drive.read_at(0, 3 * MIB as usize).await.unwrap();
+        let after = store.counts();
+        assert_eq!(after.reads - before.reads, 1, "one Get across the hole");
+        assert_eq!(after.bytes_read - before.bytes_read, 3 * MIB);
+        assert_eq!(&got[..], &store.contents(ByteRange::new(0, 3 * MIB))[..]);
+        drive.close().await.unwrap();
+    }
+}
