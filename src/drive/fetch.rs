@@ -304,10 +304,15 @@ impl Inner {
             .map(|(f, sink)| {
                 add(&self.meters.get, 1);
                 async move {
-                    let started = std::time::Instant::now();
-                    self.store.read_into(f.bytes(), sink).await?;
+                    let called = std::time::Instant::now();
+                    let took = self.store.read_into_timed(f.bytes(), sink).await?;
+                    let ended = std::time::Instant::now();
+                    // The answering attempt's own time when the store
+                    // knows it: a wait for a slot or a retry's back-off
+                    // (the service asking for less) is not the link.
+                    let started = took.and_then(|t| ended.checked_sub(t)).unwrap_or(called);
                     let bytes = f.len_pages() * PAGE_SIZE;
-                    self.link.record(started, std::time::Instant::now(), bytes);
+                    self.link.record(started.max(called), ended, bytes);
                     add(&self.meters.bytes_down, bytes);
                     Ok::<(), crate::blob::Error>(())
                 }

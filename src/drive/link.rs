@@ -17,7 +17,13 @@
 //!   rate, smoothed low (it follows a lower sample at once by half, a
 //!   higher one by a sixteenth), so Gets that waited behind others (for a
 //!   slot of the client's limiter, or in the service's queue) barely move
-//!   it. Large Gets do not count: how much of their time was the link
+//!   it. A sample whose body alone would take longer than the Get did is
+//!   dropped (the rate is off then, not the round trip zero). Each Get
+//!   is timed from when its answering attempt could go (`fetch.rs`,
+//!   `PageStore::read_into_timed`): a wait for a slot of the client's
+//!   limit or a retry's back-off after a 503 is the service asking for
+//!   less, and counted as round trip it would deepen read-ahead just
+//!   then. Large Gets do not count: how much of their time was the link
 //!   shared with the Gets beside them cannot be told from the drive (a
 //!   pipeline of Gets and a batch sent at once take the same time each),
 //!   and a guess that read sharing as round trip would deepen read-ahead,
@@ -141,7 +147,13 @@ impl Estimate {
             return;
         }
         let body_s = self.rate_bytes_per_s.map_or(0.0, |r| bytes as f64 / r);
-        let net = (took - body_s).max(0.0);
+        let net = took - body_s;
+        if net <= 0.0 {
+            // Faster than its body at the measured rate: the rate is off
+            // (the link was slower while it was measured), not the round
+            // trip near zero. A zero here would read no hole along.
+            return;
+        }
         self.rtt_s = Some(match self.rtt_s {
             Some(rtt) if net < rtt => rtt + (net - rtt) / 2.0,
             Some(rtt) => rtt + (net - rtt) / 16.0,
@@ -348,6 +360,38 @@ mod tests {
             10,
         );
         assert!(e.rtt().unwrap() < Duration::from_millis(6));
+    }
+
+    #[test]
+    fn a_get_faster_than_its_body_is_dropped_not_read_as_no_round_trip() {
+        // Large Gets slowed to 10 MiB/s (another reader, a throttled
+        // spell), then small Gets at the link's real speed: their body at
+        // the rate measured takes longer than they did.
+        let mut e = Estimate::default();
+        small_gets(
+            &mut e,
+            60.0 * MIB as f64,
+            Duration::from_millis(5),
+            4 * KIB,
+            20,
+        );
+        let before = e.rtt().unwrap();
+        pipeline(
+            &mut e,
+            10.0 * MIB as f64,
+            Duration::from_millis(5),
+            4 * MIB,
+            40,
+        );
+        small_gets(
+            &mut e,
+            60.0 * MIB as f64,
+            Duration::from_millis(5),
+            64 * KIB,
+            20,
+        );
+        assert_eq!(e.rtt(), Some(before), "samples under zero are dropped");
+        assert!(e.read_along_hole_bytes() > 0);
     }
 
     proptest! {

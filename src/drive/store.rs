@@ -147,6 +147,20 @@ pub trait PageStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// [`Self::read_into`], also saying how long the attempt that answered
+    /// took once it could go: after any wait for a slot of the client's
+    /// limit and any retry's back-off, which say nothing of the link (the
+    /// drive's link estimate, `link.rs`, is measured from it). `None`: the
+    /// store has neither, and the caller times the whole call (the
+    /// default).
+    async fn read_into_timed(
+        &self,
+        range: ByteRange,
+        sink: BodySink<'_>,
+    ) -> Result<Option<Duration>> {
+        self.read_into(range, sink).await.map(|()| None)
+    }
+
     /// Read `range` as stored, with no transformation a wrapping store
     /// applies to the data area: how a VHD footer (always plaintext) is read
     /// where it may lie inside the data area, as after an interrupted grow.
