@@ -37,6 +37,92 @@ use crate::units::{ByteRange, MAX_GET_BYTES, PAGE_SIZE};
 /// service and hold more bodies in memory at once.
 const GETS_IN_FLIGHT: usize = 8;
 
+/// Read-ahead's share of the client's limit of reads, counted in Gets:
+/// each read-ahead Get takes a slot here before it goes, and there are at
+/// most `Inner::read_ahead_gets_allowed` (read as each Get goes, so a
+/// limit cut by a 503 holds read-ahead back at once). Also counts the
+/// workers, so those beyond the share stop.
+#[derive(Debug, Default)]
+pub(crate) struct AheadGets {
+    in_flight: std::sync::Mutex<usize>,
+    freed: Notify,
+    workers: std::sync::atomic::AtomicUsize,
+}
+
+/// One read-ahead Get's slot; freed when dropped.
+pub(crate) struct AheadSlot<'a>(&'a AheadGets);
+
+impl Drop for AheadSlot<'_> {
+    fn drop(&mut self) {
+        *self.0.lock() -= 1;
+        self.0.freed.notify_waiters();
+    }
+}
+
+/// One running read-ahead worker, counted in [`AheadGets`]; counted off
+/// when dropped (also when its task is aborted at close).
+pub(crate) struct AheadWorker<'a>(Option<&'a AheadGets>);
+
+impl AheadWorker<'_> {
+    /// True, and this worker counted off, when more than `allowed` workers
+    /// run: the caller stops.
+    pub(crate) fn surplus(&mut self, allowed: usize) -> bool {
+        let Some(gets) = self.0 else {
+            return true;
+        };
+        let counted_off = gets
+            .workers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (w > allowed).then(|| w - 1)
+            })
+            .is_ok();
+        if counted_off {
+            self.0 = None;
+        }
+        counted_off
+    }
+}
+
+impl Drop for AheadWorker<'_> {
+    fn drop(&mut self) {
+        if let Some(gets) = self.0 {
+            gets.workers.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl AheadGets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.in_flight
+            .lock()
+            .expect("read-ahead gets mutex poisoned")
+    }
+
+    /// Wait until fewer than `allowed()` read-ahead Gets are in flight and
+    /// take a slot.
+    async fn take(&self, allowed: impl Fn() -> usize) -> AheadSlot<'_> {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut n = self.lock();
+                if *n < allowed() {
+                    *n += 1;
+                    return AheadSlot(self);
+                }
+            }
+            freed.await;
+        }
+    }
+
+    /// Count a worker in, until the returned guard is dropped.
+    pub(crate) fn worker(&self) -> AheadWorker<'_> {
+        self.workers.fetch_add(1, Ordering::AcqRel);
+        AheadWorker(Some(self))
+    }
+}
+
 /// What a fill found, for the hit/miss counters (pages).
 #[derive(Debug, Default)]
 pub(crate) struct FillStats {
@@ -54,6 +140,8 @@ pub(crate) struct FetchJob {
     fetch: Vec<PageRange>,
     filled: Arc<Notify>,
     done: bool,
+    /// A read-ahead's job: its Gets take slots of [`AheadGets`].
+    ahead: bool,
 }
 
 /// Where a job's pages come from.
@@ -269,6 +357,7 @@ impl Inner {
             fetch,
             filled: self.cache.filled.clone(),
             done: false,
+            ahead: false,
         };
         (job, stats, others)
     }
@@ -298,12 +387,17 @@ impl Inner {
                 move |at: u64, bytes: &[u8]| job.receive(f, at, bytes)
             })
             .collect();
+        let ahead = job.ahead;
         let reads: Vec<_> = blob
             .iter()
             .zip(&sinks)
             .map(|(f, sink)| {
                 add(&self.meters.get, 1);
                 async move {
+                    let _slot = match ahead {
+                        true => Some(self.ahead.take(|| self.read_ahead_gets_allowed()).await),
+                        false => None,
+                    };
                     let called = std::time::Instant::now();
                     let took = self.store.read_into_timed(f.bytes(), sink).await?;
                     let ended = std::time::Instant::now();
@@ -426,7 +520,8 @@ impl Inner {
             return Ok(None);
         }
         let refs = self.cache.try_pin_all(&indices, window).ok_or(NoRoom)?;
-        let (job, _, _) = self.reserve(&refs, &[window], PageRange::new(0, 0));
+        let (mut job, _, _) = self.reserve(&refs, &[window], PageRange::new(0, 0));
+        job.ahead = true;
         Ok((!job.is_empty()).then_some(job))
     }
 }
@@ -437,10 +532,17 @@ pub(crate) struct NoRoom;
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use crate::drive::{Drive, DriveOptions, MemoryStore, Mode};
+    use async_trait::async_trait;
+    use bytes::Bytes;
+
+    use crate::blob::error::Result;
+    use crate::blob::BodySink;
+    use crate::drive::store::BlobState;
+    use crate::drive::{Drive, DriveOptions, MemoryStore, Mode, PageStore};
     use crate::units::ByteRange;
 
     const MIB: u64 = 1 << 20;
@@ -497,6 +599,121 @@ mod tests {
         assert_eq!(after.reads - before.reads, 1, "one Get across the hole");
         assert_eq!(after.bytes_read - before.bytes_read, 3 * MIB);
         assert_eq!(&got[..], &store.contents(ByteRange::new(0, 3 * MIB))[..]);
+        drive.close().await.unwrap();
+    }
+
+    /// A blob whose client limit of reads is set by the test, counting the
+    /// most 4 MiB Gets (read-ahead's steps) in flight at once.
+    struct Limited {
+        inner: Arc<MemoryStore>,
+        limit: AtomicUsize,
+        in_flight: AtomicUsize,
+        most: AtomicUsize,
+        steps: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl PageStore for Limited {
+        async fn size_bytes(&self) -> Result<u64> {
+            self.inner.size_bytes().await
+        }
+        async fn state(&self) -> Result<BlobState> {
+            self.inner.state().await
+        }
+        async fn page_ranges(&self, within: ByteRange) -> Result<Vec<ByteRange>> {
+            self.inner.page_ranges(within).await
+        }
+        async fn read(&self, range: ByteRange) -> Result<Bytes> {
+            self.inner.read(range).await
+        }
+        async fn read_into(&self, range: ByteRange, sink: BodySink<'_>) -> Result<()> {
+            let step = range.len() == 4 * MIB;
+            if step {
+                self.steps.fetch_add(1, Ordering::SeqCst);
+                let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                self.most.fetch_max(n, Ordering::SeqCst);
+            }
+            let out = self.inner.read_into(range, sink).await;
+            if step {
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
+            out
+        }
+        fn read_limit(&self) -> Option<usize> {
+            Some(self.limit.load(Ordering::SeqCst))
+        }
+        async fn write_pages(&self, at: u64, data: Bytes, lease: Option<&str>) -> Result<()> {
+            self.inner.write_pages(at, data, lease).await
+        }
+        async fn fence_earlier_writes(&self, lease: Option<&str>) -> Result<()> {
+            self.inner.fence_earlier_writes(lease).await
+        }
+        async fn clear_pages(&self, range: ByteRange, lease: Option<&str>) -> Result<()> {
+            self.inner.clear_pages(range, lease).await
+        }
+        async fn resize(&self, bytes: u64, lease: Option<&str>) -> Result<()> {
+            self.inner.resize(bytes, lease).await
+        }
+        async fn acquire_lease(&self, id: &str) -> Result<()> {
+            self.inner.acquire_lease(id).await
+        }
+        async fn release_lease(&self, id: &str) -> Result<()> {
+            self.inner.release_lease(id).await
+        }
+        async fn break_lease(&self) -> Result<()> {
+            self.inner.break_lease().await
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_ahead_keeps_to_half_the_read_limit_as_it_is_now() {
+        let mem = Arc::new(MemoryStore::with_drive(96 * MIB));
+        let data: Vec<u8> = (0..96 * MIB).map(|i| (i / 4096) as u8 | 1).collect();
+        mem.poke(0, &data);
+        mem.set_read_delay(Duration::from_millis(20));
+        let store = Arc::new(Limited {
+            inner: mem.clone(),
+            limit: AtomicUsize::new(16),
+            in_flight: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+            steps: AtomicUsize::new(0),
+        });
+        let drive = Drive::open(
+            store.clone(),
+            DriveOptions {
+                mode: Mode::ReadOnly,
+                cache_bytes: 256 * MIB,
+                read_ahead_bytes: 32 * MIB,
+                ..DriveOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let read = |at: u64| {
+            let drive = &drive;
+            let data = &data;
+            async move {
+                let got = drive.read_at(at, MIB as usize).await.unwrap();
+                assert_eq!(&got[..], &data[at as usize..(at + MIB) as usize]);
+            }
+        };
+        for i in 0..24 {
+            read(i * MIB).await;
+        }
+        let before = store.most.load(Ordering::SeqCst);
+        assert!(before > 2, "read-ahead ran wide before the cut: {before}");
+        // A 503 cuts the client's limit to 4: read-ahead keeps to 2 Gets
+        // from then on, the workers already running included.
+        store.limit.store(4, Ordering::SeqCst);
+        store.most.store(0, Ordering::SeqCst);
+        let steps = store.steps.load(Ordering::SeqCst);
+        for i in 24..88 {
+            read(i * MIB).await;
+        }
+        let after = store.most.load(Ordering::SeqCst);
+        let steps = store.steps.load(Ordering::SeqCst) - steps;
+        assert!(steps >= 10, "read-ahead went on: {steps} steps");
+        assert!(after <= 2, "{after} read-ahead Gets in flight at once");
         drive.close().await.unwrap();
     }
 }

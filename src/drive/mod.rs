@@ -207,6 +207,9 @@ pub(crate) struct Inner {
     /// The link to the blob as this drive's Gets measured it: what
     /// read-ahead depth and the holes read along follow (`link.rs`).
     link: link::Link,
+    /// Read-ahead's Gets in flight and workers running, held to half the
+    /// client's limit of reads as it is now (`fetch::AheadGets`).
+    ahead: fetch::AheadGets,
     /// Where and when the last write ended, so a background flush can leave
     /// the growing tail of a sequential stream for the next pass.
     last_write: Mutex<Option<(u64, std::time::Instant)>>,
@@ -278,6 +281,18 @@ pub struct Drive {
 /// its pages become readable as soon as its own Get returns, not when the
 /// whole window has arrived.
 const MAX_READ_AHEADS: usize = 8;
+
+impl Inner {
+    /// Read-ahead Gets (and workers) the drive may have in flight now: half
+    /// the client's limit of reads as it is now (at least one), at most
+    /// [`MAX_READ_AHEADS`].
+    pub(crate) fn read_ahead_gets_allowed(&self) -> usize {
+        self.store
+            .read_limit()
+            .map_or(MAX_READ_AHEADS, |l| (l / 2).max(1))
+            .min(MAX_READ_AHEADS)
+    }
+}
 
 impl Drive {
     /// Open the drive in `store`: check the VHD footer, take the lease for
@@ -368,15 +383,13 @@ impl Drive {
     /// Read-ahead and foreground reads share the client's limit of reads,
     /// whose slots go first come, first served: so that a reader waiting for
     /// a page never queues behind read-ahead for a slot, read-ahead keeps
-    /// at most half the limit in flight, one Get per worker, and the other
-    /// half stays free for reads that wait.
+    /// at most half the limit *as it is now* in flight, counted in Gets
+    /// (a fragmented step is several), and the other half stays free for
+    /// reads that wait: each read-ahead Get takes a slot of
+    /// `fetch::AheadGets` first, and a worker beyond half the limit stops
+    /// before its next step.
     fn start_read_ahead(&self, wanted: usize) {
-        let limit = self
-            .inner
-            .store
-            .read_limit()
-            .map_or(MAX_READ_AHEADS, |l| (l / 2).max(1));
-        let workers = wanted.min(limit).min(MAX_READ_AHEADS);
+        let workers = wanted.min(self.inner.read_ahead_gets_allowed());
         let mut set = self
             .read_aheads
             .lock()
@@ -390,10 +403,16 @@ impl Drive {
             };
             let inner = self.inner.clone();
             set.spawn(async move {
+                let mut worker = inner.ahead.worker();
                 let mut job = Some(job);
                 while let Some(j) = job {
                     if let Err(e) = inner.run_job(j).await {
                         tracing::debug!(target = %inner.target, error = %e, "read-ahead failed");
+                        return;
+                    }
+                    // After a 503 cut the limit, the workers beyond half
+                    // of it stop (their Gets would only wait for a slot).
+                    if worker.surplus(inner.read_ahead_gets_allowed()) {
                         return;
                     }
                     job = inner.next_read_ahead();
