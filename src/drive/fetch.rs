@@ -716,4 +716,16 @@ mod tests {
         assert!(after <= 2, "{after} read-ahead Gets in flight at once");
         drive.close().await.unwrap();
     }
+
+    #[tokio::test]
+    async fn no_read_ahead_starts_once_the_drive_is_closing() {
+        let (store, drive) = far_link_drive(&[(0, 16 * MIB)]).await;
+        drive.inner.read_ahead.lock().unwrap().window = 8 * MIB;
+        drive.close().await.unwrap();
+        // A read that was in flight through the close moves the stream on.
+        drive.inner.read_ahead.lock().unwrap().last_end = 4 * MIB;
+        let before = store.counts();
+        assert!(drive.inner.next_read_ahead().is_none());
+        assert_eq!(store.counts(), before);
+    }
 }

@@ -178,7 +178,8 @@ impl Inner {
     /// The next step of the current stream's window that no read-ahead has
     /// started, reserved (its pages marked, so a reader arriving first
     /// waits for it): `None` when the window is full, there is no stream,
-    /// or the cache has no room to pin it now. Steps whose pages are all
+    /// or the cache has no room to pin it now, or the drive is closing (no
+    /// Get after close). Steps whose pages are all
     /// valid, being fetched or holes are passed over. Read-ahead workers
     /// call it each time their Get completes, so the window is topped up
     /// as the link frees, not only when a read arrives.
@@ -187,7 +188,7 @@ impl Inner {
         // Held while reserving, so two workers never take the same step;
         // nothing takes this lock while holding a cache or chunk lock.
         let mut st = self.read_ahead.lock().expect("read-ahead mutex poisoned");
-        if st.window == 0 {
+        if st.window == 0 || self.ahead_off.load(Ordering::Acquire) {
             return None;
         }
         let end = self.window_end(st.last_end, st.window);

@@ -210,6 +210,9 @@ pub(crate) struct Inner {
     /// Read-ahead's Gets in flight and workers running, held to half the
     /// client's limit of reads as it is now (`fetch::AheadGets`).
     ahead: fetch::AheadGets,
+    /// Set when close begins: no read-ahead starts from then on, so no Get
+    /// or disk tier write runs after the last flush and the lease release.
+    ahead_off: AtomicBool,
     /// Where and when the last write ended, so a background flush can leave
     /// the growing tail of a sequential stream for the next pass.
     last_write: Mutex<Option<(u64, std::time::Instant)>>,
@@ -489,6 +492,10 @@ impl Drive {
     /// [`Error::ReleaseFailed`], never as lost data.
     pub async fn close(&self) -> Result<()> {
         self.inner.check_open()?;
+        // Before the workers are stopped, under the set's lock: a read
+        // finishing meanwhile starts none (`Inner::next_read_ahead`).
+        // Not undone if the close fails: reads work without read-ahead.
+        self.inner.ahead_off.store(true, Ordering::Release);
         let mut aheads = std::mem::take(
             &mut *self
                 .read_aheads

@@ -130,6 +130,7 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         read_ahead: Mutex::new(ReadAhead::default()),
         link: Default::default(),
         ahead: Default::default(),
+        ahead_off: Default::default(),
         last_write: Mutex::new(None),
         closed: AtomicBool::new(false),
         writes_accepted: Default::default(),
