@@ -143,7 +143,9 @@ async fn a_flush_over_the_blob_caps_is_slowed_and_refused_but_every_page_lands()
 /// window fetched 50% more), and 256 random 4 KiB reads, eight at a time (as a
 /// filesystem's mount and a database make), fetch no read-ahead at all:
 /// what they fetch is what they read. Byte counts come from the drive's
-/// counters (as `blobdrive stats` shows them), not from timing.
+/// counters (as `blobdrive stats` shows them), not from timing; and the
+/// sequential read takes at most half as many Gets as it makes reads (read
+/// ahead in 4 MiB steps), every byte as written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_ahead_fetches_little_beyond_a_sequential_reader_and_nothing_for_a_random_one() {
     const SIZE: u64 = 112 * MIB;
@@ -205,25 +207,36 @@ async fn read_ahead_fetches_little_beyond_a_sequential_reader_and_nothing_for_a_
         "the random reader fetched {random} bytes for {read} read: read-ahead ran"
     );
 
+    let gets_before = drive.counters().get;
     for at in (0..READ).step_by(MIB as usize) {
         let got = drive
             .read_at(at, MIB as usize)
             .await
             .expect("sequential read");
-        assert_eq!(got[0], (at / MIB / 4 * 4) as u8 | 1, "at {at}");
+        let want = vec![(at / MIB / 4 * 4) as u8 | 1; MIB as usize];
+        assert!(got[..] == want[..], "at {at}");
     }
     // Read-ahead still running when the reads end counts too: give it a
     // moment to land (more time can only raise the count).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let fetched = drive.counters().bytes_down - random - opened;
+    let gets = drive.counters().get - gets_before;
     eprintln!(
-        "sequential: fetched {:.1} MiB for {} MiB read",
+        "sequential: fetched {:.1} MiB in {gets} Gets for {} MiB read",
         fetched as f64 / MIB as f64,
         READ / MIB
     );
     assert!(
         fetched * 20 <= READ * 27,
         "fetched {fetched} bytes for a sequential read of {READ}: more than 35% beyond"
+    );
+    // Read-ahead ran: the data came in 4 MiB steps (about 23 Gets), not
+    // one Get per 1 MiB read (64).
+    assert!(fetched >= READ, "fetched {fetched} of {READ}");
+    assert!(
+        gets <= READ / MIB / 2,
+        "{gets} Gets for {} reads of 1 MiB: read-ahead did not run",
+        READ / MIB
     );
     drive.close().await.expect("close");
 }
