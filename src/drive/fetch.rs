@@ -171,19 +171,12 @@ fn push_page(ranges: &mut Vec<PageRange>, page: u64) {
 /// long one would download cached data again, so only the short gaps the
 /// drive joined before it measured the link are. Pages of a gap that are
 /// not this job's are read but never filled (`finish` fills only `mine`).
-fn push_coalesced(
-    fetch: &mut Vec<PageRange>,
-    next: PageRange,
-    hole_pages: u64,
-    extents: &Extents,
-) {
+fn push_coalesced(fetch: &mut Vec<PageRange>, next: PageRange, hole_pages: u64, extents: &Extents) {
     if let Some(last) = fetch.last_mut() {
         let gap = PageRange::new(last.end, next.start.max(last.end));
         let joinable = gap.len_pages() <= hole_pages
             && (gap.len_pages() <= DEFAULT_READ_HOLE_BYTES / PAGE_SIZE || !extents.any_in(gap));
-        if next.start >= last.end
-            && joinable
-            && next.end - last.start <= MAX_GET_BYTES / PAGE_SIZE
+        if next.start >= last.end && joinable && next.end - last.start <= MAX_GET_BYTES / PAGE_SIZE
         {
             last.end = next.end;
             return;
