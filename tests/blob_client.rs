@@ -1018,6 +1018,40 @@ async fn transient_faults_are_retried_until_success() {
     client.release_lease(&q, &id).await.unwrap();
 }
 
+/// A ranged read retried after 503s reports the time of the attempt that
+/// answered only, not the back-off before it: what the drive measures its
+/// link's round trip from, and the back-off is the service asking for less.
+#[tokio::test]
+async fn a_retried_read_reports_its_answering_attempt_time_without_the_back_off() {
+    let g = ContainerGuard::new("timed").await;
+    let p = g.path("disk.vhd");
+    g.client.create_page_blob(&p, MIB).await.unwrap();
+    let policy = RetryPolicy {
+        base_delay: Duration::from_millis(400),
+        max_delay: Duration::from_secs(2),
+        ..quick_policy()
+    };
+    let (proxy, client) = proxied(Fault::ServerBusy, 2, policy).await;
+    let got = std::sync::Mutex::new(0u64);
+    let sink = |at: u64, bytes: &[u8]| {
+        let mut g = got.lock().unwrap();
+        *g = (*g).max(at + bytes.len() as u64);
+    };
+    let started = Instant::now();
+    let took = client
+        .get_blob_range_into_if(&p, ByteRange::new(0, 4096), &sink, None)
+        .await
+        .unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!((proxy.faulted(), *got.lock().unwrap()), (2, 4096));
+    // The two back-offs are at least 200 ms and 400 ms.
+    assert!(took > Duration::ZERO);
+    assert!(
+        took + Duration::from_millis(600) <= elapsed,
+        "{took:?} of {elapsed:?}"
+    );
+}
+
 #[tokio::test]
 async fn persistent_faults_give_up_within_bounded_time_with_a_clear_error() {
     let g = ContainerGuard::new("giveup").await;

@@ -10,6 +10,7 @@
 //! for or fails; nothing writes to a snapshot.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use bytes::Bytes;
 use reqwest::Method;
@@ -372,21 +373,25 @@ impl BlobClient {
         range: ByteRange,
         sink: BodySink<'_>,
     ) -> Result<()> {
-        self.get_blob_range_into_if(path, range, sink, None).await
+        self.get_blob_range_into_if(path, range, sink, None)
+            .await
+            .map(|_| ())
     }
 
     /// [`Self::get_blob_range_into`], only while the blob's ETag is
     /// `if_match` (when given): a blob changed since fails with 412
-    /// `ConditionNotMet`, before any byte of it reaches `sink`.
+    /// `ConditionNotMet`, before any byte of it reaches `sink`. Returns how
+    /// long the attempt that answered took once it could go (no wait for a
+    /// slot of the client's limit, no retry's back-off).
     pub async fn get_blob_range_into_if(
         &self,
         path: &BlobPath,
         range: ByteRange,
         sink: BodySink<'_>,
         if_match: Option<&str>,
-    ) -> Result<()> {
+    ) -> Result<Duration> {
         if range.is_empty() {
-            return Ok(());
+            return Ok(Duration::ZERO);
         }
         let mut req = Request::new("get blob", Method::GET, Resource::Blob(path))
             .header("x-ms-range", range_header(range))
@@ -396,8 +401,7 @@ impl BlobClient {
         }
         req.expect_body_len = Some(range.len());
         req.sink = Some(sink);
-        self.execute(req).await.0?;
-        Ok(())
+        Ok(self.execute(req).await.0?.took)
     }
 
     /// Take a snapshot; returns its time (address it with

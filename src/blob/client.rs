@@ -146,6 +146,11 @@ impl<'a> Request<'a> {
 pub(crate) struct Response {
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// How long the attempt that answered took from when it could go (its
+    /// slot of the limiter taken, its token ready) to its last body byte:
+    /// no wait for a slot, no retry's back-off. What a link's round trip
+    /// and rate are measured from.
+    pub took: Duration,
 }
 
 impl Response {
@@ -393,9 +398,14 @@ impl BlobClient {
                 .fence
                 .zip(sent_seq)
                 .map(|(fence, seq)| InFlight::arm(fence, seq));
+            let sent = Instant::now();
             let outcome = self
                 .attempt(&req, &target, timeout, bearer.as_ref(), sent_seq)
-                .await;
+                .await
+                .map(|mut r| {
+                    r.took = sent.elapsed();
+                    r
+                });
             if let Some(slot) = slot {
                 slot.finish(match &outcome {
                     Ok(_) => Signal::Answered,
@@ -675,7 +685,11 @@ impl BlobClient {
                     });
                 }
             }
-            return Ok(Response { headers, body });
+            return Ok(Response {
+                headers,
+                body,
+                took: Duration::ZERO,
+            });
         }
         // 503 and 429 are refusals before any work; other 5xx and 408
         // (an operation that timed out in the service) may have been done.

@@ -128,6 +128,10 @@ impl PageStore for BlobPageStore {
         Ok(self.client.get_properties(&self.path).await?.content_length)
     }
 
+    fn read_limit(&self) -> Option<usize> {
+        Some(self.client.concurrency_limits().1)
+    }
+
     fn cache_identity(&self) -> Option<String> {
         let p = &self.path;
         Some(format!(
@@ -223,13 +227,21 @@ impl PageStore for BlobPageStore {
     }
 
     async fn read_into(&self, range: ByteRange, sink: crate::blob::BodySink<'_>) -> Result<()> {
+        self.read_into_timed(range, sink).await.map(|_| ())
+    }
+
+    async fn read_into_timed(
+        &self,
+        range: ByteRange,
+        sink: crate::blob::BodySink<'_>,
+    ) -> Result<Option<Duration>> {
         let started = std::time::Instant::now();
         let out = self
             .client
             .get_blob_range_into_if(&self.path, range, sink, self.if_match().as_deref())
             .await;
         metrics::observe(&self.label(), metrics::Operation::Get, started.elapsed());
-        out
+        out.map(Some)
     }
 
     async fn write_pages(

@@ -14,6 +14,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -97,6 +98,10 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         self.inner.cache_identity()
     }
 
+    fn read_limit(&self) -> Option<usize> {
+        self.inner.read_limit()
+    }
+
     fn writes_zero_pages(&self) -> bool {
         true
     }
@@ -173,16 +178,24 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
     }
 
     async fn read_into(&self, range: ByteRange, sink: BodySink<'_>) -> Result<()> {
+        self.read_into_timed(range, sink).await.map(|_| ())
+    }
+
+    async fn read_into_timed(
+        &self,
+        range: ByteRange,
+        sink: BodySink<'_>,
+    ) -> Result<Option<Duration>> {
         let data_end = self.data_end().await?;
         let aligned = range.start % PAGE_SIZE == 0 && range.end % PAGE_SIZE == 0;
         if range.start >= data_end {
-            return self.inner.read_into(range, sink).await; // the footer: plaintext
+            return self.inner.read_into_timed(range, sink).await; // the footer: plaintext
         }
         if !aligned || range.end > data_end {
             // Not the engine's page-aligned fills: whole body, then decrypt.
             let body = self.read(range).await?;
             sink(0, &body);
-            return Ok(());
+            return Ok(None);
         }
         // Streamed: the ciphertext is gathered a few pages at a time, each
         // batch decrypted in place and passed on, so the bytes are copied
@@ -226,10 +239,10 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
                 pass_on(&mut st, false);
             }
         };
-        self.inner.read_into(range, &decrypting).await?;
+        let took = self.inner.read_into_timed(range, &decrypting).await?;
         let mut st = staging.lock().expect("staging mutex poisoned");
         pass_on(&mut st, true);
-        Ok(())
+        Ok(took)
     }
 
     async fn read_stored(&self, range: ByteRange) -> Result<Bytes> {

@@ -28,19 +28,100 @@ use super::chunk::{chunk_pages, chunks_of, CHUNK_BYTES};
 use super::counters::add;
 use super::disk_cache::CachedChunk;
 use super::error::{Error, Result};
-use super::extents::{intersect, PageRange};
+use super::extents::{intersect, Extents, PageRange};
+use super::link::DEFAULT_READ_HOLE_BYTES;
 use super::{Inner, Mode};
 use crate::units::{ByteRange, MAX_GET_BYTES, PAGE_SIZE};
-
-/// Holes up to this size between two stored extents are read along with
-/// them (the service returns zeros there): one 4 MiB Get costs about what a
-/// 64 KiB one does, while each request has a fixed round trip. A cold read
-/// of a fragmented ext4 region went from 282 Gets per 64 MiB to about 16.
-const MAX_READ_HOLE_BYTES: u64 = 256 * 1024;
 
 /// Get Blob requests one fetch has in flight; more only queue at the
 /// service and hold more bodies in memory at once.
 const GETS_IN_FLIGHT: usize = 8;
+
+/// Read-ahead's share of the client's limit of reads, counted in Gets:
+/// each read-ahead Get takes a slot here before it goes, and there are at
+/// most `Inner::read_ahead_gets_allowed` (read as each Get goes, so a
+/// limit cut by a 503 holds read-ahead back at once). Also counts the
+/// workers, so those beyond the share stop.
+#[derive(Debug, Default)]
+pub(crate) struct AheadGets {
+    in_flight: std::sync::Mutex<usize>,
+    freed: Notify,
+    workers: std::sync::atomic::AtomicUsize,
+}
+
+/// One read-ahead Get's slot; freed when dropped.
+pub(crate) struct AheadSlot<'a>(&'a AheadGets);
+
+impl Drop for AheadSlot<'_> {
+    fn drop(&mut self) {
+        *self.0.lock() -= 1;
+        self.0.freed.notify_waiters();
+    }
+}
+
+/// One running read-ahead worker, counted in [`AheadGets`]; counted off
+/// when dropped (also when its task is aborted at close).
+pub(crate) struct AheadWorker<'a>(Option<&'a AheadGets>);
+
+impl AheadWorker<'_> {
+    /// True, and this worker counted off, when more than `allowed` workers
+    /// run: the caller stops.
+    pub(crate) fn surplus(&mut self, allowed: usize) -> bool {
+        let Some(gets) = self.0 else {
+            return true;
+        };
+        let counted_off = gets
+            .workers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (w > allowed).then(|| w - 1)
+            })
+            .is_ok();
+        if counted_off {
+            self.0 = None;
+        }
+        counted_off
+    }
+}
+
+impl Drop for AheadWorker<'_> {
+    fn drop(&mut self) {
+        if let Some(gets) = self.0 {
+            gets.workers.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl AheadGets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.in_flight
+            .lock()
+            .expect("read-ahead gets mutex poisoned")
+    }
+
+    /// Wait until fewer than `allowed()` read-ahead Gets are in flight and
+    /// take a slot.
+    async fn take(&self, allowed: impl Fn() -> usize) -> AheadSlot<'_> {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut n = self.lock();
+                if *n < allowed() {
+                    *n += 1;
+                    return AheadSlot(self);
+                }
+            }
+            freed.await;
+        }
+    }
+
+    /// Count a worker in, until the returned guard is dropped.
+    pub(crate) fn worker(&self) -> AheadWorker<'_> {
+        self.workers.fetch_add(1, Ordering::AcqRel);
+        AheadWorker(Some(self))
+    }
+}
 
 /// What a fill found, for the hit/miss counters (pages).
 #[derive(Debug, Default)]
@@ -59,6 +140,8 @@ pub(crate) struct FetchJob {
     fetch: Vec<PageRange>,
     filled: Arc<Notify>,
     done: bool,
+    /// A read-ahead's job: its Gets take slots of [`AheadGets`].
+    ahead: bool,
 }
 
 /// Where a job's pages come from.
@@ -80,14 +163,20 @@ fn push_page(ranges: &mut Vec<PageRange>, page: u64) {
 }
 
 /// Append `next` (after every range in `fetch`) to the reads, merged into
-/// the last read when the hole between them is small and the result stays
-/// within one Get. Pages of a hole that are not this job's are read but
-/// never filled (`finish` fills only `mine`).
-fn push_coalesced(fetch: &mut Vec<PageRange>, next: PageRange) {
+/// the last read when the result stays within one Get and the gap between
+/// them is at most `hole_pages` (what the link says a hole read along may
+/// cost, `link.rs`) and either short (at most [`DEFAULT_READ_HOLE_BYTES`])
+/// or a true hole (no page of it in `extents`: the service returns zeros). A gap with stored pages holds pages that are valid or being
+/// fetched by another job (they are not this job's): joining across a
+/// long one would download cached data again, so only the short gaps the
+/// drive joined before it measured the link are. Pages of a gap that are
+/// not this job's are read but never filled (`finish` fills only `mine`).
+fn push_coalesced(fetch: &mut Vec<PageRange>, next: PageRange, hole_pages: u64, extents: &Extents) {
     if let Some(last) = fetch.last_mut() {
-        if next.start >= last.end
-            && next.start - last.end <= MAX_READ_HOLE_BYTES / PAGE_SIZE
-            && next.end - last.start <= MAX_GET_BYTES / PAGE_SIZE
+        let gap = PageRange::new(last.end, next.start.max(last.end));
+        let joinable = gap.len_pages() <= hole_pages
+            && (gap.len_pages() <= DEFAULT_READ_HOLE_BYTES / PAGE_SIZE || !extents.any_in(gap));
+        if next.start >= last.end && joinable && next.end - last.start <= MAX_GET_BYTES / PAGE_SIZE
         {
             last.end = next.end;
             return;
@@ -234,6 +323,7 @@ impl Inner {
             }
         }
         let mut fetch = Vec::new();
+        let hole_pages = self.link.estimate().read_along_hole_bytes() / PAGE_SIZE;
         {
             let extents = self.extents();
             for m in &mine {
@@ -243,7 +333,12 @@ impl Inner {
                     let mut start = d.start;
                     while start < d.end {
                         let end = d.end.min(start + MAX_GET_BYTES / PAGE_SIZE);
-                        push_coalesced(&mut fetch, PageRange::new(start, end));
+                        push_coalesced(
+                            &mut fetch,
+                            PageRange::new(start, end),
+                            hole_pages,
+                            &extents,
+                        );
                         start = end;
                     }
                 }
@@ -255,6 +350,7 @@ impl Inner {
             fetch,
             filled: self.cache.filled.clone(),
             done: false,
+            ahead: false,
         };
         (job, stats, others)
     }
@@ -284,14 +380,27 @@ impl Inner {
                 move |at: u64, bytes: &[u8]| job.receive(f, at, bytes)
             })
             .collect();
+        let ahead = job.ahead;
         let reads: Vec<_> = blob
             .iter()
             .zip(&sinks)
             .map(|(f, sink)| {
                 add(&self.meters.get, 1);
                 async move {
-                    self.store.read_into(f.bytes(), sink).await?;
-                    add(&self.meters.bytes_down, f.len_pages() * PAGE_SIZE);
+                    let _slot = match ahead {
+                        true => Some(self.ahead.take(|| self.read_ahead_gets_allowed()).await),
+                        false => None,
+                    };
+                    let called = std::time::Instant::now();
+                    let took = self.store.read_into_timed(f.bytes(), sink).await?;
+                    let ended = std::time::Instant::now();
+                    // The answering attempt's own time when the store
+                    // knows it: a wait for a slot or a retry's back-off
+                    // (the service asking for less) is not the link.
+                    let started = took.and_then(|t| ended.checked_sub(t)).unwrap_or(called);
+                    let bytes = f.len_pages() * PAGE_SIZE;
+                    self.link.record(started.max(called), ended, bytes);
+                    add(&self.meters.bytes_down, bytes);
                     Ok::<(), crate::blob::Error>(())
                 }
             })
@@ -404,7 +513,8 @@ impl Inner {
             return Ok(None);
         }
         let refs = self.cache.try_pin_all(&indices, window).ok_or(NoRoom)?;
-        let (job, _, _) = self.reserve(&refs, &[window], PageRange::new(0, 0));
+        let (mut job, _, _) = self.reserve(&refs, &[window], PageRange::new(0, 0));
+        job.ahead = true;
         Ok((!job.is_empty()).then_some(job))
     }
 }
@@ -412,3 +522,203 @@ impl Inner {
 /// The cache has no room to pin a read-ahead's chunks now.
 #[derive(Debug)]
 pub(crate) struct NoRoom;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+
+    use crate::blob::error::Result;
+    use crate::blob::BodySink;
+    use crate::drive::store::BlobState;
+    use crate::drive::{Drive, DriveOptions, MemoryStore, Mode, PageStore};
+    use crate::units::ByteRange;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A read-only drive of 16 MiB with data in `data` (byte ranges), no
+    /// read-ahead, whose link is measured at 40 MiB/s and 60 ms: holes of
+    /// up to 2 MiB are read along.
+    async fn far_link_drive(data: &[(u64, u64)]) -> (Arc<MemoryStore>, Drive) {
+        let store = Arc::new(MemoryStore::with_drive(16 * MIB));
+        for &(start, end) in data {
+            let bytes: Vec<u8> = (start..end).map(|i| (i / 4096) as u8 | 1).collect();
+            store.poke(start, &bytes);
+        }
+        let drive = Drive::open(
+            store.clone(),
+            DriveOptions {
+                mode: Mode::ReadOnly,
+                cache_bytes: 64 * MIB,
+                read_ahead_bytes: 0,
+                ..DriveOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let t0 = Instant::now();
+        let link = &drive.inner.link;
+        link.record(t0, t0 + Duration::from_millis(100), 4 * MIB);
+        link.record(t0, t0 + Duration::from_millis(60), 4096);
+        assert!(link.estimate().read_along_hole_bytes() >= 2 * MIB);
+        (store, drive)
+    }
+
+    #[tokio::test]
+    async fn a_read_around_cached_data_does_not_fetch_it_again() {
+        let (store, drive) = far_link_drive(&[(0, 16 * MIB)]).await;
+        let before = store.counts().bytes_read;
+        drive.read_at(MIB + MIB / 2, MIB as usize).await.unwrap();
+        assert_eq!(store.counts().bytes_read - before, MIB);
+        // Around it: 1.5 MiB before, 1.5 MiB after; the cached MiB between
+        // is data, not a hole, and is not read again.
+        let before = store.counts().bytes_read;
+        let got = drive.read_at(0, 4 * MIB as usize).await.unwrap();
+        assert_eq!(store.counts().bytes_read - before, 3 * MIB);
+        assert_eq!(&got[..], &store.contents(ByteRange::new(0, 4 * MIB))[..]);
+        drive.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_true_hole_the_link_allows_is_read_along() {
+        let (store, drive) = far_link_drive(&[(0, MIB), (2 * MIB, 3 * MIB)]).await;
+        let before = store.counts();
+        let got = drive.read_at(0, 3 * MIB as usize).await.unwrap();
+        let after = store.counts();
+        assert_eq!(after.reads - before.reads, 1, "one Get across the hole");
+        assert_eq!(after.bytes_read - before.bytes_read, 3 * MIB);
+        assert_eq!(&got[..], &store.contents(ByteRange::new(0, 3 * MIB))[..]);
+        drive.close().await.unwrap();
+    }
+
+    /// A blob whose client limit of reads is set by the test, counting the
+    /// most 4 MiB Gets (read-ahead's steps) in flight at once.
+    struct Limited {
+        inner: Arc<MemoryStore>,
+        limit: AtomicUsize,
+        in_flight: AtomicUsize,
+        most: AtomicUsize,
+        steps: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl PageStore for Limited {
+        async fn size_bytes(&self) -> Result<u64> {
+            self.inner.size_bytes().await
+        }
+        async fn state(&self) -> Result<BlobState> {
+            self.inner.state().await
+        }
+        async fn page_ranges(&self, within: ByteRange) -> Result<Vec<ByteRange>> {
+            self.inner.page_ranges(within).await
+        }
+        async fn read(&self, range: ByteRange) -> Result<Bytes> {
+            self.inner.read(range).await
+        }
+        async fn read_into(&self, range: ByteRange, sink: BodySink<'_>) -> Result<()> {
+            let step = range.len() == 4 * MIB;
+            if step {
+                self.steps.fetch_add(1, Ordering::SeqCst);
+                let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                self.most.fetch_max(n, Ordering::SeqCst);
+            }
+            let out = self.inner.read_into(range, sink).await;
+            if step {
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
+            out
+        }
+        fn read_limit(&self) -> Option<usize> {
+            Some(self.limit.load(Ordering::SeqCst))
+        }
+        async fn write_pages(&self, at: u64, data: Bytes, lease: Option<&str>) -> Result<()> {
+            self.inner.write_pages(at, data, lease).await
+        }
+        async fn fence_earlier_writes(&self, lease: Option<&str>) -> Result<()> {
+            self.inner.fence_earlier_writes(lease).await
+        }
+        async fn clear_pages(&self, range: ByteRange, lease: Option<&str>) -> Result<()> {
+            self.inner.clear_pages(range, lease).await
+        }
+        async fn resize(&self, bytes: u64, lease: Option<&str>) -> Result<()> {
+            self.inner.resize(bytes, lease).await
+        }
+        async fn acquire_lease(&self, id: &str) -> Result<()> {
+            self.inner.acquire_lease(id).await
+        }
+        async fn release_lease(&self, id: &str) -> Result<()> {
+            self.inner.release_lease(id).await
+        }
+        async fn break_lease(&self) -> Result<()> {
+            self.inner.break_lease().await
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_ahead_keeps_to_half_the_read_limit_as_it_is_now() {
+        let mem = Arc::new(MemoryStore::with_drive(96 * MIB));
+        let data: Vec<u8> = (0..96 * MIB).map(|i| (i / 4096) as u8 | 1).collect();
+        mem.poke(0, &data);
+        mem.set_read_delay(Duration::from_millis(20));
+        let store = Arc::new(Limited {
+            inner: mem.clone(),
+            limit: AtomicUsize::new(16),
+            in_flight: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+            steps: AtomicUsize::new(0),
+        });
+        let drive = Drive::open(
+            store.clone(),
+            DriveOptions {
+                mode: Mode::ReadOnly,
+                cache_bytes: 256 * MIB,
+                read_ahead_bytes: 32 * MIB,
+                ..DriveOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let read = |at: u64| {
+            let drive = &drive;
+            let data = &data;
+            async move {
+                let got = drive.read_at(at, MIB as usize).await.unwrap();
+                assert_eq!(&got[..], &data[at as usize..(at + MIB) as usize]);
+            }
+        };
+        for i in 0..24 {
+            read(i * MIB).await;
+        }
+        let before = store.most.load(Ordering::SeqCst);
+        assert!(before > 2, "read-ahead ran wide before the cut: {before}");
+        // A 503 cuts the client's limit to 4: read-ahead keeps to 2 Gets
+        // from then on, the workers already running included.
+        store.limit.store(4, Ordering::SeqCst);
+        store.most.store(0, Ordering::SeqCst);
+        let steps = store.steps.load(Ordering::SeqCst);
+        for i in 24..88 {
+            read(i * MIB).await;
+        }
+        let after = store.most.load(Ordering::SeqCst);
+        let steps = store.steps.load(Ordering::SeqCst) - steps;
+        assert!(steps >= 10, "read-ahead went on: {steps} steps");
+        assert!(after <= 2, "{after} read-ahead Gets in flight at once");
+        drive.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn no_read_ahead_starts_once_the_drive_is_closing() {
+        let (store, drive) = far_link_drive(&[(0, 16 * MIB)]).await;
+        drive.inner.read_ahead.lock().unwrap().window = 8 * MIB;
+        drive.close().await.unwrap();
+        // A read that was in flight through the close moves the stream on.
+        drive.inner.read_ahead.lock().unwrap().last_end = 4 * MIB;
+        let before = store.counts();
+        assert!(drive.inner.next_read_ahead().is_none());
+        assert_eq!(store.counts(), before);
+    }
+}

@@ -86,47 +86,87 @@ impl Inner {
         }
     }
 
-    /// The read-ahead window to start after a read of `[start, end)`, given
-    /// how reads have been going: a sequential reader keeps about
-    /// `read_ahead_bytes` fetched beyond its reads, topped up a step at a time.
-    /// The caller reports a started window with [`Self::read_ahead_started`].
-    fn read_ahead_window(&self, start: u64, end: u64) -> Option<(u64, u64)> {
-        let ra = self.read_ahead_bytes;
+    /// Note a read of `[start, end)` in the stream state and say how many
+    /// read-ahead workers the stream wants now (0: none). A sequential
+    /// stream fetches up to its window beyond its reads; the window starts
+    /// at the floor and doubles each time the reads have consumed one
+    /// window's worth, up to the depth the link asks for (`link.rs`,
+    /// capped by `read_ahead_bytes`), so a reader that stops, or jumps
+    /// elsewhere, stops its growth, and a random reader gets none.
+    fn note_read(&self, start: u64, end: u64) -> usize {
+        let cap = self.read_ahead_bytes;
+        let step = self.read_ahead_step();
         let mut st = self.read_ahead.lock().expect("read-ahead mutex poisoned");
         // The loop device and the kernel's own read-ahead send several reads
         // at once, which arrive out of order: a read that starts near where
         // reads have got to is still part of the sequential stream. Random
         // reads land near by chance too, so a stream counts only after a
-        // few near reads in a row.
-        let near = st.last_end > 0 && start.abs_diff(st.last_end) <= SEQUENTIAL_SLACK_BYTES;
+        // few near reads in a row. Once a stream runs, a read up to its
+        // window away from its edge, either way, is part of it too: the
+        // reads that waited for one read-ahead Get (the loop device keeps
+        // several megabytes of them in flight) all complete when it lands,
+        // in any order, and would otherwise look like jumps (through the
+        // model of a standard blob, 280 new streams in a 512 MiB read, each
+        // back to the floor, the reader outrunning it in small Gets: 3.5
+        // times the Gets).
+        let slack = SEQUENTIAL_SLACK_BYTES.max(st.window);
+        let near = st.last_end > 0 && start.abs_diff(st.last_end) <= slack;
         if !near {
-            // A new stream: what was fetched for the old one says nothing here.
-            st.last_end = end;
-            st.fetched_until = end;
-            st.streak = 0;
-            return None;
+            // A new stream: what was fetched for the old one says nothing
+            // here, and its window starts again from the floor.
+            *st = super::ReadAhead {
+                last_end: end,
+                fetched_until: end,
+                ..Default::default()
+            };
+            return 0;
         }
         st.streak = st.streak.saturating_add(1);
         st.last_end = st.last_end.max(end);
-        let edge = st.last_end;
-        // Top the window up one step at a time, so Gets keep flowing.
-        if ra == 0
-            || st.streak < SEQUENTIAL_STREAK
-            || st.fetched_until + self.read_ahead_step() > edge + ra
-        {
-            return None;
+        if cap == 0 || st.streak < SEQUENTIAL_STREAK {
+            return 0;
         }
-        let from = edge.max(st.fetched_until);
-        // The window ends on a whole step, so every Get after the first is
-        // a whole, aligned step: a ragged end would cut one step into two
-        // short Gets at every top-up (a third more requests per GiB).
+        let depth = self.link.estimate().depth_bytes(step, cap);
+        let edge = st.last_end;
+        let was = st.window;
+        if st.window == 0 {
+            st.window = super::link::floor_bytes(step, cap);
+            st.grow_at = edge + st.window;
+        } else if edge >= st.grow_at {
+            st.window = (2 * st.window).max(step);
+            st.grow_at = edge + st.window;
+        }
+        // A link found slower than it was thought shrinks it at once.
+        st.window = st.window.min(depth);
+        if st.window != was {
+            let link = self.link.estimate();
+            tracing::debug!(
+                target = %self.target,
+                window_bytes = st.window,
+                rate_bytes_per_s = link.rate_bytes_per_s().map(|r| r as u64),
+                rtt_us = link.rtt().map(|d| d.as_micros() as u64),
+                "read-ahead window"
+            );
+        }
+        let until = self.window_end(edge, st.window);
+        if st.fetched_until.max(edge) + step > until {
+            return 0; // less than a step to top up
+        }
+        st.window.div_ceil(step) as usize
+    }
+
+    /// Where a window of `window` bytes beyond reads that got to `edge`
+    /// ends: on a whole step, so every Get after the first is a whole,
+    /// aligned step (a ragged end would cut one step into two short Gets
+    /// at every top-up: a third more requests per GiB), or at the end of
+    /// the drive.
+    fn window_end(&self, edge: u64, window: u64) -> u64 {
         let size = self.size_bytes();
         let step = self.read_ahead_step();
-        let until = match (edge + ra).min(size) {
+        match (edge + window).min(size) {
             end if end == size => end,
             end => end / step * step,
-        };
-        (from < until).then_some((from, until))
+        }
     }
 
     /// The part of the read-ahead window one background job fetches: one
@@ -135,25 +175,49 @@ impl Inner {
         (self.read_ahead_bytes / 2).clamp(PAGE_SIZE, MAX_GET_BYTES)
     }
 
-    /// Read-ahead up to `until` has started (its pages are marked).
-    pub(crate) fn read_ahead_started(&self, until: u64) {
+    /// The next step of the current stream's window that no read-ahead has
+    /// started, reserved (its pages marked, so a reader arriving first
+    /// waits for it): `None` when the window is full, there is no stream,
+    /// or the cache has no room to pin it now, or the drive is closing (no
+    /// Get after close). Steps whose pages are all
+    /// valid, being fetched or holes are passed over. Read-ahead workers
+    /// call it each time their Get completes, so the window is topped up
+    /// as the link frees, not only when a read arrives.
+    pub(crate) fn next_read_ahead(&self) -> Option<super::fetch::FetchJob> {
+        let step = self.read_ahead_step();
+        // Held while reserving, so two workers never take the same step;
+        // nothing takes this lock while holding a cache or chunk lock.
         let mut st = self.read_ahead.lock().expect("read-ahead mutex poisoned");
-        st.fetched_until = st.fetched_until.max(until);
+        if st.window == 0 || self.ahead_off.load(Ordering::Acquire) {
+            return None;
+        }
+        let end = self.window_end(st.last_end, st.window);
+        loop {
+            let from = st.last_end.max(st.fetched_until);
+            if from >= end {
+                return None;
+            }
+            // Steps end on multiples of the step, like the writes that
+            // filled the blob, so each is one Get.
+            let until = end.min((from / step + 1) * step);
+            let job = self.reserve_read_ahead(from, until).ok()?;
+            st.fetched_until = until;
+            if job.is_some() {
+                return job;
+            }
+        }
     }
 
-    /// Read `[offset, offset + len)` clipped to the drive; also returns the
-    /// read-ahead window the caller should start in the background.
-    pub(crate) async fn read_at(
-        &self,
-        offset_bytes: u64,
-        len: usize,
-    ) -> Result<(Bytes, Option<(u64, u64)>)> {
+    /// Read `[offset, offset + len)` clipped to the drive; also returns how
+    /// many read-ahead workers the caller should have running in the
+    /// background ([`Self::note_read`]).
+    pub(crate) async fn read_at(&self, offset_bytes: u64, len: usize) -> Result<(Bytes, usize)> {
         self.check_open()?;
         let end = self
             .size_bytes()
             .min(offset_bytes.saturating_add(len as u64));
         if offset_bytes >= end {
-            return Ok((Bytes::new(), None));
+            return Ok((Bytes::new(), 0));
         }
         let want = PageRange::covering(ByteRange::new(offset_bytes, end));
         // Filled in order, chunk by chunk: zeroing it first would cost one
@@ -198,8 +262,8 @@ impl Inner {
             }
         }
         debug_assert_eq!(out.len() as u64, end - offset_bytes);
-        let ahead = self.read_ahead_window(offset_bytes, end);
-        Ok((crate::buffers::freeze(out), ahead))
+        let workers = self.note_read(offset_bytes, end);
+        Ok((crate::buffers::freeze(out), workers))
     }
 
     fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<u64> {

@@ -21,6 +21,7 @@ mod fetch;
 mod flush;
 mod io;
 mod lease;
+mod link;
 pub mod memory;
 mod open;
 pub mod resize;
@@ -80,7 +81,8 @@ pub struct DriveOptions {
     /// Put Page / Clear Pages requests in flight during a flush (fewer when
     /// an eighth of `cache_bytes` cannot hold that many 4 MiB bodies).
     pub flush_parallelism: usize,
-    /// How far ahead sequential reads fetch.
+    /// The most sequential reads fetch ahead; within it the depth follows
+    /// the link as measured (`link.rs`). 0: no read-ahead.
     pub read_ahead_bytes: u64,
     /// Proposed lease id; a random UUID v4 when `None`.
     pub lease_id: Option<String>,
@@ -163,6 +165,13 @@ struct ReadAhead {
     fetched_until: u64,
     /// Near reads in a row.
     streak: u32,
+    /// How far ahead of the reads this stream fetches now (0: not yet). It
+    /// starts at the floor and doubles each time the reader has consumed
+    /// a window's worth, up to the depth the link asks for
+    /// (`link::Estimate::depth_bytes`).
+    window: u64,
+    /// Where the reads must get to before the window grows again.
+    grow_at: u64,
 }
 
 /// State shared by the drive handle and its background flusher.
@@ -195,6 +204,15 @@ pub(crate) struct Inner {
     flush_delay: Duration,
     read_ahead_bytes: u64,
     read_ahead: Mutex<ReadAhead>,
+    /// The link to the blob as this drive's Gets measured it: what
+    /// read-ahead depth and the holes read along follow (`link.rs`).
+    link: link::Link,
+    /// Read-ahead's Gets in flight and workers running, held to half the
+    /// client's limit of reads as it is now (`fetch::AheadGets`).
+    ahead: fetch::AheadGets,
+    /// Set when close begins: no read-ahead starts from then on, so no Get
+    /// or disk tier write runs after the last flush and the lease release.
+    ahead_off: AtomicBool,
     /// Where and when the last write ended, so a background flush can leave
     /// the growing tail of a sequential stream for the next pass.
     last_write: Mutex<Option<(u64, std::time::Instant)>>,
@@ -261,10 +279,23 @@ pub struct Drive {
     read_aheads: Mutex<JoinSet<()>>,
 }
 
-/// Read-ahead fetches in flight at most. Each is one step of the window
-/// (at most one 4 MiB Get), so its pages become readable as soon as its own
-/// Get returns, not when the whole window has arrived.
+/// Read-ahead workers at most. Each fetches one step of the window at a
+/// time (one Get of at most 4 MiB where the blob holds data throughout), so
+/// its pages become readable as soon as its own Get returns, not when the
+/// whole window has arrived.
 const MAX_READ_AHEADS: usize = 8;
+
+impl Inner {
+    /// Read-ahead Gets (and workers) the drive may have in flight now: half
+    /// the client's limit of reads as it is now (at least one), at most
+    /// [`MAX_READ_AHEADS`].
+    pub(crate) fn read_ahead_gets_allowed(&self) -> usize {
+        self.store
+            .read_limit()
+            .map_or(MAX_READ_AHEADS, |l| (l / 2).max(1))
+            .min(MAX_READ_AHEADS)
+    }
+}
 
 impl Drive {
     /// Open the drive in `store`: check the VHD footer, take the lease for
@@ -334,43 +365,60 @@ impl Drive {
     /// mixes in another (pages cached and holes of the old map included).
     pub async fn read_at(&self, offset_bytes: u64, len: usize) -> Result<Bytes> {
         self.inner.check_unchanged()?;
-        let (data, ahead) = self.inner.read_at(offset_bytes, len).await?;
+        let (data, workers) = self.inner.read_at(offset_bytes, len).await?;
         // A read-ahead may have found the change meanwhile: the rule stays
         // simple (no read succeeds once a change was seen).
         self.inner.check_unchanged()?;
-        if let Some((start, end)) = ahead {
-            self.start_read_ahead(start, end);
+        if workers > 0 {
+            self.start_read_ahead(workers);
         }
         Ok(data)
     }
 
-    /// Fetch `[start, end)` in the background, one step of the window per
-    /// job. Each job's pages are marked before this returns, so the next
-    /// sequential read waits for them instead of fetching them again. At
-    /// most `MAX_READ_AHEADS` run at once; what does not fit now is asked
-    /// for again by a later read.
-    fn start_read_ahead(&self, start: u64, end: u64) {
+    /// Have up to `wanted` read-ahead workers running (fewer when the
+    /// client's limit of reads is low). Each takes the next step of the
+    /// stream's window not yet started (`Inner::next_read_ahead`: its pages
+    /// are marked before the step's Get goes, so a reader arriving first
+    /// waits for it instead of fetching again), fetches it, and takes the
+    /// next as soon as its Get completes, until the window is full; a
+    /// later read that moves the window on starts them again.
+    ///
+    /// Read-ahead and foreground reads share the client's limit of reads,
+    /// whose slots go first come, first served: so that a reader waiting for
+    /// a page never queues behind read-ahead for a slot, read-ahead keeps
+    /// at most half the limit *as it is now* in flight, counted in Gets
+    /// (a fragmented step is several), and the other half stays free for
+    /// reads that wait: each read-ahead Get takes a slot of
+    /// `fetch::AheadGets` first, and a worker beyond half the limit stops
+    /// before its next step.
+    fn start_read_ahead(&self, wanted: usize) {
+        let workers = wanted.min(self.inner.read_ahead_gets_allowed());
         let mut set = self
             .read_aheads
             .lock()
             .expect("read-ahead set mutex poisoned");
         while set.try_join_next().is_some() {}
-        let step = self.inner.read_ahead_step();
-        let mut at = start;
-        while at < end && set.len() < MAX_READ_AHEADS {
-            // Steps end on multiples of the step, like the writes that
-            // filled the blob, so each is one Get.
-            let until = end.min((at / step + 1) * step);
-            let Ok(job) = self.inner.reserve_read_ahead(at, until) else {
-                return; // no room in the cache now
+        while set.len() < workers {
+            // Reserved here, not in the task, so the pages are marked before
+            // this read returns and the next read finds them.
+            let Some(job) = self.inner.next_read_ahead() else {
+                return;
             };
-            self.inner.read_ahead_started(until);
-            at = until;
-            let Some(job) = job else { continue };
             let inner = self.inner.clone();
             set.spawn(async move {
-                if let Err(e) = inner.run_job(job).await {
-                    tracing::debug!(target = %inner.target, error = %e, "read-ahead failed");
+                let mut worker = inner.ahead.worker();
+                let mut job = Some(job);
+                while let Some(j) = job {
+                    if let Err(e) = inner.run_job(j).await {
+                        tracing::debug!(target = %inner.target, error = %e, "read-ahead failed");
+                        return;
+                    }
+                    // After a 503 cut the limit, the workers beyond half
+                    // of it stop (their Gets would only wait for a slot).
+                    if worker.surplus(inner.read_ahead_gets_allowed()) {
+                        return;
+                    }
+                    job = inner.next_read_ahead();
                 }
             });
         }
@@ -444,6 +492,10 @@ impl Drive {
     /// [`Error::ReleaseFailed`], never as lost data.
     pub async fn close(&self) -> Result<()> {
         self.inner.check_open()?;
+        // Before the workers are stopped, under the set's lock: a read
+        // finishing meanwhile starts none (`Inner::next_read_ahead`).
+        // Not undone if the close fails: reads work without read-ahead.
+        self.inner.ahead_off.store(true, Ordering::Release);
         let mut aheads = std::mem::take(
             &mut *self
                 .read_aheads

@@ -128,6 +128,9 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         // the reader gets there.
         read_ahead_bytes: opts.read_ahead_bytes.min(cache_bytes / 4),
         read_ahead: Mutex::new(ReadAhead::default()),
+        link: Default::default(),
+        ahead: Default::default(),
+        ahead_off: Default::default(),
         last_write: Mutex::new(None),
         closed: AtomicBool::new(false),
         writes_accepted: Default::default(),

@@ -75,6 +75,13 @@ pub trait PageStore: Send + Sync + 'static {
     /// The reverse of [`PageStore::seal_pages`].
     fn open_pages(&self, _pages: &[u64], _buf: &mut [u8]) {}
 
+    /// Ranged reads the client may keep in flight now (its adaptive limit,
+    /// `blob/limiter.rs`), shared by foreground reads and read-ahead;
+    /// `None` when the store has no such limit.
+    fn read_limit(&self) -> Option<usize> {
+        None
+    }
+
     /// The blob's ETag now (every write changes it). `None` when unknown,
     /// which keeps the disk cache off.
     async fn etag(&self) -> Result<Option<String>> {
@@ -138,6 +145,20 @@ pub trait PageStore: Send + Sync + 'static {
         let body = self.read(range).await?;
         sink(0, &body);
         Ok(())
+    }
+
+    /// [`Self::read_into`], also saying how long the attempt that answered
+    /// took once it could go: after any wait for a slot of the client's
+    /// limit and any retry's back-off, which say nothing of the link (the
+    /// drive's link estimate, `link.rs`, is measured from it). `None`: the
+    /// store has neither, and the caller times the whole call (the
+    /// default).
+    async fn read_into_timed(
+        &self,
+        range: ByteRange,
+        sink: BodySink<'_>,
+    ) -> Result<Option<Duration>> {
+        self.read_into(range, sink).await.map(|()| None)
     }
 
     /// Read `range` as stored, with no transformation a wrapping store
