@@ -37,17 +37,23 @@ impl Drop for Cleanup {
     }
 }
 
+/// A sparse file of `mib` MiB named `name` in `dir`, for a loop device.
+fn sparse_image(dir: &Path, name: &str, mib: u64) -> PathBuf {
+    let image = dir.join(name);
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+    image
+}
+
 #[test]
 fn ext4_on_a_direct_io_loop_device_round_trips_and_mounts_read_only_without_replay() {
     if !loop_devices_usable() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let image = tmp.path().join("disk.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    let image = sparse_image(tmp.path(), "disk.img", 64);
     let dir = tmp.path().join("mnt");
     std::fs::create_dir(&dir).unwrap();
     let mut cleanup = Cleanup::default();
@@ -94,11 +100,7 @@ fn a_loop_device_takes_a_read_queue_and_gives_the_old_one_back() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let image = tmp.path().join("disk.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
+    let image = sparse_image(tmp.path(), "disk.img", 16);
     let mut cleanup = Cleanup::default();
     let dev = LoopDevice::attach(&image, true).unwrap();
     cleanup.loops.push(dev.clone());
@@ -142,11 +144,7 @@ fn mounting_a_device_without_a_filesystem_fails_with_the_tools_reason() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let image = tmp.path().join("blank.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
+    let image = sparse_image(tmp.path(), "blank.img", 16);
     let dir = tmp.path().join("mnt");
     std::fs::create_dir(&dir).unwrap();
     let mut cleanup = Cleanup::default();
