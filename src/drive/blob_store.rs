@@ -226,11 +226,7 @@ impl PageStore for BlobPageStore {
         out
     }
 
-    async fn read_into(&self, range: ByteRange, sink: crate::blob::BodySink<'_>) -> Result<()> {
-        self.read_into_timed(range, sink).await.map(|_| ())
-    }
-
-    async fn read_into_timed(
+    async fn read_into(
         &self,
         range: ByteRange,
         sink: crate::blob::BodySink<'_>,

@@ -177,19 +177,11 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         Ok(buf.slice((range.start - start) as usize..(range.end - start) as usize))
     }
 
-    async fn read_into(&self, range: ByteRange, sink: BodySink<'_>) -> Result<()> {
-        self.read_into_timed(range, sink).await.map(|_| ())
-    }
-
-    async fn read_into_timed(
-        &self,
-        range: ByteRange,
-        sink: BodySink<'_>,
-    ) -> Result<Option<Duration>> {
+    async fn read_into(&self, range: ByteRange, sink: BodySink<'_>) -> Result<Option<Duration>> {
         let data_end = self.data_end().await?;
         let aligned = range.start % PAGE_SIZE == 0 && range.end % PAGE_SIZE == 0;
         if range.start >= data_end {
-            return self.inner.read_into_timed(range, sink).await; // the footer: plaintext
+            return self.inner.read_into(range, sink).await; // the footer: plaintext
         }
         if !aligned || range.end > data_end {
             // Not the engine's page-aligned fills: whole body, then decrypt.
@@ -239,7 +231,7 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
                 pass_on(&mut st, false);
             }
         };
-        let took = self.inner.read_into_timed(range, &decrypting).await?;
+        let took = self.inner.read_into(range, &decrypting).await?;
         let mut st = staging.lock().expect("staging mutex poisoned");
         pass_on(&mut st, true);
         Ok(took)
@@ -424,7 +416,11 @@ mod tests {
         async fn read(&self, range: ByteRange) -> Result<Bytes> {
             self.mem.read(range).await
         }
-        async fn read_into(&self, range: ByteRange, sink: BodySink<'_>) -> Result<()> {
+        async fn read_into(
+            &self,
+            range: ByteRange,
+            sink: BodySink<'_>,
+        ) -> Result<Option<Duration>> {
             let body = self.mem.read(range).await?;
             if !self.restarted.swap(true, Ordering::SeqCst) {
                 for (i, part) in body.chunks(700).take(120).enumerate() {
@@ -434,7 +430,7 @@ mod tests {
             for (i, part) in body.chunks(700).enumerate() {
                 sink(i as u64 * 700, part);
             }
-            Ok(())
+            Ok(None)
         }
         async fn write_pages(&self, at: u64, data: Bytes, lease: Option<&str>) -> Result<()> {
             self.mem.write_pages(at, data, lease).await

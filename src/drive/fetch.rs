@@ -392,7 +392,7 @@ impl Inner {
                         false => None,
                     };
                     let called = std::time::Instant::now();
-                    let took = self.store.read_into_timed(f.bytes(), sink).await?;
+                    let took = self.store.read_into(f.bytes(), sink).await?;
                     let ended = std::time::Instant::now();
                     // The answering attempt's own time when the store
                     // knows it: a wait for a slot or a retry's back-off
@@ -619,7 +619,11 @@ mod tests {
         async fn read(&self, range: ByteRange) -> Result<Bytes> {
             self.inner.read(range).await
         }
-        async fn read_into(&self, range: ByteRange, sink: BodySink<'_>) -> Result<()> {
+        async fn read_into(
+            &self,
+            range: ByteRange,
+            sink: BodySink<'_>,
+        ) -> Result<Option<Duration>> {
             let step = range.len() == 4 * MIB;
             if step {
                 self.steps.fetch_add(1, Ordering::SeqCst);

@@ -20,7 +20,7 @@
 //!   it. A sample whose body alone would take longer than the Get did is
 //!   dropped (the rate is off then, not the round trip zero). Each Get
 //!   is timed from when its answering attempt could go (`fetch.rs`,
-//!   `PageStore::read_into_timed`): a wait for a slot of the client's
+//!   `PageStore::read_into`): a wait for a slot of the client's
 //!   limit or a retry's back-off after a 503 is the service asking for
 //!   less, and counted as round trip it would deepen read-ahead just
 //!   then. Large Gets do not count: how much of their time was the link

@@ -141,24 +141,16 @@ pub trait PageStore: Send + Sync + 'static {
     /// request may send some again from offset 0. The default reads the
     /// whole body with [`Self::read`] (a store that transforms the data, as
     /// an encrypting one does, keeps it).
-    async fn read_into(&self, range: ByteRange, sink: BodySink<'_>) -> Result<()> {
+    ///
+    /// Returns how long the attempt that answered took once it could go:
+    /// after any wait for a slot of the client's limit and any retry's
+    /// back-off, which say nothing of the link (the drive's link estimate,
+    /// `link.rs`, is measured from it). `None`: the store has neither, and
+    /// the caller times the whole call (the default).
+    async fn read_into(&self, range: ByteRange, sink: BodySink<'_>) -> Result<Option<Duration>> {
         let body = self.read(range).await?;
         sink(0, &body);
-        Ok(())
-    }
-
-    /// [`Self::read_into`], also saying how long the attempt that answered
-    /// took once it could go: after any wait for a slot of the client's
-    /// limit and any retry's back-off, which say nothing of the link (the
-    /// drive's link estimate, `link.rs`, is measured from it). `None`: the
-    /// store has neither, and the caller times the whole call (the
-    /// default).
-    async fn read_into_timed(
-        &self,
-        range: ByteRange,
-        sink: BodySink<'_>,
-    ) -> Result<Option<Duration>> {
-        self.read_into(range, sink).await.map(|()| None)
+        Ok(None)
     }
 
     /// Read `range` as stored, with no transformation a wrapping store
