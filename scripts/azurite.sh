@@ -10,7 +10,9 @@
 #
 # Port: BLOBDRIVE_AZURITE_PORT (default 10000). In-memory extent storage:
 # BLOBDRIVE_AZURITE_MEMORY_MB (Azurite's default is half the machine's memory;
-# it answers 409 MemoryExtentStoreAtSizeLimit past it).
+# it answers 409 MemoryExtentStoreAtSizeLimit past it). Flags for the node
+# process that runs it (V8's too, which NODE_OPTIONS refuses), split on
+# spaces: BLOBDRIVE_AZURITE_NODE_FLAGS (scripts/bench.sh sets one).
 set -euo pipefail
 
 AZURITE_VERSION=3.37.0
@@ -51,7 +53,9 @@ start() {
   else
     args+=(--location "$dir/data")
   fi
-  nohup "$bin" "${args[@]}" >"$dir/azurite-$port.log" 2>&1 &
+  local node_flags=()
+  read -r -a node_flags <<<"${BLOBDRIVE_AZURITE_NODE_FLAGS:-}"
+  nohup node "${node_flags[@]}" "$(readlink -f "$bin")" "${args[@]}" >"$dir/azurite-$port.log" 2>&1 &
   echo $! >"$dir/azurite-$port.pid"
   for _ in $(seq 1 100); do
     if is_up; then

@@ -239,6 +239,17 @@ fi
 # MemoryExtentStoreAtSizeLimit) and the drive's writes with it, so the
 # peak-RSS step, which writes 4 GiB, gets an Azurite of its own (below).
 mem_mb=$(awk '/MemTotal/ {print int($2 / 1024 * 0.7)}' /proc/meminfo)
+# Azurite's heap grows by a factor of four between full collections, not
+# V8's own choice. V8 sets the next collection's limit from the live heap
+# (about 53 MB here) times a factor it adapts, which sank to about 1.1 in
+# some reads and not in others: each 4 MB that Azurite keeps from its
+# requests then started a full collection, 30-47 per GiB read, whose
+# concurrent marking took its core from the requests. Those reads, raw
+# passes and drive reads alike, ran at 150-200 MiB/s against 300-370
+# without (node --trace-gc, Azurite on a core of its own, 3 alternating
+# rounds of each). With the factor fixed: at most one per GiB, and every
+# round at 290-377. BLOBDRIVE_AZURITE_NODE_FLAGS set by the caller wins.
+export BLOBDRIVE_AZURITE_NODE_FLAGS=${BLOBDRIVE_AZURITE_NODE_FLAGS---heap-growing-percent=300}
 start_azurite() {
   BLOBDRIVE_AZURITE_MEMORY_MB=${BLOBDRIVE_AZURITE_MEMORY_MB:-$mem_mb} scripts/azurite.sh start --memory
   azurite_started=1
@@ -257,11 +268,12 @@ azurite_cpu_end() { # KEY
   put "$1" "$(python3 -c "import os,sys; print(f'{(int(sys.argv[2]) - int(sys.argv[1])) / os.sysconf(\"SC_CLK_TCK\") / (float(sys.argv[4]) - float(sys.argv[3])):.2f}')" "$az_c0" "$c1" "$az_t0" "$t1")"
 }
 # CPU ticks of Azurite's threads other than its main one (which serves the
-# requests): V8's helper threads, busy with its garbage collector. Node's
-# `--trace-gc` showed that some passes and reads run into a string of full
-# collections (15-49 per GiB) that take those threads from about 0.1 to
-# 1.5-3.4 CPU-seconds per GiB on the two cores the client shares, and others
-# run into none: the main source of the spread from round to round.
+# requests): V8's helper threads, busy with its garbage collector. Before
+# the heap's growing factor was fixed (above), some passes and reads ran
+# into a string of full collections (15-49 per GiB) that took those threads
+# from about 0.1 to 1.5-5.5 CPU-seconds per GiB and others into none: the
+# main source of the spread from round to round. The figure stays in the
+# report, so a run where the collector wakes again shows it.
 helper_ticks() {
   # A thread may end between the glob and the read: skip it.
   { cat /proc/"$azurite_pid"/task/*/stat 2>/dev/null || true; } |
@@ -475,15 +487,14 @@ put bytes_up_per_gib "$(python3 -c "print(round(($u1 - $u0) * 1024 / $seq_mib))"
 # --- the reads: cold sequential read, disk tier, readers, encryption -------------
 
 # One cold read of the file differs from the next by about ±12% here, with
-# Azurite's share of the cores (its garbage collector wakes in some reads
-# and not in others): more than the gaps these rows judge. So each is a
+# Azurite's share of the cores and the machine's other work: more than the
+# gaps these rows judge. So each is a
 # series of alternating pairs (the first of a pair alternates too, so the
 # machine's drift hits both sides), judged on the per-pair ratios
 # (scripts/bench_stats.py), with the backend on a core of its own (Azurite
 # on the last CPU, everything of the client side on the others), as on the
 # real service, where the backend never shares the client's cores: both
-# sides slow down (Azurite's collector then shares its one core), but what
-# is left between them is the client's own cost. Without a second CPU the
+# sides slow down, but what is left between them is the client's own cost. Without a second CPU the
 # pairs run unpinned (read_pinned 0 in the results, named in the report).
 pin_azurite() {
   if [ "$(nproc)" -ge 2 ]; then
