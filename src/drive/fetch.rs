@@ -714,6 +714,43 @@ mod tests {
         drive.close().await.unwrap();
     }
 
+    /// The window a stream reaches after reads of `len` bytes every
+    /// `stride` bytes over 80 MiB of a drive with a 32 MiB read-ahead cap.
+    async fn window_after(stride: u64, len: u64) -> u64 {
+        let store = Arc::new(MemoryStore::with_drive(96 * MIB));
+        let data: Vec<u8> = (0..96 * MIB).map(|i| (i / 4096) as u8 | 1).collect();
+        store.poke(0, &data);
+        let drive = Drive::open(
+            store.clone(),
+            DriveOptions {
+                mode: Mode::ReadOnly,
+                cache_bytes: 256 * MIB,
+                read_ahead_bytes: 32 * MIB,
+                ..DriveOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let mut at = 0;
+        while at < 80 * MIB {
+            let got = drive.read_at(at, len as usize).await.unwrap();
+            assert_eq!(&got[..], &data[at as usize..(at + len) as usize]);
+            at += stride;
+        }
+        let window = drive.inner.read_ahead.lock().unwrap().window;
+        drive.close().await.unwrap();
+        window
+    }
+
+    #[tokio::test]
+    async fn the_window_grows_with_the_bytes_read_not_with_how_far_the_reads_move() {
+        // A sequential reader doubles the window from its floor (8 MiB) to
+        // the cap; one that reads 64 KiB of every 2 MiB passes the same
+        // distance but asks for 2.5 MiB, and keeps the floor.
+        assert_eq!(window_after(MIB, MIB).await, 32 * MIB);
+        assert_eq!(window_after(2 * MIB, 64 * 1024).await, 8 * MIB);
+    }
+
     #[tokio::test]
     async fn no_read_ahead_starts_once_the_drive_is_closing() {
         let (store, drive) = far_link_drive(&[(0, 16 * MIB)]).await;

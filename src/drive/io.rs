@@ -123,6 +123,7 @@ impl Inner {
         }
         st.streak = st.streak.saturating_add(1);
         st.last_end = st.last_end.max(end);
+        st.consumed = st.consumed.saturating_add(end.saturating_sub(start));
         if cap == 0 || st.streak < SEQUENTIAL_STREAK {
             return 0;
         }
@@ -131,10 +132,10 @@ impl Inner {
         let was = st.window;
         if st.window == 0 {
             st.window = super::link::floor_bytes(step, cap);
-            st.grow_at = edge + st.window;
-        } else if edge >= st.grow_at {
+            st.consumed = 0;
+        } else if st.consumed >= st.window {
             st.window = (2 * st.window).max(step);
-            st.grow_at = edge + st.window;
+            st.consumed = 0;
         }
         // A link found slower than it was thought shrinks it at once.
         st.window = st.window.min(depth);

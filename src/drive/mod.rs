@@ -170,8 +170,10 @@ struct ReadAhead {
     /// a window's worth, up to the depth the link asks for
     /// (`link::Estimate::depth_bytes`).
     window: u64,
-    /// Where the reads must get to before the window grows again.
-    grow_at: u64,
+    /// Bytes the stream's reads asked for since the window last changed:
+    /// bytes read, not how far the reads moved, so a reader that skips
+    /// most of what it passes does not grow it as a sequential one does.
+    consumed: u64,
 }
 
 /// State shared by the drive handle and its background flusher.
