@@ -31,6 +31,7 @@
 #   BENCH_STALL_RW          fio's --rw for the writes under those kills (default write)
 #   BENCH_STALL_IOPS        their rate, writes/s (default 1000; 0: unthrottled)
 #   BLOBDRIVE_AZURITE_PORT  port of the Azurite this script starts (default 10090)
+#   BLOBDRIVE_AZURITE_NODE_FLAGS  flags for Azurite's node (default --heap-growing-percent=300)
 #   BENCH_MODEL_PORT        port of the service model (--model; default Azurite's + 1)
 #   BENCH_OUT               where the JSON goes
 #

@@ -714,41 +714,53 @@ mod tests {
         drive.close().await.unwrap();
     }
 
-    /// The window a stream reaches after reads of `len` bytes every
-    /// `stride` bytes over 80 MiB of a drive with a 32 MiB read-ahead cap.
-    async fn window_after(stride: u64, len: u64) -> u64 {
-        let store = Arc::new(MemoryStore::with_drive(96 * MIB));
-        let data: Vec<u8> = (0..96 * MIB).map(|i| (i / 4096) as u8 | 1).collect();
+    /// The window a stream reaches after the reads `(offset, len)` on a
+    /// 48 MiB drive with a 16 MiB read-ahead cap (4 MiB steps, a floor of
+    /// 8 MiB), and the most it may reach: the depth the link asks for.
+    async fn window_after(reads: impl IntoIterator<Item = (u64, u64)>) -> (u64, u64) {
+        let store = Arc::new(MemoryStore::with_drive(48 * MIB));
+        let data: Vec<u8> = (0..48 * MIB).map(|i| (i / 4096) as u8 | 1).collect();
         store.poke(0, &data);
         let drive = Drive::open(
             store.clone(),
             DriveOptions {
                 mode: Mode::ReadOnly,
-                cache_bytes: 256 * MIB,
-                read_ahead_bytes: 32 * MIB,
+                cache_bytes: 128 * MIB,
+                read_ahead_bytes: 16 * MIB,
                 ..DriveOptions::default()
             },
         )
         .await
         .unwrap();
-        let mut at = 0;
-        while at < 80 * MIB {
+        for (at, len) in reads {
             let got = drive.read_at(at, len as usize).await.unwrap();
             assert_eq!(&got[..], &data[at as usize..(at + len) as usize]);
-            at += stride;
         }
         let window = drive.inner.read_ahead.lock().unwrap().window;
+        let step = drive.inner.read_ahead_step();
+        let depth = drive.inner.link.estimate().depth_bytes(step, 16 * MIB);
         drive.close().await.unwrap();
-        window
+        (window, depth)
     }
 
     #[tokio::test]
-    async fn the_window_grows_with_the_bytes_read_not_with_how_far_the_reads_move() {
-        // A sequential reader doubles the window from its floor (8 MiB) to
-        // the cap; one that reads 64 KiB of every 2 MiB passes the same
-        // distance but asks for 2.5 MiB, and keeps the floor.
-        assert_eq!(window_after(MIB, MIB).await, 32 * MIB);
-        assert_eq!(window_after(2 * MIB, 64 * 1024).await, 8 * MIB);
+    async fn the_window_grows_with_a_reader_that_moves_on_and_reads_what_it_passes() {
+        // A sequential reader doubles the window from the floor to the
+        // depth; so does one whose reads arrive out of order (the loop
+        // device's several in flight: each pair reversed).
+        let (window, depth) = window_after((0..32).map(|i| (i * MIB, MIB))).await;
+        assert_eq!(depth, 16 * MIB);
+        assert_eq!(window, depth);
+        let shuffled = (0..32).map(|i| ((i / 2 * 2 + 1 - i % 2) * MIB, MIB));
+        assert_eq!(window_after(shuffled).await.0, depth);
+        // One that reads 64 KiB of every 2 MiB passes as far but asks for
+        // 1 MiB: the floor. So does one that reads its first MiB again
+        // and again: it asks for as much as a sequential reader, but does
+        // not move on.
+        let strided = (0..20).map(|i| (i * 2 * MIB, 64 * 1024));
+        assert_eq!(window_after(strided).await.0, 8 * MIB);
+        let repeated = (0..32).map(|_| (0, MIB));
+        assert_eq!(window_after(repeated).await.0, 8 * MIB);
     }
 
     #[tokio::test]

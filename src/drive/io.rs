@@ -89,10 +89,12 @@ impl Inner {
     /// Note a read of `[start, end)` in the stream state and say how many
     /// read-ahead workers the stream wants now (0: none). A sequential
     /// stream fetches up to its window beyond its reads; the window starts
-    /// at the floor and doubles each time the reads have consumed one
-    /// window's worth, up to the depth the link asks for (`link.rs`,
-    /// capped by `read_ahead_bytes`), so a reader that stops, or jumps
-    /// elsewhere, stops its growth, and a random reader gets none.
+    /// at the floor and doubles each time the reads have moved on by one
+    /// window and asked for a window's worth of bytes, up to the depth the
+    /// link asks for (`link.rs`, capped by `read_ahead_bytes`), so a
+    /// reader that stops (or re-reads where it is), skips most of what it
+    /// passes, or jumps elsewhere stops its growth, and a random reader
+    /// gets none.
     fn note_read(&self, start: u64, end: u64) -> usize {
         let cap = self.read_ahead_bytes;
         let step = self.read_ahead_step();
@@ -133,9 +135,11 @@ impl Inner {
         if st.window == 0 {
             st.window = super::link::floor_bytes(step, cap);
             st.consumed = 0;
-        } else if st.consumed >= st.window {
+            st.grow_at = edge + st.window;
+        } else if edge >= st.grow_at && st.consumed >= st.window {
             st.window = (2 * st.window).max(step);
             st.consumed = 0;
+            st.grow_at = edge + st.window;
         }
         // A link found slower than it was thought shrinks it at once.
         st.window = st.window.min(depth);

@@ -170,10 +170,15 @@ struct ReadAhead {
     /// a window's worth, up to the depth the link asks for
     /// (`link::Estimate::depth_bytes`).
     window: u64,
-    /// Bytes the stream's reads asked for since the window last changed:
-    /// bytes read, not how far the reads moved, so a reader that skips
-    /// most of what it passes does not grow it as a sequential one does.
+    /// Bytes the stream's reads asked for since the window was set or
+    /// last doubled (a read asked again counts again).
     consumed: u64,
+    /// Where the reads must get to before the window doubles again. It
+    /// doubles once the reads have both moved a window's worth on (a
+    /// reader that re-reads where it is does not grow it) and asked for a
+    /// window's worth of bytes (a reader that skips most of what it passes
+    /// does not either).
+    grow_at: u64,
 }
 
 /// State shared by the drive handle and its background flusher.
