@@ -166,12 +166,14 @@ struct ReadAhead {
     /// Near reads in a row.
     streak: u32,
     /// How far ahead of the reads this stream fetches now (0: not yet). It
-    /// starts at the floor and doubles each time the reader has consumed
-    /// a window's worth, up to the depth the link asks for
-    /// (`link::Estimate::depth_bytes`).
+    /// starts at the floor and doubles each time the reads have moved on
+    /// by a window and asked for a window's worth of bytes, up to the
+    /// depth the link asks for (`link::Estimate::depth_bytes`).
     window: u64,
-    /// Bytes the stream's reads asked for since the window was set or
-    /// last doubled (a read asked again counts again).
+    /// Bytes the stream's reads asked for since the window was set or a
+    /// doubling was due (a read asked again counts again: a reader that
+    /// skips most of what it passes but reads what it keeps several times
+    /// grows as a sequential one, which a page cache above makes rare).
     consumed: u64,
     /// Where the reads must get to before the window doubles again. It
     /// doubles once the reads have both moved a window's worth on (a
