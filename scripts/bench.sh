@@ -256,6 +256,24 @@ start_azurite() {
   azurite_started=1
   azurite_pid=$(cat ".azurite/azurite-$port.pid")
 }
+# No Azurite here lives ten minutes under writes. Every ten minutes of its
+# life Azurite sweeps the data that was overwritten or deleted, and the
+# sweep first lists its whole table of extents (one per Put Page) without
+# once letting a request in: with the table of 60 s of random 4 KiB Put
+# Pages (34,000 extents) it took 267 s, and nothing was answered meanwhile
+# (its debug log, a request timed beside it). A drive then rightly fails its
+# writes after its retry budget, and a step's figures are the sweep's. So
+# each step that writes much, and each pair of the NBD step, starts on a
+# fresh one (its blobs made anew), and nothing before needs more than the
+# first Azurite's ten minutes. fresh_azurite: stop the one running, start
+# another (nothing may be mounted) with the run's container, $c, which the
+# raw passes expect (`create` makes it; the drive is not kept).
+fresh_azurite() {
+  scripts/azurite.sh stop >/dev/null
+  start_azurite
+  "$bin" create "$c/container.vhd" --size 8M >/dev/null
+  "$bin" delete "$c/container.vhd" >/dev/null
+}
 start_azurite
 
 # Azurite's CPU share over a step: CPU seconds it used / wall seconds.
@@ -329,10 +347,13 @@ nbd_rounds() {
   local n_nbd=${BENCH_NBD_ROUNDS:-$((quick ? 2 : 4))} nbd_mib=${BENCH_NBD_MIB:-$fio_mib} round
   say "NBD vs loop on FUSE: sequential 1 MiB ($nbd_mib MiB) and random 4 KiB fio (${fio_seconds}s), $n_nbd alternating pairs"
   put nbd_load_avg_start "$(cut -d' ' -f1 /proc/loadavg)"
-  "$bin" create "$c-nbd/nbd.vhd" --size "$((nbd_mib + 256))M" >/dev/null
   nbd_sock=$work/nbd.sock
   nbd_uri="nbd+unix:///$c-nbd/nbd.vhd?socket=$nbd_sock"
   for ((round = 1; round <= n_nbd; round++)); do
+    # A pair takes about three minutes and writes thousands of extents:
+    # each on a fresh Azurite (see fresh_azurite), its drive made anew.
+    fresh_azurite
+    "$bin" create "$c-nbd/nbd.vhd" --size "$((nbd_mib + 256))M" >/dev/null
     if ((round % 2)); then
       path_round nbd serve_pid_of "$round"
       path_round fuse ns_pid_of "$round"
@@ -717,8 +738,7 @@ fresh_azurite_for_pair() { # N
   [ "$crypt_pair" = "$1" ] && return 0
   crypt_pair=$1
   unpin_azurite
-  scripts/azurite.sh stop >/dev/null
-  start_azurite
+  fresh_azurite
   pin_azurite
 }
 say "encryption: $n_read_pairs alternating pairs of plain and encrypted drives (sequential write, then cold read), each pair on a fresh Azurite"
@@ -735,6 +755,7 @@ fi
 # --- random 4 KiB I/O with fio on the drive file of a namespace mount ----------
 
 say "random 4 KiB: fio on a drive file (namespace mount), ${fio_seconds}s per job"
+fresh_azurite
 "$bin" create "$c-ns/fio.vhd" --size "$((fio_mib + 256))M" >/dev/null
 mount_drive "$c-ns" "$work/ns"
 dev=$work/ns/fio.vhd
@@ -782,6 +803,7 @@ fsync_seconds() {
 # (its time from the fsync histogram, its requests from the Put Page count:
 # with --flush-delay 1h and a burst below the budget, nothing leaves before).
 say "write-back: a 32 MiB burst of random 4 KiB writes (qd32) over 1 GiB, then its drain"
+fresh_azurite
 "$bin" create "$c-wb/wb.vhd" --size 1024M >/dev/null
 mount_drive "$c-wb" "$work/wb" --flush-delay 1h
 wb=$work/wb/wb.vhd
@@ -872,8 +894,7 @@ put mkfs_1t_stored_bytes "$("$bin" info "$c/big.vhd" --json | python3 -c 'import
 say "peak RSS: writing $rss_mib MiB with --cache-size 256M (on a fresh Azurite)"
 # An absolute figure, compared with no ceiling: a fresh Azurite holds the
 # 4 GiB where the run's leftovers would not fit.
-scripts/azurite.sh stop >/dev/null
-start_azurite
+fresh_azurite
 "$bin" create "$c/rss.vhd" --size "$((rss_mib + 1024))M" --mkfs ext4 >/dev/null
 mount_drive "$c/rss.vhd" "$work/rss" --cache-size 256M
 pid=$(daemon_pid "$work/rss")
@@ -892,9 +913,8 @@ unmount "$work/rss"
 # Both on a fresh Azurite: each pair of the write log's rounds writes
 # 4 x $seq_mib MiB (a raw pass and the file, with and without the log),
 # 12 GiB in a full run, more than the RSS step's leftovers leave room for.
-say "write log: a fresh Azurite for the takeover steps"
-scripts/azurite.sh stop >/dev/null
-start_azurite
+say "write log: a fresh Azurite for its rounds"
+fresh_azurite
 
 # One round of the write log's cost, MODE on or off (BLOBDRIVE_WRITE_LOG in
 # the environment of `blobdrive mount`, which the daemon inherits): a fresh
@@ -971,6 +991,7 @@ done
 n_kills=${BENCH_KILLS:-10}
 stall_rw=${BENCH_STALL_RW:-write} stall_iops=${BENCH_STALL_IOPS:-1000}
 say "takeover: $n_kills kills of the serving process under 4 KiB writes ($stall_rw, qd1, ${stall_iops} IOPS, 0 = unthrottled) on ext4"
+fresh_azurite
 "$bin" create "$c-tk/stall.vhd" --size 512M --mkfs ext4 >/dev/null
 mount_drive "$c-tk/stall.vhd" "$work/tk"
 dd if="$shm/random" of="$work/tk/fio.dat" bs=1M count=32 conv=fsync status=none
