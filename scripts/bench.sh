@@ -271,7 +271,7 @@ start_azurite() {
 fresh_azurite() {
   scripts/azurite.sh stop >/dev/null
   start_azurite
-  "$bin" create "$c/container.vhd" --size 8M >/dev/null
+  "$bin" create "$c/container.vhd" --size 16M >/dev/null
   "$bin" delete "$c/container.vhd" >/dev/null
 }
 start_azurite
