@@ -910,11 +910,11 @@ unmount "$work/rss"
 
 # --- the write log (takeover): its cost, and the stall a kill -9 causes --------------
 
-# Both on a fresh Azurite: each pair of the write log's rounds writes
-# 4 x $seq_mib MiB (a raw pass and the file, with and without the log),
-# 12 GiB in a full run, more than the RSS step's leftovers leave room for.
-say "write log: a fresh Azurite for its rounds"
-fresh_azurite
+# Each pair of the write log's rounds on a fresh Azurite: a pair writes
+# 4 x $seq_mib MiB (a raw pass and the file, with and without the log), and
+# Azurite frees deleted blobs only in its sweep (see fresh_azurite): ten
+# pairs on one Azurite passed its in-memory limit at the fifth, where every
+# Put Page fails.
 
 # One round of the write log's cost, MODE on or off (BLOBDRIVE_WRITE_LOG in
 # the environment of `blobdrive mount`, which the daemon inherits): a fresh
@@ -953,6 +953,7 @@ sys.exit(0 if (log is None) == (sys.argv[1] == "off") else 1)' "$mode"; then
 n_log_rounds=${BENCH_LOG_ROUNDS:-$((quick ? 4 : 10))}
 say "write log: sequential write with it on and off (BLOBDRIVE_WRITE_LOG=off), alternating, $n_log_rounds rounds each"
 for ((round = 1; round <= n_log_rounds; round++)); do
+  fresh_azurite
   log_round on "$round"
   log_round off "$round"
 done
