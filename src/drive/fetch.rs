@@ -754,8 +754,14 @@ mod tests {
         // At the pace it always had: the floor from the fourth read (a
         // stream counts after three near reads), doubled once the reads
         // have moved 8 MiB on from there, at the twelfth.
-        assert_eq!(window_after((0..11).map(|i| (i * MIB, MIB))).await.0, 8 * MIB);
-        assert_eq!(window_after((0..12).map(|i| (i * MIB, MIB))).await.0, 16 * MIB);
+        assert_eq!(
+            window_after((0..11).map(|i| (i * MIB, MIB))).await.0,
+            8 * MIB
+        );
+        assert_eq!(
+            window_after((0..12).map(|i| (i * MIB, MIB))).await.0,
+            16 * MIB
+        );
         let shuffled = (0..32).map(|i| ((i / 2 * 2 + 1 - i % 2) * MIB, MIB));
         assert_eq!(window_after(shuffled).await.0, depth);
         // One that reads 64 KiB of every 2 MiB passes as far but asks for
