@@ -59,6 +59,14 @@ async fn blob_bytes(client: &BlobClient, path: &BlobPath, start: u64, len: u64) 
         .to_vec()
 }
 
+/// How long a held request may take to reach Azurite once released. It
+/// lands in a few seconds, but Azurite answers nothing while it sweeps
+/// (every ten minutes of its life it lists every extent in one go: minutes
+/// once the suite has written tens of thousands), and a request released
+/// then lands only after: the tests wait for where it lands, not for how
+/// fast.
+const LATE_LANDING: Duration = Duration::from_secs(300);
+
 /// The hazard the fence exists for, shown without it: an unfenced Put Page
 /// held past the client's give-up lands after a newer write and replaces it.
 /// (If this stops happening, the proxy no longer reproduces late writes and
@@ -83,7 +91,7 @@ async fn an_unfenced_late_write_lands_over_newer_data() {
         .await
         .expect("newer put page");
     assert_eq!(blob_bytes(&g.client, &path, 0, 4096).await, new.to_vec());
-    let status = proxy.late_landed(Duration::from_secs(10)).await;
+    let status = proxy.late_landed(LATE_LANDING).await;
     assert_eq!(status, Some(201), "the held request reached Azurite");
     assert_eq!(
         blob_bytes(&g.client, &path, 0, 4096).await,
@@ -123,7 +131,7 @@ async fn a_write_that_lands_late_never_overwrites_newer_data() {
         vec![0xBB; 4096]
     );
 
-    let status = proxy.late_landed(Duration::from_secs(15)).await;
+    let status = proxy.late_landed(LATE_LANDING).await;
     assert_eq!(
         status,
         Some(412),
