@@ -12,7 +12,10 @@
 # BLOBDRIVE_AZURITE_MEMORY_MB (Azurite's default is half the machine's memory;
 # it answers 409 MemoryExtentStoreAtSizeLimit past it). Flags for the node
 # process that runs it (V8's too, which NODE_OPTIONS refuses), split on
-# spaces: BLOBDRIVE_AZURITE_NODE_FLAGS (scripts/bench.sh sets one).
+# spaces: BLOBDRIVE_AZURITE_NODE_FLAGS (scripts/bench.sh sets one). Minutes
+# between Azurite's sweeps of deleted data (ten by default; a sweep answers no
+# request until it has listed every extent): BLOBDRIVE_AZURITE_SWEEP_MINUTES
+# (scripts/test.sh sets it longer than its run).
 set -euo pipefail
 
 AZURITE_VERSION=3.37.0
@@ -55,6 +58,9 @@ start() {
   fi
   local node_flags=()
   read -r -a node_flags <<<"${BLOBDRIVE_AZURITE_NODE_FLAGS:-}"
+  if [ -n "${BLOBDRIVE_AZURITE_SWEEP_MINUTES:-}" ]; then
+    node_flags+=(--require "$root/scripts/azurite-sweep.js")
+  fi
   nohup node "${node_flags[@]}" "$(readlink -f "$bin")" "${args[@]}" >"$dir/azurite-$port.log" 2>&1 &
   echo $! >"$dir/azurite-$port.pid"
   for _ in $(seq 1 100); do
