@@ -61,10 +61,11 @@ async fn blob_bytes(client: &BlobClient, path: &BlobPath, start: u64, len: u64) 
 
 /// How long a held request may take to reach Azurite once released. It
 /// lands in a few seconds, but Azurite answers nothing while it sweeps
-/// (every ten minutes of its life it lists every extent in one go: minutes
-/// once the suite has written tens of thousands), and a request released
-/// then lands only after: the tests wait for where it lands, not for how
-/// fast.
+/// deleted data (by default every ten minutes of its life, listing every
+/// extent in one go: minutes once a suite has written tens of thousands;
+/// `scripts/test.sh` starts its Azurite with a longer interval, an Azurite
+/// started otherwise may not have one), and a request released then lands
+/// only after: the tests wait for where it lands, not for how fast.
 const LATE_LANDING: Duration = Duration::from_secs(300);
 
 /// The hazard the fence exists for, shown without it: an unfenced Put Page

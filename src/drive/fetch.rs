@@ -540,26 +540,40 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// The bytes the tests store at `[start, end)`: each 4 KiB page a
+    /// value of its own, never zero (a zero page would read as a hole).
+    fn pattern(start: u64, end: u64) -> Vec<u8> {
+        (start..end).map(|i| (i / 4096) as u8 | 1).collect()
+    }
+
+    /// A read-only drive over `store` with this cache and read-ahead cap.
+    async fn read_only(
+        store: Arc<dyn PageStore>,
+        cache_bytes: u64,
+        read_ahead_bytes: u64,
+    ) -> Drive {
+        Drive::open(
+            store,
+            DriveOptions {
+                mode: Mode::ReadOnly,
+                cache_bytes,
+                read_ahead_bytes,
+                ..DriveOptions::default()
+            },
+        )
+        .await
+        .unwrap()
+    }
+
     /// A read-only drive of 16 MiB with data in `data` (byte ranges), no
     /// read-ahead, whose link is measured at 40 MiB/s and 60 ms: holes of
     /// up to 2 MiB are read along.
     async fn far_link_drive(data: &[(u64, u64)]) -> (Arc<MemoryStore>, Drive) {
         let store = Arc::new(MemoryStore::with_drive(16 * MIB));
         for &(start, end) in data {
-            let bytes: Vec<u8> = (start..end).map(|i| (i / 4096) as u8 | 1).collect();
-            store.poke(start, &bytes);
+            store.poke(start, &pattern(start, end));
         }
-        let drive = Drive::open(
-            store.clone(),
-            DriveOptions {
-                mode: Mode::ReadOnly,
-                cache_bytes: 64 * MIB,
-                read_ahead_bytes: 0,
-                ..DriveOptions::default()
-            },
-        )
-        .await
-        .unwrap();
+        let drive = read_only(store.clone(), 64 * MIB, 0).await;
         let t0 = Instant::now();
         let link = &drive.inner.link;
         link.record(t0, t0 + Duration::from_millis(100), 4 * MIB);
@@ -665,7 +679,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn read_ahead_keeps_to_half_the_read_limit_as_it_is_now() {
         let mem = Arc::new(MemoryStore::with_drive(96 * MIB));
-        let data: Vec<u8> = (0..96 * MIB).map(|i| (i / 4096) as u8 | 1).collect();
+        let data = pattern(0, 96 * MIB);
         mem.poke(0, &data);
         mem.set_read_delay(Duration::from_millis(20));
         let store = Arc::new(Limited {
@@ -675,17 +689,7 @@ mod tests {
             most: AtomicUsize::new(0),
             steps: AtomicUsize::new(0),
         });
-        let drive = Drive::open(
-            store.clone(),
-            DriveOptions {
-                mode: Mode::ReadOnly,
-                cache_bytes: 256 * MIB,
-                read_ahead_bytes: 32 * MIB,
-                ..DriveOptions::default()
-            },
-        )
-        .await
-        .unwrap();
+        let drive = read_only(store.clone(), 256 * MIB, 32 * MIB).await;
         let read = |at: u64| {
             let drive = &drive;
             let data = &data;
@@ -719,19 +723,9 @@ mod tests {
     /// 8 MiB), and the most it may reach: the depth the link asks for.
     async fn window_after(reads: impl IntoIterator<Item = (u64, u64)>) -> (u64, u64) {
         let store = Arc::new(MemoryStore::with_drive(48 * MIB));
-        let data: Vec<u8> = (0..48 * MIB).map(|i| (i / 4096) as u8 | 1).collect();
+        let data = pattern(0, 48 * MIB);
         store.poke(0, &data);
-        let drive = Drive::open(
-            store.clone(),
-            DriveOptions {
-                mode: Mode::ReadOnly,
-                cache_bytes: 128 * MIB,
-                read_ahead_bytes: 16 * MIB,
-                ..DriveOptions::default()
-            },
-        )
-        .await
-        .unwrap();
+        let drive = read_only(store, 128 * MIB, 16 * MIB).await;
         for (at, len) in reads {
             let got = drive.read_at(at, len as usize).await.unwrap();
             assert_eq!(&got[..], &data[at as usize..(at + len) as usize]);

@@ -170,16 +170,12 @@ struct ReadAhead {
     /// by a window and asked for a window's worth of bytes, up to the
     /// depth the link asks for (`link::Estimate::depth_bytes`).
     window: u64,
-    /// Bytes the stream's reads asked for since the window was set or a
-    /// doubling was due (a read asked again counts again: a reader that
-    /// skips most of what it passes but reads what it keeps several times
-    /// grows as a sequential one, which a page cache above makes rare).
+    /// Bytes the stream's reads asked for since the window last changed
+    /// (a read asked again counts again: a reader that skips most of what
+    /// it passes but reads what it keeps several times grows as a
+    /// sequential one, which a page cache above makes rare).
     consumed: u64,
-    /// Where the reads must get to before the window doubles again. It
-    /// doubles once the reads have both moved a window's worth on (a
-    /// reader that re-reads where it is does not grow it) and asked for a
-    /// window's worth of bytes (a reader that skips most of what it passes
-    /// does not either).
+    /// Where the reads must get to before the window doubles again.
     grow_at: u64,
 }
 
