@@ -8,12 +8,17 @@
 //!
 //! Format (integers little-endian):
 //! ```text
-//! magic "BDRECOV1" | header_len u32 | header JSON | header_crc32c u32
-//! records: offset_bytes u64 | len_bytes u32 | crc32c(offset|len|data) u32 | data
+//! magic "BDRECOV2" | header_len u32 | header JSON | header_crc32c u32
+//! records: kind u32 | offset_bytes u64 | len_bytes u64 | crc32c(kind|offset|len|data) u32 | data
 //! trailer: "BDRECEND" | record_count u64 | crc32c(magic|count) u32
 //! ```
-//! The header names the drive (account, container/blob, no credentials) and
-//! its blob size. Invariants: a file is complete and fsynced before it gets
+//! A record of kind 0 holds `len_bytes` of data, as the blob would hold
+//! them (ciphertext for an encrypted drive); one of kind 1 holds no data
+//! and says the range reads as zeros (a punched or zeroed range a salvage
+//! took from the write log). Files of the first format (`BDRECOV1`: data
+//! records only, `offset u64 | len u32 | crc | data`) are still read.
+//! The header names the drive (account, container/blob, no credentials),
+//! its blob size and the writer lineage the data belongs to. Invariants: a file is complete and fsynced before it gets
 //! its final name (written under a temporary name, renamed, directory
 //! fsynced); a file whose checksums, record count or trailer do not match is
 //! refused whole, never applied in part.
@@ -28,7 +33,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::drive::Drive;
 
-const MAGIC: &[u8; 8] = b"BDRECOV1";
+const MAGIC_V1: &[u8; 8] = b"BDRECOV1";
+const MAGIC: &[u8; 8] = b"BDRECOV2";
+const KIND_DATA: u32 = 0;
+const KIND_ZERO: u32 = 1;
 const TRAILER: &[u8; 8] = b"BDRECEND";
 /// Environment variable naming the recovery directory.
 pub const DIR_ENV: &str = "BLOBDRIVE_RECOVERY_DIR";
@@ -58,11 +66,28 @@ pub struct Header {
     pub records: u64,
     /// Bytes of data in all records.
     pub data_bytes: u64,
-    /// The blob's ETag when the file was saved, if the service answered:
-    /// `recover` refuses a blob that changed since (written by whoever took
-    /// the drive over) unless forced.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The blob's ETag as files of older versions read it when saving
+    /// (not a proof of anything: it may include another writer's pages).
+    /// Read for old files only, never written.
+    #[serde(default, skip_serializing)]
     pub blob_etag: Option<String>,
+    /// The writer lineage the data belongs to: `recover` applies the file
+    /// only while the blob is still as that lineage left it
+    /// (`blob/lineage.rs`), unless forced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<LineageRecord>,
+}
+
+/// The writer lineage a recovery file's data belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineageRecord {
+    /// The lease id the lineage wrote under. It lets `recover` take the
+    /// lease again while the lineage still holds it; the file is as
+    /// private as the data it holds.
+    pub lease_id: String,
+    /// What the lineage left the blob as.
+    #[serde(flatten)]
+    pub mark: crate::blob::Mark,
 }
 
 /// Why a recovery file cannot be used.
@@ -93,6 +118,8 @@ pub struct Recovery {
     pub header: Header,
     /// `(offset_bytes, data)` runs, in file order.
     pub runs: Vec<(u64, Bytes)>,
+    /// `(offset_bytes, len_bytes)` ranges that read as zeros.
+    pub zeros: Vec<(u64, u64)>,
 }
 
 /// The directory recovery files go to: `$BLOBDRIVE_RECOVERY_DIR`, else
@@ -117,21 +144,7 @@ pub async fn save_drive(
     }
     let runs = drive.unflushed_data();
     let data_bytes = runs.iter().map(|(_, d)| d.len() as u64).sum();
-    // Asked briefly: when storage is unreachable the file matters more (and
-    // not at all when the last flush already found it silent).
-    let wait = if drive.storage_unanswered() {
-        std::time::Duration::ZERO
-    } else {
-        ETAG_WAIT
-    };
-    let blob_etag = match tokio::time::timeout(wait, drive.blob_etag()).await {
-        Ok(Ok(etag)) => etag,
-        Ok(Err(e)) => {
-            tracing::warn!(target = drive.target(), error = %e, "cannot read the blob's ETag for the recovery file");
-            None
-        }
-        Err(_) => None,
-    };
+    let lineage = lineage_of(drive).await;
     let header = Header {
         account: account.to_string(),
         target: drive.target().to_string(),
@@ -140,10 +153,11 @@ pub async fn save_drive(
         saved_at: now_rfc3339(),
         records: 0,
         data_bytes,
-        blob_etag,
+        blob_etag: None,
+        lineage,
     };
     let dir = dir();
-    tokio::task::spawn_blocking(move || write_file(&dir, header, &runs).map(Some))
+    tokio::task::spawn_blocking(move || write_file(&dir, header, &runs, &[]).map(Some))
         .await
         .map_err(|e| RecoveryError::Io {
             path: String::from("recovery file"),
@@ -151,13 +165,40 @@ pub async fn save_drive(
         })?
 }
 
-/// Writes a recovery file for `header` and `runs` in `dir` (created if
-/// missing) and returns its path. Runs longer than 4 MiB are cut; the
-/// header's `records` is set here. Fsyncs the file and the directory.
+/// The lineage `drive`'s unflushed data belongs to: its lease id and the
+/// mark read under the lease when it is still held (the blob's state then
+/// is the lineage's own, whoever wrote last), else the mark the drive's
+/// writes left (its last change's ETag, when known).
+async fn lineage_of(drive: &Drive) -> Option<LineageRecord> {
+    let lease_id = drive.lease_id()?.to_string();
+    // Asked briefly: when storage is unreachable the file matters more (and
+    // not at all when the last flush already found it silent).
+    let wait = if drive.storage_unanswered() {
+        std::time::Duration::ZERO
+    } else {
+        ETAG_WAIT
+    };
+    let mark = match tokio::time::timeout(wait, drive.state_under_lease()).await {
+        Ok(Ok(mark)) => mark,
+        Ok(Err(e)) => {
+            tracing::info!(target = drive.target(), error = %e, "the lease is not shown held: the recovery file records the state this drive's writes left");
+            drive.lineage_mark().unwrap_or_default()
+        }
+        Err(_) => drive.lineage_mark().unwrap_or_default(),
+    };
+    Some(LineageRecord { lease_id, mark })
+}
+
+/// Writes a recovery file for `header`, the data `runs` and the ranges
+/// `zeros` (`(offset_bytes, len_bytes)`, reading as zeros) in `dir`
+/// (created if missing) and returns its path. Runs longer than 4 MiB are
+/// cut; the header's `records` is set here. Fsyncs the file and the
+/// directory.
 pub fn write_file(
     dir: &Path,
     mut header: Header,
     runs: &[(u64, Bytes)],
+    zeros: &[(u64, u64)],
 ) -> Result<PathBuf, RecoveryError> {
     let io = |path: &Path| {
         let path = path.display().to_string();
@@ -179,7 +220,7 @@ pub fn write_file(
             at = end;
         }
     }
-    header.records = records.len() as u64;
+    header.records = (records.len() + zeros.len()) as u64;
     let name = file_name(&header.target);
     let path = dir.join(&name);
     let tmp = dir.join(format!(".{name}.tmp"));
@@ -196,17 +237,23 @@ pub fn write_file(
     buf.extend_from_slice(&json);
     buf.extend_from_slice(&crc32c::crc32c(&buf).to_le_bytes());
     file.write_all(&buf).map_err(io(&tmp))?;
-    for (offset, data) in &records {
-        let mut head = [0u8; 12];
-        head[..8].copy_from_slice(&offset.to_le_bytes());
-        head[8..].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    let data = records
+        .iter()
+        .map(|(offset, data)| (KIND_DATA, *offset, data.len() as u64, data.as_ref()));
+    let zero = zeros
+        .iter()
+        .map(|(offset, len)| (KIND_ZERO, *offset, *len, &[][..]));
+    for (kind, offset, len, data) in data.chain(zero) {
+        let mut head = [0u8; 20];
+        head[..4].copy_from_slice(&kind.to_le_bytes());
+        head[4..12].copy_from_slice(&offset.to_le_bytes());
+        head[12..].copy_from_slice(&len.to_le_bytes());
         let crc = crc32c::crc32c_append(crc32c::crc32c(&head), data);
         file.write_all(&head).map_err(io(&tmp))?;
         file.write_all(&crc.to_le_bytes()).map_err(io(&tmp))?;
         file.write_all(data).map_err(io(&tmp))?;
     }
-    file.write_all(&trailer(records.len() as u64))
-        .map_err(io(&tmp))?;
+    file.write_all(&trailer(header.records)).map_err(io(&tmp))?;
     file.sync_all().map_err(io(&tmp))?;
     drop(file);
     std::fs::rename(&tmp, &path).map_err(io(&path))?;
@@ -235,9 +282,11 @@ pub fn read_file(path: &Path) -> Result<Recovery, RecoveryError> {
         bytes: &bytes,
         at: 0,
     };
-    if r.take(8) != Some(MAGIC.as_slice()) {
-        return Err(corrupt("it does not start with the recovery file magic"));
-    }
+    let v1 = match r.take(8) {
+        Some(m) if m == MAGIC.as_slice() => false,
+        Some(m) if m == MAGIC_V1.as_slice() => true,
+        _ => return Err(corrupt("it does not start with the recovery file magic")),
+    };
     let header_len = r.u32().ok_or_else(|| corrupt("truncated header"))?;
     if header_len > MAX_HEADER_BYTES {
         return Err(corrupt("header too large"));
@@ -253,31 +302,53 @@ pub fn read_file(path: &Path) -> Result<Recovery, RecoveryError> {
     let header: Header =
         serde_json::from_slice(json).map_err(|e| corrupt(&format!("bad header: {e}")))?;
     let mut runs = Vec::new();
+    let mut zeros = Vec::new();
     for n in 0..header.records {
         let bad = |what: &str| corrupt(&format!("record {n}: {what}"));
         let start = r.at;
+        let kind = if v1 {
+            KIND_DATA
+        } else {
+            r.u32().ok_or_else(|| bad("truncated"))?
+        };
         let offset = r.u64().ok_or_else(|| bad("truncated"))?;
-        let len = r.u32().ok_or_else(|| bad("truncated"))?;
+        let len =
+            if v1 { r.u32().map(u64::from) } else { r.u64() }.ok_or_else(|| bad("truncated"))?;
+        let head_end = r.at;
         let crc = r.u32().ok_or_else(|| bad("truncated"))?;
-        if len > MAX_RECORD_BYTES {
-            return Err(bad("length too large"));
-        }
-        let data = r.take(len as usize).ok_or_else(|| bad("truncated"))?;
-        let actual = crc32c::crc32c_append(crc32c::crc32c(&bytes[start..start + 12]), data);
+        let data = match kind {
+            KIND_DATA if len > u64::from(MAX_RECORD_BYTES) => return Err(bad("length too large")),
+            KIND_DATA => r.take(len as usize).ok_or_else(|| bad("truncated"))?,
+            KIND_ZERO => &[][..],
+            _ => return Err(bad("unknown kind")),
+        };
+        let actual = crc32c::crc32c_append(crc32c::crc32c(&bytes[start..head_end]), data);
         if actual != crc {
             return Err(bad("checksum mismatch"));
         }
-        if offset % 512 != 0 || len % 512 != 0 {
+        if offset.checked_add(len).is_none() {
+            return Err(bad("ends past 2^64"));
+        }
+        // The first format held whole pages only; a salvage's records
+        // keep the bytes of the requests as the kernel sent them.
+        if v1 && (offset % 512 != 0 || len % 512 != 0) {
             return Err(bad("not whole 512-byte pages"));
         }
-        runs.push((offset, Bytes::copy_from_slice(data)));
+        match kind {
+            KIND_DATA => runs.push((offset, Bytes::copy_from_slice(data))),
+            _ => zeros.push((offset, len)),
+        }
     }
     if r.take(20) != Some(trailer(header.records).as_slice()) || r.at != bytes.len() {
         return Err(corrupt(
             "trailer missing or wrong (file truncated or extended)",
         ));
     }
-    Ok(Recovery { header, runs })
+    Ok(Recovery {
+        header,
+        runs,
+        zeros,
+    })
 }
 
 fn trailer(records: u64) -> [u8; 20] {
@@ -312,7 +383,7 @@ fn file_name(target: &str) -> String {
     format!("{safe}-{stamp}-{}-{nonce:08x}.bdrec", std::process::id())
 }
 
-fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
@@ -351,7 +422,14 @@ mod tests {
             saved_at: now_rfc3339(),
             records: 0,
             data_bytes: 0,
-            blob_etag: Some("\"0x8DC0\"".into()),
+            blob_etag: None,
+            lineage: Some(LineageRecord {
+                lease_id: "5c4a2f8e-0000-4000-8000-000000000000".into(),
+                mark: crate::blob::Mark {
+                    epoch: Some(3),
+                    etag: Some("\"0x8DC0\"".into()),
+                },
+            }),
         }
     }
 
@@ -360,7 +438,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let big = Bytes::from(vec![7u8; 5 * 1024 * 1024]);
         let runs = vec![(0u64, Bytes::from(vec![1u8; 512])), (1024 * 1024, big)];
-        let path = write_file(dir.path(), header(), &runs).unwrap();
+        let path = write_file(dir.path(), header(), &runs, &[]).unwrap();
         let rec = read_file(&path).unwrap();
         assert_eq!(rec.header.records, 3);
         assert_eq!(rec.runs.len(), 3);
@@ -375,7 +453,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("var/lib/blobdrive/recovery");
         let runs = vec![(0u64, Bytes::from(vec![9u8; 512]))];
-        let path = write_file(&dir, header(), &runs).unwrap();
+        let path = write_file(&dir, header(), &runs, &[]).unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
         assert_eq!(mode(&dir), 0o700, "the recovery directory");
         assert_eq!(
@@ -390,7 +468,7 @@ mod tests {
     fn a_flipped_bit_or_a_truncation_refuses_the_whole_file() {
         let dir = tempfile::tempdir().unwrap();
         let runs = vec![(512u64, Bytes::from(vec![3u8; 4096]))];
-        let path = write_file(dir.path(), header(), &runs).unwrap();
+        let path = write_file(dir.path(), header(), &runs, &[]).unwrap();
         let good = std::fs::read(&path).unwrap();
         let mut flipped = good.clone();
         let at = good.len() - 100;
@@ -402,5 +480,54 @@ mod tests {
         assert!(read_file(&path).is_err());
         std::fs::write(&path, b"hello").unwrap();
         assert!(read_file(&path).unwrap_err().to_string().contains("magic"));
+    }
+
+    #[test]
+    fn zero_ranges_and_the_lineage_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = vec![(100u64, Bytes::from(vec![5u8; 7]))];
+        let zeros = vec![(1 << 20, 3u64 << 30)];
+        let path = write_file(dir.path(), header(), &runs, &zeros).unwrap();
+        let rec = read_file(&path).unwrap();
+        assert_eq!(rec.header.records, 2);
+        assert_eq!(
+            rec.runs, runs,
+            "a salvage's unaligned bytes are kept as sent"
+        );
+        assert_eq!(rec.zeros, zeros);
+        assert_eq!(rec.header.lineage, header().lineage);
+    }
+
+    #[test]
+    fn a_file_of_the_first_format_still_reads() {
+        // As the first format wrote it: one data record of one page.
+        let header = serde_json::json!({
+            "account": "a", "target": "c/d.vhd", "blob_size_bytes": 1049088u64,
+            "reason": "r", "saved_at": "t", "records": 1, "data_bytes": 512,
+            "blob_etag": "\"0x1\""
+        });
+        let json = serde_json::to_vec(&header).unwrap();
+        let mut buf = Vec::new();
+        buf.extend_from_slice(MAGIC_V1);
+        buf.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&json);
+        let crc = crc32c::crc32c(&buf);
+        buf.extend_from_slice(&crc.to_le_bytes());
+        let mut head = [0u8; 12];
+        head[..8].copy_from_slice(&4096u64.to_le_bytes());
+        head[8..].copy_from_slice(&512u32.to_le_bytes());
+        let data = [7u8; 512];
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&head), &data);
+        buf.extend_from_slice(&head);
+        buf.extend_from_slice(&crc.to_le_bytes());
+        buf.extend_from_slice(&data);
+        buf.extend_from_slice(&trailer(1));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.bdrec");
+        std::fs::write(&path, &buf).unwrap();
+        let rec = read_file(&path).unwrap();
+        assert_eq!(rec.runs, vec![(4096, Bytes::from(vec![7u8; 512]))]);
+        assert_eq!(rec.header.lineage, None, "an old file records no lineage");
+        assert_eq!(rec.header.blob_etag.as_deref(), Some("\"0x1\""));
     }
 }

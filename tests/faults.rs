@@ -189,10 +189,21 @@ fn recover_refuses_a_damaged_file_and_a_resized_blob() {
         records: 0,
         data_bytes: 4096,
         blob_etag: None,
+        // Saved as the blob is now, so only the size stands in the way.
+        lineage: Some(blobdrive::recovery::LineageRecord {
+            lease_id: "3f1c0c7e-1111-4222-8333-444455556666".into(),
+            mark: blobdrive::blob::Mark {
+                epoch: None,
+                etag: rt
+                    .block_on(guard.client.get_properties(&path))
+                    .unwrap()
+                    .etag,
+            },
+        }),
     };
     let runs = vec![(0u64, bytes::Bytes::from(pattern(9, 4096)))];
     let dir = sandbox.recovery_dir();
-    let file = blobdrive::recovery::write_file(&dir, header, &runs).unwrap();
+    let file = blobdrive::recovery::write_file(&dir, header, &runs, &[]).unwrap();
     let file_s = file.to_string_lossy().to_string();
     let out = sandbox.blobdrive(&["recover", &file_s]);
     let stderr = stderr_of(&out);

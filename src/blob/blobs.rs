@@ -449,6 +449,19 @@ impl BlobClient {
         at_least: u64,
         lease_id: Option<&str>,
     ) -> Result<u64> {
+        Ok(self
+            .raise_sequence_number_etag(path, at_least, lease_id)
+            .await?
+            .0)
+    }
+
+    /// [`Self::raise_sequence_number`], with the ETag the blob has after it.
+    pub(crate) async fn raise_sequence_number_etag(
+        &self,
+        path: &BlobPath,
+        at_least: u64,
+        lease_id: Option<&str>,
+    ) -> Result<(u64, Option<String>)> {
         const OP: &str = "raise sequence number";
         no_snapshot(OP, path)?;
         let req = Request::new(OP, Method::PUT, Resource::Blob(path))
@@ -457,10 +470,11 @@ impl BlobClient {
             .header("x-ms-blob-sequence-number", at_least.to_string())
             .lease(lease_id);
         let resp = self.execute(req).await.0?;
-        Ok(resp
+        let seq = resp
             .header("x-ms-blob-sequence-number")
             .and_then(|v| v.parse().ok())
-            .unwrap_or(at_least))
+            .unwrap_or(at_least);
+        Ok((seq, resp.header("etag").map(str::to_string)))
     }
 
     /// Replace the blob's metadata with `metadata` (names are C#

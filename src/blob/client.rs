@@ -24,7 +24,7 @@ use tracing::debug;
 use super::account::{Account, Credential};
 use super::auth::{self, Signable};
 use super::error::{Error, ErrorKind, Result};
-use super::fence::{FenceStep, InFlight, WriteFence};
+use super::fence::{ChangeEnd, FenceStep, InFlight, WriteFence};
 use super::limiter::{Limiter, Signal};
 use super::path::{encode_component, BlobPath};
 use super::retry::RetryPolicy;
@@ -417,8 +417,10 @@ impl BlobClient {
             if let Some(guard) = in_flight {
                 // Left armed (outcome unknown) only when the request may
                 // have reached the service without an answer coming back.
-                if !outcome.as_ref().is_err_and(|f| f.may_have_landed) {
-                    guard.disarm();
+                match &outcome {
+                    Ok(resp) => guard.disarm(Some(resp.header("etag").map(str::to_string))),
+                    Err(f) if !f.may_have_landed => guard.disarm(None),
+                    Err(_) => {}
                 }
             }
             // A token the service calls expired or invalid (clock skew, a
@@ -508,8 +510,16 @@ impl BlobClient {
                     let _one_at_a_time = fence.raising().await;
                     // Another writer may have raised it while we waited.
                     if let FenceStep::Raise(floor) = fence.step() {
-                        let seq =
-                            Box::pin(self.raise_sequence_number(path, floor, lease_id)).await?;
+                        // A change of the blob like a page write: the
+                        // lineage's ETag follows it (`fence.rs`).
+                        fence.change_began();
+                        let raised =
+                            Box::pin(self.raise_sequence_number_etag(path, floor, lease_id)).await;
+                        fence.change_ended(match &raised {
+                            Ok((_, etag)) => ChangeEnd::Landed(etag.clone()),
+                            Err(_) => ChangeEnd::Unknown,
+                        });
+                        let seq = raised?.0;
                         debug!(target = %path, seq, "sequence number raised: writes of unknown outcome are fenced");
                         fence.observed(seq.max(floor));
                     }

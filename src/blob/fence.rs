@@ -25,21 +25,48 @@
 //! harmless. Only a holder of the blob's lease can change the number, so
 //! any change seen while the lease is held comes from this client.
 //!
+//! The fence also keeps what its writer lineage left the blob as (see
+//! `lineage.rs`): the number it raised the blob to (the lineage's epoch)
+//! and the ETag its own last change returned. That ETag is known only when
+//! the change was the lineage's only one in flight from its sending to its
+//! answer: with two in flight, the service may have applied them in either
+//! order, so which ETag is the blob's is not known until a read under the
+//! lease says (`settled`).
+//!
 //! Invariants: the number a write carries never decreases; a write is never
-//! sent while an unknown outcome is not yet fenced (`floor > current`).
+//! sent while an unknown outcome is not yet fenced (`floor > current`); the
+//! recorded ETag is always one that this lineage's own change produced, or
+//! none.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use super::lineage::Mark;
+
+/// Where a fence reports its lineage's mark each time it changes (the
+/// attach's shared state, so that a successor knows it).
+pub type MarkRecorder = Arc<dyn Fn(&Mark) + Send + Sync>;
 
 /// Sequence-number state of one blob, shared by every write to it.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct WriteFence {
     state: Mutex<FenceState>,
     /// Serialises raises, so concurrent writers that hit unknown outcomes
     /// cause one Set Blob Properties, not one each.
     raise: tokio::sync::Mutex<()>,
+    /// Told every change of the mark, under the state's lock (so marks are
+    /// recorded in the order they were made).
+    recorder: Mutex<Option<MarkRecorder>>,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
+impl std::fmt::Debug for WriteFence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteFence")
+            .field("state", &*self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default, Clone)]
 struct FenceState {
     /// The blob's sequence number as last known; `None` before the first
     /// write (learnt then with Get Blob Properties).
@@ -52,6 +79,25 @@ struct FenceState {
     relearn: bool,
     /// Raise the number once it is first learnt (see [`WriteFence::new`]).
     raise_first: bool,
+    /// Changes of this lineage (page writes, raises) sent and not answered.
+    changes_in_flight: u32,
+    /// Two changes were in flight at once since the last moment none was.
+    overlapped: bool,
+    /// Changes begun so far (tells a settle whether one began meanwhile).
+    changes_begun: u64,
+    /// The ETag this lineage's own last change returned, when known.
+    own_etag: Option<String>,
+}
+
+/// How a change of the blob (a page write, a raise) ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ChangeEnd {
+    /// Applied; the service answered with this ETag.
+    Landed(Option<String>),
+    /// Refused or never sent: the blob is as it was.
+    NotLanded,
+    /// It may have been applied or not.
+    Unknown,
 }
 
 /// What a fenced write needs next.
@@ -88,6 +134,85 @@ impl WriteFence {
         self.state.lock().expect("fence mutex poisoned")
     }
 
+    /// Reports every later change of the mark to `recorder` (and the mark
+    /// as it is now).
+    pub fn record_with(&self, recorder: MarkRecorder) {
+        let s = self.state();
+        recorder(&s.mark());
+        *self.recorder.lock().expect("recorder mutex poisoned") = Some(recorder);
+    }
+
+    /// Tells the recorder, if any, the mark of `s` (called with the state
+    /// locked, after each change of it).
+    fn record(&self, s: &FenceState) {
+        if let Some(r) = self
+            .recorder
+            .lock()
+            .expect("recorder mutex poisoned")
+            .as_ref()
+        {
+            r(&s.mark());
+        }
+    }
+
+    /// What this lineage left the blob as, as far as this fence knows.
+    pub fn mark(&self) -> Mark {
+        self.state().mark()
+    }
+
+    /// A change of the blob is being sent.
+    pub(crate) fn change_began(&self) {
+        let mut s = self.state();
+        if s.changes_in_flight > 0 {
+            s.overlapped = true;
+        }
+        s.changes_in_flight += 1;
+        s.changes_begun += 1;
+    }
+
+    /// A change begun with [`Self::change_began`] ended so.
+    pub(crate) fn change_ended(&self, end: ChangeEnd) {
+        let mut s = self.state();
+        s.changes_in_flight = s.changes_in_flight.saturating_sub(1);
+        let before = s.own_etag.clone();
+        match end {
+            ChangeEnd::Landed(etag) if !s.overlapped => s.own_etag = etag,
+            ChangeEnd::Landed(_) | ChangeEnd::Unknown => s.own_etag = None,
+            ChangeEnd::NotLanded => {
+                if s.overlapped {
+                    s.own_etag = None;
+                }
+            }
+        }
+        if s.changes_in_flight == 0 {
+            s.overlapped = false;
+        }
+        if s.own_etag != before {
+            self.record(&s);
+        }
+    }
+
+    /// Whether the ETag of the lineage's last change must be read (under
+    /// the lease) to be known; with the count of changes begun, which
+    /// [`Self::settled`] is given back.
+    pub(crate) fn unsettled(&self) -> Option<u64> {
+        let s = self.state();
+        (s.own_etag.is_none() && s.changes_in_flight == 0).then_some(s.changes_begun)
+    }
+
+    /// The blob read under this lineage's lease answered `seq` and `etag`,
+    /// and no change had begun since `begun` ([`Self::unsettled`]): that
+    /// state is the lineage's last change.
+    pub(crate) fn settled(&self, begun: u64, seq: u64, etag: Option<String>) {
+        let mut s = self.state();
+        if s.changes_begun != begun || s.changes_in_flight != 0 {
+            return;
+        }
+        s.current = Some(s.current.map_or(seq, |c| c.max(seq)));
+        s.own_etag = etag;
+        self.record(&s);
+    }
+
     /// The sequence number writes carry now, once known.
     pub fn current(&self) -> Option<u64> {
         self.state().current
@@ -109,11 +234,10 @@ impl WriteFence {
     /// The service reports the blob's number as `seen` (never lowers it).
     pub(crate) fn observed(&self, seen: u64) {
         let mut s = self.state();
-        s.current = Some(s.current.map_or(seen, |c| c.max(seen)));
-        s.relearn = false;
-        if s.raise_first {
-            s.raise_first = false;
-            s.floor = s.floor.max(seen + 1);
+        let before = s.current;
+        s.learn(seen);
+        if s.current != before {
+            self.record(&s);
         }
     }
 
@@ -143,6 +267,24 @@ impl WriteFence {
     }
 }
 
+impl FenceState {
+    fn learn(&mut self, seen: u64) {
+        self.current = Some(self.current.map_or(seen, |c| c.max(seen)));
+        self.relearn = false;
+        if self.raise_first {
+            self.raise_first = false;
+            self.floor = self.floor.max(seen + 1);
+        }
+    }
+
+    fn mark(&self) -> Mark {
+        Mark {
+            epoch: self.current,
+            etag: self.own_etag.clone(),
+        }
+    }
+}
+
 /// Marks a fenced write's outcome unknown unless disarmed: armed while an
 /// attempt is in flight, so a future dropped mid-request (a flush pass
 /// abandoned at its deadline) fences what it may have sent.
@@ -154,6 +296,7 @@ pub(crate) struct InFlight<'a> {
 
 impl<'a> InFlight<'a> {
     pub(crate) fn arm(fence: &'a WriteFence, sent: u64) -> Self {
+        fence.change_began();
         InFlight {
             fence,
             sent,
@@ -161,9 +304,14 @@ impl<'a> InFlight<'a> {
         }
     }
 
-    /// The attempt ended with an answer: whether it landed is known.
-    pub(crate) fn disarm(mut self) {
+    /// The attempt ended with an answer: whether it landed is known
+    /// (`Some(etag)` when it did, with the ETag it returned).
+    pub(crate) fn disarm(mut self, landed: Option<Option<String>>) {
         self.armed = false;
+        self.fence.change_ended(match landed {
+            Some(etag) => ChangeEnd::Landed(etag),
+            None => ChangeEnd::NotLanded,
+        });
     }
 }
 
@@ -171,6 +319,7 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.fence.outcome_unknown(self.sent);
+            self.fence.change_ended(ChangeEnd::Unknown);
         }
     }
 }
@@ -222,9 +371,79 @@ mod tests {
     fn a_dropped_attempt_counts_as_unknown_and_a_disarmed_one_does_not() {
         let f = WriteFence::trusting();
         f.observed(1);
-        InFlight::arm(&f, 1).disarm();
+        InFlight::arm(&f, 1).disarm(None);
         assert_eq!(f.step(), FenceStep::Send(1));
         drop(InFlight::arm(&f, 1));
         assert_eq!(f.step(), FenceStep::Raise(2));
+    }
+
+    #[test]
+    fn only_a_change_alone_in_flight_tells_the_lineage_its_etag() {
+        let f = WriteFence::trusting();
+        f.observed(4);
+        let begun = f.unsettled().expect("nothing known yet");
+        f.settled(begun, 4, Some("e0".into()));
+        assert_eq!(
+            f.mark(),
+            Mark {
+                epoch: Some(4),
+                etag: Some("e0".into())
+            }
+        );
+        InFlight::arm(&f, 4).disarm(Some(Some("e1".into())));
+        assert_eq!(
+            f.mark().etag.as_deref(),
+            Some("e1"),
+            "alone: its ETag is the blob's"
+        );
+        let a = InFlight::arm(&f, 4);
+        let b = InFlight::arm(&f, 4);
+        b.disarm(Some(Some("e3".into())));
+        a.disarm(Some(Some("e2".into())));
+        assert_eq!(
+            f.mark().etag,
+            None,
+            "two at once: either may have been applied last"
+        );
+        let begun = f.unsettled().expect("unknown and quiet: settle it");
+        f.settled(begun, 4, Some("e3".into()));
+        assert_eq!(f.mark().etag.as_deref(), Some("e3"));
+        drop(InFlight::arm(&f, 4));
+        assert_eq!(f.mark().etag, None, "an unknown outcome forgets it");
+        let begun = f.unsettled().unwrap();
+        InFlight::arm(&f, 5).disarm(None);
+        f.settled(begun, 5, Some("stale".into()));
+        assert_eq!(
+            f.mark().etag,
+            None,
+            "a change begun since makes the read stale"
+        );
+    }
+
+    #[test]
+    fn every_change_of_the_mark_reaches_the_recorder_in_order() {
+        let f = WriteFence::trusting();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let into = seen.clone();
+        f.record_with(Arc::new(move |m: &Mark| {
+            into.lock().unwrap().push(m.clone())
+        }));
+        f.settled(0, 2, Some("a".into()));
+        InFlight::arm(&f, 2).disarm(Some(Some("b".into())));
+        f.observed(3);
+        let seen = seen.lock().unwrap();
+        let last = seen.last().unwrap();
+        assert_eq!(
+            last,
+            &Mark {
+                epoch: Some(3),
+                etag: Some("b".into())
+            }
+        );
+        assert_eq!(
+            seen.len(),
+            4,
+            "at recording, settled, landed, raised: {seen:?}"
+        );
     }
 }

@@ -19,7 +19,7 @@ use super::path::BlobPath;
 use super::retry::RetryPolicy;
 
 impl BlobClient {
-    async fn lease_request(
+    pub(super) async fn lease_request(
         &self,
         op: &'static str,
         path: &BlobPath,

@@ -14,6 +14,7 @@ pub mod error;
 pub mod fence;
 mod lease;
 pub mod limiter;
+pub mod lineage;
 pub mod path;
 pub mod probe;
 pub mod retry;
@@ -27,6 +28,7 @@ pub use client::{BlobClient, BodySink, API_VERSION};
 pub use error::{Error, ErrorKind, Result};
 pub use fence::WriteFence;
 pub use lease::RenewedLease;
+pub use lineage::{Mark, Refusal, ResumeError, Standing, Taker};
 pub use path::BlobPath;
 pub use retry::RetryPolicy;
 pub use types::{

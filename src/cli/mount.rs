@@ -168,6 +168,7 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
             fs_options,
             partition,
             write_log_bytes: write_log_bytes(&drive_options),
+            data_key: data_key.clone(),
         }),
         metrics: args.metrics_options()?,
     };
@@ -179,6 +180,9 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
         // a crash or an upgrade) proposes the attach's one lease id.
         if let Some(id) = crate::daemon::holder::attach_lease_id() {
             drive_options.lease_id = Some(id);
+            // A successor continues the attach's writer lineage: it takes
+            // the lease again only if no one wrote since (`blob/lineage.rs`).
+            drive_options.lineage = crate::daemon::holder::attach_lineage(takeover);
         }
         async move {
             let client = BlobClient::new(account)?;
@@ -187,6 +191,7 @@ fn mount_drive(ctx: &Context, source: &str, dir: &Path, args: &MountArgs) -> Cmd
                 break_stale_lease(&client, &path.base()).await?;
             }
             let size_bytes = drive_size(&client, &path).await?;
+            crate::daemon::holder::record_drive_bytes(size_bytes);
             let inner: Arc<dyn Catalog> =
                 Arc::new(AzureCatalog::new(client, drive_options).with_data_key(data_key));
             let catalog: Arc<dyn Catalog> =

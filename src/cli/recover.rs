@@ -2,12 +2,13 @@
 //! (written when a flush could not complete at unmount) into their drive.
 //!
 //! The file is checked whole before anything is written: every checksum, the
-//! account, and the blob's size must match, and the blob must not have
-//! changed since the file was saved (its ETag; `--force` overrides), or
-//! nothing is applied. The pages
-//! go in under a new lease (through the drive engine, so they are flushed and
-//! the lease released as at a normal unmount); the file is deleted only after
-//! that succeeded.
+//! account, and the blob's size must match, and the blob must still be as
+//! the writer lineage the file was saved from left it (its lease still held
+//! under the lineage's id, or its sequence number and ETag unchanged since
+//! the lineage's last write; `--force` overrides), or nothing is applied.
+//! The pages go in under the lineage's lease (a new one with `--force`),
+//! through the drive engine, so they are flushed and the lease released as
+//! at a normal unmount; the file is deleted only after that succeeded.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +18,8 @@ use clap::Args;
 
 use super::drives;
 use super::{output, CmdResult, Context};
-use crate::drive::{self, BlobPageStore, Drive, DriveOptions, PageStore as _};
+use crate::blob::{Refusal, ResumeError, Taker};
+use crate::drive::{BlobPageStore, Drive, DriveOptions, PageStore as _};
 use crate::recovery;
 
 /// Arguments of `recover`.
@@ -26,11 +28,14 @@ pub struct RecoverArgs {
     /// The recovery file named by the failed unmount.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
-    /// Break the drive's lease first (when the host holding it is gone).
+    /// Break the drive's lease first when it is held (the mount that saved
+    /// the file, or another host): say so only when that mount or host is
+    /// gone.
     #[arg(long)]
     pub break_lease: bool,
-    /// Apply the file even though the blob changed since it was saved (its
-    /// pages then replace whatever was written there since).
+    /// Apply the file even though the blob changed since it was saved, or
+    /// whether it did cannot be told (its pages then replace whatever was
+    /// written there since).
     #[arg(long)]
     pub force: bool,
 }
@@ -54,21 +59,84 @@ pub fn run(ctx: &Context, args: &RecoverArgs) -> CmdResult {
     let force = args.force;
     drives::block_on(async move {
         let store = Arc::new(BlobPageStore::new(client.clone(), path.clone()));
-        let opts = || DriveOptions {
+        // Without --force, the file goes in only as its writer lineage: under
+        // its lease id, taken again only while the blob is as that lineage
+        // left it (`blob/lineage.rs` decides, and names what changed).
+        let lineage = match (&rec.header.lineage, force) {
+            (_, true) => None,
+            (Some(l), false) => Some(l.clone()),
+            (None, false) => {
+                return Err(anyhow!(
+                    "{} was saved by an older blobdrive that did not record the state it left \
+                     {path} in, so whether someone wrote to it since cannot be told; check the \
+                     drive, then run 'blobdrive recover {} --force' to apply it anyway",
+                    file.display(),
+                    file.display()
+                ))
+            }
+        };
+        // The file goes in under a new lease, taken only while the blob is as
+        // the lineage left it (`blob/lineage.rs` decides, and names what
+        // changed); --force takes it whatever happened since.
+        let lease_id = uuid::Uuid::new_v4().to_string();
+        let refused = |refusal: Refusal| match refusal {
+            Refusal::HeldByLineage { .. } | Refusal::LeasedElsewhere { .. } => {
+                anyhow!("not applying {}: {refusal}", file.display())
+            }
+            Refusal::NotRecorded { .. } => anyhow!(
+                "not applying {}: {refusal}; check the drive, then run 'blobdrive recover {} \
+                 --force' to apply it anyway",
+                file.display(),
+                file.display()
+            ),
+            _ => anyhow!(
+                "{path} changed since {} was saved: {refusal}; applying it would put older pages \
+                 over those writes; check the drive, then run 'blobdrive recover {} --force' to \
+                 apply it anyway",
+                file.display(),
+                file.display()
+            ),
+        };
+        match &lineage {
+            Some(l) => {
+                let taker = Taker::Recovery {
+                    lease_id: lease_id.clone(),
+                    break_held: break_lease,
+                };
+                match client
+                    .resume_lineage(&path, &l.lease_id, &l.mark, &taker)
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(ResumeError::Refused(r)) => return Err(refused(r)),
+                    Err(ResumeError::Backend(e)) => {
+                        return Err(anyhow!(
+                            "cannot check {path} before recovering into it: {e}"
+                        ))
+                    }
+                }
+            }
+            None if break_lease => {
+                // Forced: whatever holds the lease now is overridden.
+                let props = client
+                    .get_properties(&path)
+                    .await
+                    .map_err(|e| anyhow!("cannot read {path}: {e}"))?;
+                if props.lease_state == Some(crate::blob::LeaseState::Leased) {
+                    store
+                        .break_lease()
+                        .await
+                        .map_err(|e| anyhow!("breaking the lease on {path}: {e}"))?;
+                }
+            }
+            None => {}
+        }
+        let opts = DriveOptions {
             target: path.to_string(),
+            lease_id: Some(lease_id),
             ..DriveOptions::default()
         };
-        let drive = match Drive::open(store.clone(), opts()).await {
-            Err(drive::Error::InUse { .. }) if break_lease => {
-                store
-                    .break_lease()
-                    .await
-                    .map_err(|e| anyhow!("breaking the lease on {path}: {e}"))?;
-                Drive::open(store, opts()).await
-            }
-            other => other,
-        }
-        .map_err(|e| anyhow!("{e}"))?;
+        let drive = Drive::open(store, opts).await.map_err(|e| anyhow!("{e}"))?;
         let blob_size = drive.size_bytes() + crate::units::VHD_FOOTER_BYTES;
         if blob_size != rec.header.blob_size_bytes {
             let _ = drive.close().await;
@@ -79,35 +147,17 @@ pub fn run(ctx: &Context, args: &RecoverArgs) -> CmdResult {
                 rec.header.blob_size_bytes
             ));
         }
-        // Read under our lease, so the blob cannot change before the writes
-        // (and before the open's own fence, which changes the ETag but no
-        // page).
-        let now = drive.etag_at_open().map(str::to_string);
-        match (&rec.header.blob_etag, force) {
-            (Some(saved), false) if now.as_ref() != Some(saved) => {
-                let _ = drive.close().await;
-                return Err(anyhow!(
-                    "{path} changed since {} was saved (ETag {saved}, now {}): someone wrote \
-                     to it after this host lost it, and applying the file would put older \
-                     pages over those writes; check the drive, then run 'blobdrive recover {} \
-                     --force' to apply it anyway",
-                    file.display(),
-                    now.as_deref().unwrap_or("none"),
-                    file.display()
-                ));
-            }
-            (None, false) => tracing::warn!(
-                "{} does not say what the blob looked like when it was saved (the service did \
-                 not answer then): cannot check that {path} is unchanged since",
-                file.display()
-            ),
-            _ => {}
-        }
         for (offset, data) in &rec.runs {
             drive
                 .write_at(*offset, data)
                 .await
                 .map_err(|e| anyhow!("writing {path} at {offset}: {e}"))?;
+        }
+        for (offset, len) in &rec.zeros {
+            drive
+                .discard(*offset, *len)
+                .await
+                .map_err(|e| anyhow!("zeroing {path} at {offset}+{len}: {e}"))?;
         }
         drive.close().await.map_err(|e| {
             anyhow!(
@@ -121,7 +171,7 @@ pub fn run(ctx: &Context, args: &RecoverArgs) -> CmdResult {
         output::print_text(&format!(
             "recovered {} bytes in {} records into {path}; removed {}\n",
             rec.header.data_bytes,
-            rec.runs.len(),
+            rec.runs.len() + rec.zeros.len(),
             file.display()
         ));
         Ok(())

@@ -82,6 +82,9 @@ pub struct AttachOptions {
     /// `fs/write_log.rs`): what the dirty limit lets the cache hold, plus
     /// room for the writes in flight.
     pub write_log_bytes: u64,
+    /// The data key of an encrypted drive: a salvage seals what it saves
+    /// from the write log with it, as the blob would hold it.
+    pub data_key: Option<std::sync::Arc<crate::crypt::DataKey>>,
 }
 
 /// A partition of the drive, as the loop device sees it.
@@ -546,6 +549,7 @@ mod tests {
             fs_options: Vec::new(),
             partition: None,
             write_log_bytes: 0,
+            data_key: None,
         };
         assert_eq!(spec.mode(false), AttachMode::ReadWrite);
         assert_eq!(spec.mode(true), AttachMode::ReadOnly);

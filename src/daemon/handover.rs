@@ -45,6 +45,20 @@ const UPGRADE_PATH_MAX: usize = 1024;
 // The lease id every serving process of the attach proposes.
 const F_LEASE_ID: usize = 3584;
 const LEASE_ID_BYTES: usize = 36;
+// The mark of the attach's writer lineage (`blob/lineage.rs`): a
+// generation (odd while being written, 0 before the first), the epoch plus
+// one (0: none), the ETag's length and its bytes. These bytes were unused
+// in the layout's first release, so a state made by it reads as "no mark
+// recorded" and the format stays 1: either binary can take over from the
+// other (an upgrade and its rollback).
+const F_MARK_GEN: usize = 80;
+const F_MARK_EPOCH: usize = 88;
+const F_MARK_ETAG_LEN: usize = 96;
+const F_MARK_ETAG: usize = 3200;
+const MARK_ETAG_MAX: usize = 256;
+// The size of the drive's data area as the serving process last opened it
+// (0: not known), for a salvage that cannot ask storage.
+const F_DRIVE_BYTES: usize = 104;
 
 const READY: u64 = 1;
 const INIT_KNOWN: u64 = 2;
@@ -220,6 +234,71 @@ impl Handover {
             std::slice::from_raw_parts(self.mem.as_ptr().add(F_LEASE_ID), LEASE_ID_BYTES)
         };
         String::from_utf8_lossy(bytes).into_owned()
+    }
+
+    /// Records what the attach's writer lineage left its blob as. One
+    /// writer at a time (the serving process, under its fence's lock); a
+    /// reader after that process died sees the last complete record, or
+    /// none if it died mid-write. An ETag too long to keep records none.
+    pub fn set_mark(&self, mark: &crate::blob::Mark) {
+        let gen = self.field(F_MARK_GEN);
+        let g = gen.load(Ordering::Acquire);
+        let odd = if g % 2 == 1 { g } else { g + 1 };
+        gen.store(odd, Ordering::Release);
+        let etag = mark
+            .etag
+            .as_deref()
+            .filter(|e| e.len() <= MARK_ETAG_MAX)
+            .unwrap_or("");
+        // SAFETY: inside the mapping (the range is below BYTES); only this
+        // process writes it, readers check the generation around it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                etag.as_ptr(),
+                self.mem.as_ptr().add(F_MARK_ETAG),
+                etag.len(),
+            )
+        };
+        self.field(F_MARK_ETAG_LEN)
+            .store(etag.len() as u64, Ordering::Release);
+        self.field(F_MARK_EPOCH).store(
+            mark.epoch.map_or(0, |e| e.saturating_add(1)),
+            Ordering::Release,
+        );
+        gen.store(odd + 1, Ordering::Release);
+    }
+
+    /// The mark last recorded with [`Self::set_mark`]; None when none was
+    /// (a state of the first release, a lineage that never opened) or the
+    /// last record was torn.
+    pub fn mark(&self) -> Option<crate::blob::Mark> {
+        let gen = self.field(F_MARK_GEN);
+        let g = gen.load(Ordering::Acquire);
+        if g == 0 || g % 2 == 1 {
+            return None;
+        }
+        let len = (self.field(F_MARK_ETAG_LEN).load(Ordering::Acquire) as usize).min(MARK_ETAG_MAX);
+        let epoch = self.field(F_MARK_EPOCH).load(Ordering::Acquire);
+        // SAFETY: inside the mapping.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(self.mem.as_ptr().add(F_MARK_ETAG), len) }.to_vec();
+        if gen.load(Ordering::Acquire) != g {
+            return None;
+        }
+        Some(crate::blob::Mark {
+            epoch: epoch.checked_sub(1),
+            etag: (len > 0).then(|| String::from_utf8_lossy(&bytes).into_owned()),
+        })
+    }
+
+    /// Records the size of the drive's data area.
+    pub fn set_drive_bytes(&self, bytes: u64) {
+        self.field(F_DRIVE_BYTES).store(bytes, Ordering::Release);
+    }
+
+    /// The size recorded with [`Self::set_drive_bytes`]; None when none was.
+    pub fn drive_bytes(&self) -> Option<u64> {
+        Some(self.field(F_DRIVE_BYTES).load(Ordering::Acquire)).filter(|b| *b > 0)
     }
 
     /// Records the binary the next serving process runs (an upgrade).
@@ -424,6 +503,29 @@ mod tests {
         assert_eq!(next.handles(), vec![b]);
         assert!(next.was_ready());
         assert_eq!(next.takeovers(), 1);
+    }
+
+    #[test]
+    fn the_next_process_reads_the_lineage_mark_and_a_first_release_state_has_none() {
+        let state = Handover::create().unwrap();
+        assert_eq!(state.mark(), None, "nothing recorded yet");
+        let mark = crate::blob::Mark {
+            epoch: Some(0),
+            etag: Some("\"0x8DC0FFEE\"".into()),
+        };
+        state.set_mark(&mark);
+        assert_eq!(reopen(&state).mark(), Some(mark));
+        let later = crate::blob::Mark {
+            epoch: Some(7),
+            etag: None,
+        };
+        state.set_mark(&later);
+        assert_eq!(reopen(&state).mark(), Some(later));
+        // A torn record (the writer died between its two generation
+        // stores) reads as none.
+        let gen = state.field(F_MARK_GEN);
+        gen.store(gen.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        assert_eq!(reopen(&state).mark(), None);
     }
 
     #[test]

@@ -74,6 +74,9 @@ pub const TAKEOVER_FAILED: i32 = 75;
 pub const UPGRADE: i32 = 76;
 /// Exit status of a child whose exec of a new binary failed.
 const EXEC_FAILED: i32 = 77;
+/// Exit status of a serving process whose takeover was refused because
+/// another writer came between (`blob/lineage.rs`): salvaged at once.
+pub const FENCED: i32 = 78;
 /// Environment variable naming the descriptors a new binary takes over
 /// (`dev,state,log`; `-` for no log) and the one holding its command line.
 pub const HANDOVER_ENV: &str = "BLOBDRIVE_HANDOVER";
@@ -115,6 +118,8 @@ pub struct Generation {
     pub log: Option<Arc<WriteLog>>,
     /// Crashes so far (for messages).
     pub crashes: u64,
+    /// Why a salvage runs (empty for the other roles).
+    pub why: String,
 }
 
 /// The last stop signal received, for the holder loop.
@@ -122,9 +127,14 @@ static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 /// A stop signal arrived at some point (never cleared).
 static STOP_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The last stop signal that arrived (never cleared): a serving process
+/// forked after it acts on it even when the one it was passed to died
+/// first.
+static LAST_STOP: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn remember_signal(sig: libc::c_int) {
     PENDING_SIGNAL.store(sig, Ordering::SeqCst);
+    LAST_STOP.store(sig, Ordering::SeqCst);
     STOP_ASKED.store(true, Ordering::SeqCst);
 }
 
@@ -147,7 +157,12 @@ const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHU
 pub fn raise_pending_signal() {
     // Blocked across an upgrade's exec: delivered now, to the watch.
     block_stop_signals(false);
-    let sig = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
+    let mut sig = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
+    if sig == 0 {
+        // Forked from a holder that was asked to stop: the process it
+        // passed the signal to may have died before acting on it.
+        sig = LAST_STOP.load(Ordering::SeqCst);
+    }
     if sig != 0 {
         // SAFETY: plain syscall on this process.
         unsafe { libc::kill(libc::getpid(), sig) };
@@ -337,6 +352,8 @@ where
     let mut takeover_failing_since: Option<Instant> = None;
     let mut takeover_pause = Duration::from_millis(500);
     let mut salvage_pause = Duration::from_secs(1);
+    // Why the next salvage runs, for its recovery file and its message.
+    let mut salvage_why = String::new();
     let mut fork_failures = 0u32;
     let mut ready = Some(ready);
     loop {
@@ -413,6 +430,7 @@ where
                 state: state.clone(),
                 log,
                 crashes,
+                why: salvage_why.clone(),
             };
             std::process::exit(serve(generation, readiness));
         }
@@ -451,6 +469,18 @@ where
             continue;
         }
         let served = state.serving_since_ms() >= forked_ms;
+        if let (Ended::Exited(FENCED), Role::Takeover) = (&status, role) {
+            // Another writer came between: no retry can change that, and
+            // the log's writes must not go over its data. Saved as they are.
+            tracing::error!(
+                pid,
+                "the takeover was refused: another writer changed the drive after this attach                  lost it; saving what the write log holds and ending the attach"
+            );
+            salvage_why = "another writer changed the drive after this attach lost its lease                            (the takeover's refusal says what changed)"
+                .to_string();
+            role = Role::Salvage;
+            continue;
+        }
         if let (Ended::Exited(TAKEOVER_FAILED), true) = (&status, served) {
             // It took over and served, then failed at its end (an unmount
             // whose flush failed saved a recovery file): that ends the
@@ -480,6 +510,10 @@ where
             tracing::error!(
                 pid,
                 "takeovers failed for {} s; saving what the write log holds and ending the attach",
+                TAKEOVER_BUDGET.as_secs()
+            );
+            salvage_why = format!(
+                "takeovers of the attach failed for {} s",
                 TAKEOVER_BUDGET.as_secs()
             );
             role = Role::Salvage;
@@ -550,6 +584,10 @@ where
                 crashes,
                 "serving process {crashed}: {crashes} processes in a row died within {} s of \
                  serving; saving the logged writes to a recovery file and ending the attach",
+                EARLY_CRASH.as_secs()
+            );
+            salvage_why = format!(
+                "{crashes} serving processes in a row died within {} s of serving",
                 EARLY_CRASH.as_secs()
             );
             role = Role::Salvage;
@@ -632,6 +670,7 @@ fn adopt_handover(value: &str) -> std::io::Result<Generation> {
         state: Arc::new(state),
         log,
         crashes: 0,
+        why: String::new(),
     })
 }
 
@@ -857,6 +896,31 @@ fn watch(pid: libc::pid_t, state: &Handover, when_ready: &mut dyn FnMut(&Handove
 /// None outside an attach under a holder.
 pub fn attach_lease_id() -> Option<String> {
     PUBLISHED.get().map(|p| p.state.lease_id())
+}
+
+/// How the drive of this process's attach stands to the attach's writer
+/// lineage: a fresh attach starts it; a successor (`takeover`) resumes it
+/// from the mark its predecessors recorded in the state (none recorded, as
+/// in a state of the first release: the lease must still be held). Every
+/// change of the mark is recorded there.
+pub fn attach_lineage(takeover: bool) -> crate::drive::LineageOptions {
+    let Some(p) = PUBLISHED.get() else {
+        return Default::default();
+    };
+    let state = p.state.clone();
+    crate::drive::LineageOptions {
+        resume: takeover.then(|| p.state.mark().unwrap_or_default()),
+        recorder: Some(std::sync::Arc::new(move |m: &crate::blob::Mark| {
+            state.set_mark(m)
+        })),
+    }
+}
+
+/// Records the size of the attach's drive in its state (for a salvage).
+pub fn record_drive_bytes(bytes: u64) {
+    if let Some(p) = PUBLISHED.get() {
+        p.state.set_drive_bytes(bytes);
+    }
 }
 
 /// What `stats` shows about this serving process and its holder.

@@ -40,6 +40,7 @@ pub mod mountpoint;
 pub mod new_uuid;
 pub mod readiness;
 pub mod registry;
+pub mod salvage;
 pub mod served;
 
 use std::ffi::CString;
@@ -268,8 +269,11 @@ where
                     tracing::error!("{err:#}");
                     // A takeover that could not finish counts as a crash
                     // (the holder tries again, up to its crash limit); the
-                    // first start's failure ends the attach.
-                    if takeover {
+                    // first start's failure ends the attach. One refused by
+                    // the drive's lineage is salvaged at once.
+                    if err.downcast_ref::<FencedTakeover>().is_some() {
+                        holder::FENCED
+                    } else if takeover {
                         holder::TAKEOVER_FAILED
                     } else {
                         1
@@ -605,6 +609,12 @@ where
         holder::publish(gen.state.clone(), gen.log.clone(), oom_score_adj);
         runtime.spawn(holder::beat(gen.state.clone()));
     }
+    if role == Some(holder::Role::Salvage) {
+        // From the write log alone: no storage, no lease, no catalog.
+        let gen = generation.as_ref().expect("a salvage has its generation");
+        let spec = opts.attach.as_ref().expect("only attaches are salvaged");
+        return salvage_log(spec, gen);
+    }
     let catalog = runtime.block_on(make_catalog())?;
     let socket_path = control::socket_path_of_canonical(mountpoint);
     let (listener, metrics_listener) = {
@@ -863,7 +873,10 @@ async fn take_over(
         }
         core.open_as(kept.ino, kept.writable, Some(kept.fh))
             .await
-            .map_err(|e| anyhow!("cannot open the drive again: {e}"))?;
+            .map_err(|e| match e.fenced {
+                true => anyhow::Error::new(FencedTakeover(e.message)),
+                false => anyhow!("cannot open the drive again: {e}"),
+            })?;
         if kept.writable {
             writable_fh.get_or_insert(kept.fh);
         }
@@ -882,6 +895,41 @@ async fn take_over(
         );
     }
     Ok(())
+}
+
+/// A takeover the drive refused: another writer changed it after the
+/// attach lost its lease (`blob/lineage.rs`). No retry can change that.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}; the write log's writes are not replayed over it")]
+struct FencedTakeover(String);
+
+/// The salvage role: saves what the write log holds in a recovery file
+/// (`salvage.rs`) and ends the attach. A failure to write the file keeps
+/// the log (the holder tries again).
+fn salvage_log(spec: &AttachOptions, gen: &holder::Generation) -> anyhow::Result<()> {
+    let why = if gen.why.is_empty() {
+        "the attach's serving processes could not go on".to_string()
+    } else {
+        gen.why.clone()
+    };
+    let Some(log) = gen.log.as_deref() else {
+        bail!("{why}; the attach ends (its write log was off: writes acknowledged and not flushed are lost)");
+    };
+    let saved = salvage::save_log(spec, &gen.state, log, &why)
+        .with_context(|| format!("{why}; saving what the write log holds failed"))?;
+    // In the recovery file now (fsynced): the log's records are no longer
+    // the only copy, and an empty log lets the holder end.
+    log.trim_before(log.flush_mark());
+    match saved {
+        Some(path) => bail!(
+            "{why}; the attach ends. Acknowledged writes not yet in the blob are saved in {}: \
+             'blobdrive recover {} --break-lease' applies them once this attach has ended, if \
+             no one else wrote to the drive since",
+            path.display(),
+            path.display()
+        ),
+        None => bail!("{why}; the attach ends. No acknowledged write was waiting"),
+    }
 }
 
 /// Why a successor ends the attach instead of serving.
@@ -1037,6 +1085,9 @@ struct ControlSocket<'a> {
 struct StopSignals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    /// The holder passes SIGHUP on as a stop too (its terminal or its
+    /// unit went away).
+    hup: tokio::signal::unix::Signal,
 }
 
 impl StopSignals {
@@ -1046,6 +1097,7 @@ impl StopSignals {
         Ok(StopSignals {
             term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
             int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+            hup: signal(SignalKind::hangup()).context("cannot watch SIGHUP")?,
         })
     }
 }
@@ -1062,6 +1114,7 @@ async fn run_until_shutdown(
     let StopSignals {
         term: mut sigterm,
         int: mut sigint,
+        hup: mut sighup,
     } = signals;
     let (unmount_tx, mut unmount_rx) = mpsc::channel(4);
     let answers = Arc::new(control::MountControl {
@@ -1085,6 +1138,11 @@ async fn run_until_shutdown(
             }
             _ = sigint.recv() => {
                 tracing::info!("SIGINT: unmounting");
+                readiness::notify_systemd("STOPPING=1");
+                break shut_down_all(&core, &fuse_mountpoint, &mut ended, attachment, OnBusy::DetachLazily).await;
+            }
+            _ = sighup.recv() => {
+                tracing::info!("SIGHUP: unmounting");
                 readiness::notify_systemd("STOPPING=1");
                 break shut_down_all(&core, &fuse_mountpoint, &mut ended, attachment, OnBusy::DetachLazily).await;
             }

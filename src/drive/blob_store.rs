@@ -21,7 +21,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::store::{BlobState, PageStore};
-use crate::blob::{BlobClient, BlobPath, Error, ErrorKind, Result, WriteFence};
+use crate::blob::fence::MarkRecorder;
+use crate::blob::{
+    BlobClient, BlobPath, Error, ErrorKind, Mark, Result, ResumeError, Standing, WriteFence,
+};
 use crate::metrics;
 use crate::units::ByteRange;
 
@@ -145,6 +148,43 @@ impl PageStore for BlobPageStore {
 
     async fn etag(&self) -> Result<Option<String>> {
         Ok(self.client.get_properties(&self.path).await?.etag)
+    }
+
+    fn lineage_mark(&self) -> Option<Mark> {
+        Some(self.fence.mark())
+    }
+
+    fn record_lineage(&self, recorder: MarkRecorder) {
+        self.fence.record_with(recorder)
+    }
+
+    async fn resume_lineage(
+        &self,
+        lease_id: &str,
+        mark: &Mark,
+    ) -> std::result::Result<Standing, ResumeError> {
+        self.writable("acquire lease")?;
+        self.client
+            .resume_lineage(&self.path, lease_id, mark, &crate::blob::Taker::Successor)
+            .await
+    }
+
+    async fn state_under_lease(&self, lease_id: &str) -> Result<Mark> {
+        self.client.state_under_lease(&self.path, lease_id).await
+    }
+
+    async fn settle_lineage(&self, lease_id: &str) {
+        let Some(begun) = self.fence.unsettled() else {
+            return;
+        };
+        match self.client.state_under_lease(&self.path, lease_id).await {
+            Ok(m) => self
+                .fence
+                .settled(begun, m.epoch.unwrap_or_default(), m.etag),
+            Err(e) => {
+                tracing::debug!(target_blob = %self.path, error = %e, "cannot read the blob's ETag under the lease")
+            }
+        }
     }
 
     async fn state(&self) -> Result<BlobState> {

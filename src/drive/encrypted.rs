@@ -131,6 +131,30 @@ impl<S: PageStore + ?Sized> PageStore for EncryptedStore<S> {
         self.inner.etag().await
     }
 
+    fn lineage_mark(&self) -> Option<crate::blob::Mark> {
+        self.inner.lineage_mark()
+    }
+
+    fn record_lineage(&self, recorder: crate::blob::fence::MarkRecorder) {
+        self.inner.record_lineage(recorder)
+    }
+
+    async fn resume_lineage(
+        &self,
+        lease_id: &str,
+        mark: &crate::blob::Mark,
+    ) -> std::result::Result<crate::blob::Standing, crate::blob::ResumeError> {
+        self.inner.resume_lineage(lease_id, mark).await
+    }
+
+    async fn state_under_lease(&self, lease_id: &str) -> Result<crate::blob::Mark> {
+        self.inner.state_under_lease(lease_id).await
+    }
+
+    async fn settle_lineage(&self, lease_id: &str) {
+        self.inner.settle_lineage(lease_id).await
+    }
+
     async fn state(&self) -> Result<super::store::BlobState> {
         let st = self.inner.state().await?;
         self.data_end_bytes.store(

@@ -111,9 +111,23 @@ pub enum Error {
         /// Why the release failed, as the service said.
         release: String,
     },
+    /// An open that continues a writer lineage found the blob changed
+    /// since the lineage left it (another writer came between): nothing of
+    /// the lineage's may go into it (`blob/lineage.rs`).
+    #[error("{0}")]
+    Fenced(blob::Refusal),
     /// The blob service failed (after the client's retries).
     #[error(transparent)]
     Backend(#[from] blob::Error),
+}
+
+impl From<blob::ResumeError> for Error {
+    fn from(e: blob::ResumeError) -> Self {
+        match e {
+            blob::ResumeError::Refused(r) => Error::Fenced(r),
+            blob::ResumeError::Backend(b) => Error::Backend(b),
+        }
+    }
 }
 
 impl Error {
@@ -131,6 +145,7 @@ impl Error {
             Error::NotADrive { .. } => libc::EINVAL,
             Error::CopyIncomplete { .. } => libc::EIO,
             Error::Changed { .. } => libc::EIO,
+            Error::Fenced(_) => libc::EIO,
             Error::Backend(e) if e.is_not_found() => libc::ENOENT,
             Error::Backend(e) if e.is_auth_failure() => libc::EACCES,
             Error::Backend(_) => libc::EIO,

@@ -86,6 +86,30 @@ impl Lease {
         }
     }
 
+    /// Take again the lease `id` of a writer lineage that left the blob as
+    /// `mark`, only if the blob is still so (`blob/lineage.rs`): a refusal
+    /// is [`Error::Fenced`], naming what changed.
+    pub async fn resume(
+        store: &dyn PageStore,
+        id: String,
+        mark: &crate::blob::Mark,
+        target: &str,
+        key: &str,
+        meters: &Meters,
+    ) -> Result<Self> {
+        add(&meters.lease, 1);
+        let standing = store.resume_lineage(&id, mark).await?;
+        let hint: String = id.chars().take(8).collect();
+        tracing::info!(target = %target, lease_id_hint = %hint, ?standing, "lease taken again: the blob is as this attach left it");
+        unreleased().remove(key);
+        Ok(Lease {
+            id: Some(id),
+            lost: AtomicBool::new(false),
+            target: target.to_string(),
+            key: key.to_string(),
+        })
+    }
+
     /// The lease id every write must carry.
     pub fn id(&self) -> Option<&str> {
         self.id.as_deref()

@@ -91,6 +91,30 @@ pub struct DriveOptions {
     /// The disk tier below the memory cache (`--cache-dir`,
     /// `--disk-cache-size`); `None`: memory only.
     pub disk_cache: Option<DiskCacheOptions>,
+    /// The writer lineage a read-write open continues, and where its mark
+    /// is recorded.
+    pub lineage: LineageOptions,
+}
+
+/// How a read-write open stands to a writer lineage (`blob/lineage.rs`).
+#[derive(Clone, Default)]
+pub struct LineageOptions {
+    /// What the lineage left the blob as: the open takes the lease
+    /// ([`DriveOptions::lease_id`]) again only if the blob is still so, and
+    /// fails with [`Error::Fenced`] otherwise. `None`: a new lineage starts
+    /// with this open.
+    pub resume: Option<crate::blob::Mark>,
+    /// Told the mark at open and at every change of it.
+    pub recorder: Option<crate::blob::fence::MarkRecorder>,
+}
+
+impl std::fmt::Debug for LineageOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LineageOptions")
+            .field("resume", &self.resume)
+            .field("recorder", &self.recorder.is_some())
+            .finish()
+    }
 }
 
 /// How a drive's memory bound is split (see [`DriveOptions::memory_budget`]).
@@ -152,6 +176,7 @@ impl Default for DriveOptions {
             lease_id: None,
             target: String::from("drive"),
             disk_cache: None,
+            lineage: LineageOptions::default(),
         }
     }
 }
@@ -271,6 +296,14 @@ impl Inner {
             return Err(Error::ReadOnly);
         }
         self.lease.check()
+    }
+
+    /// After a durable flush: makes the lineage's mark known again if the
+    /// flush's parallel writes left the ETag of its last change unknown.
+    pub(crate) async fn settle_lineage(&self) {
+        if let (Some(id), Ok(())) = (self.lease.id(), self.lease.check()) {
+            self.store.settle_lineage(id).await;
+        }
     }
 }
 
@@ -476,6 +509,9 @@ impl Drive {
         }
         let started = std::time::Instant::now();
         let out = self.inner.flush_pass().await;
+        if out.is_ok() {
+            self.inner.settle_lineage().await;
+        }
         let elapsed = started.elapsed();
         crate::metrics::observe(
             &self.inner.target,
@@ -572,9 +608,25 @@ impl Drive {
         self.inner.cache.dirty_bytes()
     }
 
+    /// What this drive's writer lineage left the blob as, as far as the
+    /// drive knows (`blob/lineage.rs`); None for a store without lineages.
+    pub fn lineage_mark(&self) -> Option<crate::blob::Mark> {
+        self.inner.store.lineage_mark()
+    }
+
+    /// The blob's state read under this drive's lease: what a recovery
+    /// file saved now records as its lineage's mark. An error when the
+    /// lease is not held (or storage does not answer).
+    pub async fn state_under_lease(&self) -> Result<crate::blob::Mark> {
+        let Some(id) = self.inner.lease.id() else {
+            return Err(self.inner.lease.lost_error());
+        };
+        self.inner.lease.check()?;
+        Ok(self.inner.store.state_under_lease(id).await?)
+    }
+
     /// The blob's ETag when this open read it (under its lease for a
-    /// read-write open, before the open's fence: the state a recovery file
-    /// saved earlier is compared with).
+    /// read-write open, before the open's fence).
     pub fn etag_at_open(&self) -> Option<&str> {
         self.inner.etag_at_open.as_deref()
     }

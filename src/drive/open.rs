@@ -40,7 +40,13 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
                 .lease_id
                 .clone()
                 .unwrap_or_else(|| super::lease::proposed_id(&key));
-            Lease::acquire(store.as_ref(), id, &target, &key, &meters).await?
+            match &opts.lineage.resume {
+                // A lineage's successor: only if no one came between.
+                Some(mark) => {
+                    Lease::resume(store.as_ref(), id, mark, &target, &key, &meters).await?
+                }
+                None => Lease::acquire(store.as_ref(), id, &target, &key, &meters).await?,
+            }
         }
         Mode::ReadOnly | Mode::Snapshot => Lease::none(&target),
     };
@@ -82,6 +88,15 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         etag,
         metadata,
     } = read;
+    if let (Mode::ReadWrite, Some(id)) = (opts.mode, lease.id()) {
+        // The state read under the lease is the lineage's from here on:
+        // recorded before anything is written, so a successor that finds
+        // the lease broken can tell whether anyone wrote since.
+        store.settle_lineage(id).await;
+        if let Some(recorder) = &opts.lineage.recorder {
+            store.record_lineage(recorder.clone());
+        }
+    }
     // The tier is trusted only at the ETag this open read (and pinned):
     // one recorded at a newer state is not this open's.
     let encrypted = crate::crypt::KeySlots::is_encrypted(&metadata);

@@ -13,7 +13,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::blob::error::Result;
-use crate::blob::{BodySink, CopyStatus};
+use crate::blob::fence::MarkRecorder;
+use crate::blob::{BodySink, CopyStatus, Mark, ResumeError, Standing};
 pub use crate::units::ByteRange;
 
 /// What the engine reads of a blob's properties, in one request: enough to
@@ -200,6 +201,42 @@ pub trait PageStore: Send + Sync + 'static {
     fn retry_budget(&self) -> Duration {
         crate::blob::RetryPolicy::default().max_total
     }
+
+    /// What this store's writer lineage left the blob as, as far as it
+    /// knows (`blob/lineage.rs`); None for a store without one.
+    fn lineage_mark(&self) -> Option<Mark> {
+        None
+    }
+
+    /// Reports every change of the lineage's mark to `recorder`.
+    fn record_lineage(&self, _recorder: MarkRecorder) {}
+
+    /// Takes the lease `lease_id` of a lineage that left the blob as `mark`
+    /// again, only if the blob is still as it was left. The default, for a
+    /// store without lineages, takes the lease.
+    async fn resume_lineage(
+        &self,
+        lease_id: &str,
+        _mark: &Mark,
+    ) -> std::result::Result<Standing, ResumeError> {
+        self.acquire_lease(lease_id).await?;
+        Ok(Standing::StillHeld)
+    }
+
+    /// The blob's state read under the lease `lease_id` (an error when that
+    /// lease is not the blob's active one). The default reads the ETag.
+    async fn state_under_lease(&self, _lease_id: &str) -> Result<Mark> {
+        Ok(Mark {
+            epoch: None,
+            etag: self.etag().await?,
+        })
+    }
+
+    /// Makes the lineage's mark known again when its last change's ETag is
+    /// not (two changes answered in flight together): reads it under the
+    /// lease. A failure leaves it unknown (logged), as a refusal later is
+    /// the safe side.
+    async fn settle_lineage(&self, _lease_id: &str) {}
 }
 
 /// True when a read pinned with [`PageStore::pin_reads`] failed because the

@@ -309,16 +309,20 @@ impl Inner {
         let Some(disk) = self.disk.clone() else {
             return;
         };
-        let etag = if self.mode == Mode::ReadWrite && self.lease.check().is_ok() {
-            match self.store.etag().await {
-                Ok(e) => e,
+        // Recorded clean only at a state read under this lineage's lease:
+        // that read fails once someone broke the lease, even when this drive
+        // never wrote again to notice (the local flag alone would record
+        // the tier at a state holding the other writer's pages).
+        let lease_id = self.lease.id().filter(|_| self.lease.check().is_ok());
+        let etag = match (self.mode, lease_id) {
+            (Mode::ReadWrite, Some(id)) => match self.store.state_under_lease(id).await {
+                Ok(mark) => mark.etag,
                 Err(e) => {
-                    tracing::warn!(target = %self.target, error = %e, "disk cache not kept: no ETag at close");
+                    tracing::warn!(target = %self.target, error = %e, "disk cache not kept: the lease cannot be shown held at close");
                     None
                 }
-            }
-        } else {
-            None
+            },
+            _ => None,
         };
         let target = self.target.clone();
         let done = tokio::task::spawn_blocking(move || disk.finish(etag.as_deref())).await;

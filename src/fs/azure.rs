@@ -234,7 +234,9 @@ fn blob_error(e: &blob::Error) -> FsError {
 }
 
 fn drive_error(e: crate::drive::Error) -> FsError {
-    FsError::new(e.errno(), e.to_string())
+    let mut err = FsError::new(e.errno(), e.to_string());
+    err.fenced = matches!(e, crate::drive::Error::Fenced(_));
+    err
 }
 
 fn modified(item: &BlobItem) -> Option<SystemTime> {

@@ -23,6 +23,10 @@ pub struct FsError {
     /// The failure left no data behind: everything written is durable
     /// (a lease that could not be released after the last flush).
     pub data_durable: bool,
+    /// The drive refused to open because another writer came between its
+    /// writer lineage and now (`blob/lineage.rs`): a takeover must not
+    /// retry, but save what it holds.
+    pub fenced: bool,
 }
 
 impl FsError {
@@ -32,6 +36,7 @@ impl FsError {
             errno,
             message: message.into(),
             data_durable: false,
+            fenced: false,
         }
     }
 

@@ -793,7 +793,7 @@ impl Session {
 
 /// What a range of the drive holds once every logged request is applied.
 #[derive(Clone, Copy)]
-enum Piece<'a> {
+pub enum Piece<'a> {
     /// These bytes (a slice of a write record).
     Data(&'a [u8]),
     /// Zeros, made by a FALLOCATE of this mode (punch hole or zero range).
@@ -872,6 +872,20 @@ fn merge_records<'a>(
         map.insert(start, (end, piece));
     }
     Ok(map)
+}
+
+/// Calls `each(start, end, piece)` for what the log's COMMITTED records
+/// leave each range they touch holding (last writer winning), in order of
+/// `start`, without applying anything: what a salvage saves.
+pub fn logged_changes(
+    log: &WriteLog,
+    mut each: impl FnMut(u64, u64, Piece<'_>) -> io::Result<()>,
+) -> io::Result<()> {
+    let records = log.committed()?;
+    for (start, (end, piece)) in merge_records(&records)? {
+        each(start, end, piece)?;
+    }
+    Ok(())
 }
 
 /// Applies what a process that died had acknowledged (the COMMITTED
