@@ -247,6 +247,37 @@ async fn a_blob_changed_by_another_client_drops_the_cache() {
 }
 
 #[tokio::test]
+async fn a_tier_whose_lease_was_broken_is_not_recorded_clean_at_another_hosts_state() {
+    let g = ContainerGuard::new("dcache-broken").await;
+    let size = 32 * MIB;
+    let data = 8 * MIB;
+    let path = make_drive(&g, "b.vhd", size, data, 4).await;
+    let cache = tempfile::tempdir().unwrap();
+    let d = open(&g.client, &path, opts(Mode::ReadWrite, cache.path(), GIB)).await;
+    read_all(&d, data).await;
+    // Another host breaks the lease and writes; this drive has nothing
+    // dirty, so no request of its own notices before it closes.
+    g.client.break_lease(&path, Some(0)).await.unwrap();
+    let theirs = pattern(77, 2 * MIB, MIB as usize);
+    g.client
+        .put_pages(&path, 2 * MIB, theirs.clone().into(), None)
+        .await
+        .unwrap();
+    let _ = d.close().await;
+
+    for mode in [Mode::ReadWrite, Mode::ReadOnly] {
+        let d = open(&g.client, &path, opts(mode, cache.path(), GIB)).await;
+        let all = read_all(&d, data).await;
+        assert!(
+            all[2 * MIB as usize..3 * MIB as usize] == theirs[..],
+            "{mode:?}: the other host's bytes, not the tier's"
+        );
+        assert!(all[..2 * MIB as usize] == pattern(4, 0, 2 * MIB as usize)[..]);
+        d.close().await.unwrap();
+    }
+}
+
+#[tokio::test]
 async fn a_corrupted_cache_file_is_detected_and_reads_stay_right() {
     let g = ContainerGuard::new("dcache-corrupt").await;
     let size = 32 * MIB;

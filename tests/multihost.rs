@@ -409,3 +409,103 @@ fn a_paused_host_that_lost_its_drive_writes_nothing_after_the_takeover_and_keeps
     mounted.unmount();
     device.detach();
 }
+
+/// The takeover of an attach whose lease another host broke and wrote
+/// under: A's serving process dies while A cannot reach storage, B breaks
+/// the lease, writes and unmounts; when A's network comes back, A's holder
+/// must not take the lease again and replay its write log over B's data:
+/// the log goes to a recovery file, which `recover` refuses to apply.
+#[test]
+fn a_takeover_after_another_host_broke_the_lease_and_wrote_saves_the_log_instead_of_replaying_it() {
+    if !netns::can_run("multihost_fenced_takeover") {
+        return;
+    }
+    let mut storage = Storage::start();
+    let a = storage.host("a");
+    let b = storage.host("b");
+    let drive = "hosts/fenced.vhd";
+    a.ok(&["create", drive, "--size", "64M", "--mkfs", "ext4"]);
+    let a_dir = a.mount(drive, "a", &["--flush-delay", "10m", "-o", "commit=600"]);
+    let mut rng = Rng::from_env("BLOBDRIVE_MULTIHOST_SEED");
+    let base = rng.bytes(200_000);
+    write_durably(&a.view(&a_dir).join("base.bin"), &base);
+    // A's marker: acknowledged, in A's write log only.
+    let token = rng.bytes(32);
+    let marker: Vec<u8> = token.iter().copied().cycle().take(1 << 20).collect();
+    write_back_without_flush(&a.view(&a_dir).join("marker.bin"), &marker);
+    assert!(dirty_bytes(&a, &a_dir) >= marker.len() as u64);
+
+    // A's link goes down, then its serving process dies: its holder's
+    // takeovers fail (no storage) and are tried again.
+    let link = |state: &str| {
+        let status = a
+            .command("ip", &["link", "set", "eth0", state])
+            .status()
+            .unwrap();
+        assert!(status.success(), "ip link set eth0 {state}");
+    };
+    let serving = a.stats(&a_dir)["pid"].as_i64().expect("the serving pid") as i32;
+    link("down");
+    send_signal(serving, libc::SIGKILL);
+
+    // B breaks the lease, writes durably and unmounts.
+    let b_dir = b.mount(drive, "b", &["--break-lease"]);
+    let b_data = rng.bytes(1 << 20);
+    write_durably(&b.view(&b_dir).join("b.bin"), &b_data);
+    b.unmount(&b_dir);
+
+    // A's network comes back: its next takeover is refused and the log is
+    // saved, never replayed.
+    link("up");
+    let a_log = a.log_path("a");
+    let log = || std::fs::read_to_string(&a_log).unwrap_or_default();
+    system::wait_for(
+        "A's holder to save its log in a recovery file",
+        Duration::from_secs(180),
+        || !a.recovery_files().is_empty(),
+    );
+    assert!(
+        log().contains("another blobdrive host wrote"),
+        "A's log names what changed: {}",
+        log()
+    );
+    let files = a.recovery_files();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let saved = std::fs::read(&files[0]).expect("read the recovery file");
+    assert!(contains(&saved, &token), "A's log went to the file");
+    let file_s = files[0].to_string_lossy().to_string();
+    let recover = a.blobdrive(&["recover", &file_s]);
+    assert!(
+        !recover.status.success(),
+        "recover applied A's stale pages over B's data"
+    );
+
+    // The blob holds B's filesystem, intact, and none of A's marker.
+    let image = b.root.path().join("image.raw");
+    b.ok(&["download", drive, &image.to_string_lossy(), "--raw"]);
+    let bytes = std::fs::read(&image).expect("read the image");
+    assert!(
+        !contains(&bytes, &token),
+        "A's logged marker reached the blob after B wrote"
+    );
+    drop(bytes);
+    let fsck =
+        system::run_quietly("e2fsck", &["-fn", &image.to_string_lossy()]).expect("run e2fsck");
+    assert!(
+        fsck.status.success(),
+        "the filesystem B left is not clean: {}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
+    let device = system::LoopDevice::attach_read_only(&image);
+    let check: PathBuf = b.root.path().join("check");
+    let mounted = system::BlockMount::mount_with(&device.device, &check, "ro,noload");
+    for (name, data) in [("base.bin", &base), ("b.bin", &b_data)] {
+        assert_eq!(
+            workload::sha_file(&mounted.path(name)).unwrap_or_default(),
+            sha(data),
+            "{name} is not intact in the blob"
+        );
+    }
+    mounted.unmount();
+    device.detach();
+}

@@ -780,6 +780,82 @@ async fn writes_an_export_cannot_flush_after_its_lease_was_broken_go_to_a_recove
     assert_eq!(saved.len(), 1, "one recovery file for the drive");
 }
 
+/// The recovery files in the sandbox's recovery directory.
+fn saved_files(sb: &Sandbox) -> Vec<PathBuf> {
+    std::fs::read_dir(sb.recovery_dir())
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "bdrec"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What the blob holds at `offset`, read by the test's own client.
+async fn blob_at(g: &ContainerGuard, drive: &str, offset: u64, len: u64) -> Vec<u8> {
+    let path = blobdrive::blob::BlobPath::parse(drive).expect("a blob path");
+    g.client
+        .get_blob_range(
+            &path,
+            blobdrive::units::ByteRange::new(offset, offset + len),
+        )
+        .await
+        .expect("read the blob")
+        .to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recover_refuses_a_file_whose_drive_another_host_wrote_after_the_break_though_it_stopped_before_the_save(
+) {
+    // Host A: a write acknowledged and not flushed.
+    let g = ContainerGuard::new("nbd-fence").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let a = Served::start(&sb, "a", &[&drive], &["--flush-delay", "10m"]);
+    let mut c = nbd_support::Client::connect(&a.socket);
+    c.go_structured(&drive);
+    let ours = vec![0xaa; MIB as usize];
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, MIB as u32, &ours).error, 0);
+    // An operator breaks A's lease; host B writes the same bytes and is done
+    // (it releases its lease) before A saves anything.
+    sb.blobdrive_ok(&["break-lease", &drive]);
+    let b = Served::start(&sb, "b", &[&drive], &[]);
+    let mut cb = nbd_support::Client::connect(&b.socket);
+    cb.go_structured(&drive);
+    let theirs = vec![0xbb; MIB as usize];
+    assert_eq!(cb.call(NBD_CMD_WRITE, 0, 0, MIB as u32, &theirs).error, 0);
+    assert_eq!(cb.call(NBD_CMD_FLUSH, 0, 0, 0, &[]).error, 0);
+    drop(cb);
+    assert!(b.stop().0.success(), "B unmounts cleanly");
+    // A's flush fails; its unmount saves the data.
+    assert_eq!(c.call(NBD_CMD_FLUSH, 0, 0, 0, &[]).error, NBD_EIO);
+    drop(c);
+    assert_eq!(a.stop().0.code(), Some(1));
+    let saved = saved_files(&sb);
+    assert_eq!(saved.len(), 1, "one recovery file for A's data");
+    let file = saved[0].to_string_lossy().to_string();
+
+    let out = sb.blobdrive(&["recover", &file]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("another blobdrive host wrote") && stderr.contains("--force"),
+        "names what changed and how to override: {stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert_eq!(
+        blob_at(&g, &drive, 0, MIB).await,
+        theirs,
+        "B's write survives"
+    );
+    assert!(saved[0].exists(), "a refused file is kept");
+    // Forced, the operator's call: A's pages go in.
+    sb.blobdrive_ok(&["recover", &file, "--force"]);
+    assert_eq!(blob_at(&g, &drive, 0, MIB).await, ours);
+}
+
 /// The rows of `list --mounted --json` that are exports (`"kind": "nbd"`).
 /// A background server's pid, killed (SIGKILL) when dropped if still alive,
 /// so a failing test leaves no server behind.

@@ -208,7 +208,10 @@ impl WriteFence {
         if s.changes_begun != begun || s.changes_in_flight != 0 {
             return;
         }
-        s.current = Some(s.current.map_or(seq, |c| c.max(seq)));
+        // Learnt as any reading of the number is: a new fence still
+        // raises it before its first write, which is what tells a lineage
+        // that left the blob at this number that another writer came.
+        s.learn(seq);
         s.own_etag = etag;
         self.record(&s);
     }
@@ -375,6 +378,18 @@ mod tests {
         assert_eq!(f.step(), FenceStep::Send(1));
         drop(InFlight::arm(&f, 1));
         assert_eq!(f.step(), FenceStep::Raise(2));
+    }
+
+    #[test]
+    fn a_number_read_under_the_lease_at_open_is_still_raised_before_the_first_write() {
+        let f = WriteFence::new();
+        let begun = f.unsettled().expect("nothing known at open");
+        f.settled(begun, 3, Some("e".into()));
+        assert_eq!(
+            f.step(),
+            FenceStep::Raise(4),
+            "every writer raises the number: a lineage that left it at 3 sees it passed"
+        );
     }
 
     #[test]
