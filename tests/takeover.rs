@@ -533,7 +533,15 @@ fn a_crash_loop_ends_the_attach_and_saves_the_logged_writes_to_a_recovery_file()
     if !netns::can_run("takeover_crash_loop") {
         return;
     }
-    crash_loop(false);
+    crash_loop(false, false);
+}
+
+#[test]
+fn a_salvage_of_an_encrypted_drive_saves_ciphertext_that_recover_puts_back() {
+    if !netns::can_run("takeover_salvage_encrypted") {
+        return;
+    }
+    crash_loop(false, true);
 }
 
 #[test]
@@ -541,19 +549,38 @@ fn a_salvage_saves_the_logged_writes_without_reaching_storage() {
     if !netns::can_run("takeover_salvage_outage") {
         return;
     }
-    crash_loop(true);
+    crash_loop(true, false);
 }
 
 /// Three serving processes killed in a row as soon as each serves, with
 /// writes only the log holds; with `outage`, the host's network is down
 /// from before the last kill until the attach has ended.
-fn crash_loop(outage: bool) {
+/// With `encrypted`, the drive is encrypted: the salvage seals the log's
+/// plaintext with the drive's key.
+fn crash_loop(outage: bool, encrypted: bool) {
     let mut storage = Storage::start();
     let host = storage.host("loop");
     let drive = "loop/l.vhd";
-    host.ok(&["create", drive, "--size", "256M", "--mkfs", "ext4"]);
+    let key = host.root.path().join("key");
+    std::fs::write(&key, [0x42u8; 32]).unwrap();
+    let key_s = key.to_string_lossy().to_string();
+    let keyed: &[&str] = if encrypted {
+        &["--encrypt", "--key-file", &key_s]
+    } else {
+        &[]
+    };
+    let mut create = vec!["create", drive, "--size", "256M", "--mkfs", "ext4"];
+    create.extend(keyed);
+    host.ok(&create);
+    let key_flags: &[&str] = if encrypted {
+        &["--key-file", &key_s]
+    } else {
+        &[]
+    };
     // A long flush delay: what is written stays dirty, in the log only.
-    let dir = host.mount(drive, "m", &["--flush-delay", "10m"]);
+    let mut flags = vec!["--flush-delay", "10m"];
+    flags.extend(key_flags);
+    let dir = host.mount(drive, "m", &flags);
     let holder = host.holder_pid(&dir);
     let root = host.view(&dir);
     // A file whose blocks are in the blob, then overwritten in place with
@@ -626,10 +653,17 @@ fn crash_loop(outage: bool) {
         !out.status.success(),
         "the dead attach's unmount reports it"
     );
+    let saved = std::fs::read(&files[0]).unwrap();
+    let plain_run = [0x5au8; 4096];
+    let holds_plaintext = saved.windows(4096).any(|w| w == plain_run);
+    assert_eq!(
+        holds_plaintext, !encrypted,
+        "the file holds what the blob would: plaintext of a plain drive, ciphertext of an encrypted one"
+    );
     host.ok(&["break-lease", drive]);
     let file = files[0].to_string_lossy().to_string();
     host.ok(&["recover", &file]);
-    let dir = host.mount(drive, "m2", &[]);
+    let dir = host.mount(drive, "m2", key_flags);
     let data = std::fs::read(host.view(&dir).join("unflushed")).expect("the file after recover");
     assert!(data.len() == 4 << 20 && data.iter().all(|b| *b == 0x5a));
     host.unmount(&dir);
@@ -996,5 +1030,61 @@ fn a_holder_killed_under_systemd_is_replaced_from_the_fd_store_and_loses_nothing
     let root = host.view(&dir);
     assert_eq!(sha_of(&root.join("a")), synced);
     assert_eq!(sha_of(&root.join("b")), unsynced);
+    host.unmount(&dir);
+}
+
+/// SIGHUP to the holder unmounts the attach cleanly, as SIGTERM does; a
+/// SIGTERM the holder passed to a serving process that died before acting
+/// on it reaches the process that takes over, which unmounts.
+#[test]
+fn a_stop_signal_reaches_the_serving_process_and_its_successor() {
+    if !netns::can_run("takeover_stop_signals") {
+        return;
+    }
+    let mut storage = Storage::start();
+    let host = storage.host("stop");
+    let drive = "stop/s.vhd";
+    host.ok(&["create", drive, "--size", "64M", "--mkfs", "ext4"]);
+    let signal = |pid: i32, sig: i32| {
+        // SAFETY: plain syscall on a process of this host's attach.
+        unsafe { libc::kill(pid, sig) };
+    };
+
+    let dir = host.mount(drive, "hup", &[]);
+    let holder = host.holder_pid(&dir);
+    std::fs::write(host.view(&dir).join("kept"), b"written before the stop").unwrap();
+    signal(holder, libc::SIGHUP);
+    system::wait_for("SIGHUP to end the attach", Duration::from_secs(60), || {
+        !registry_alive(holder)
+    });
+    let log = std::fs::read_to_string(host.log_path("hup")).unwrap_or_default();
+    assert!(log.contains("SIGHUP: unmounting"), "{log}");
+    assert!(host.recovery_files().is_empty(), "a clean unmount: {log}");
+
+    let dir = host.mount(drive, "term", &[]);
+    let holder = host.holder_pid(&dir);
+    let serving = seen(&host, &dir, drive).pid;
+    // Stopped, the serving process cannot act on the SIGTERM the holder
+    // passes it; it dies with the signal pending.
+    signal(serving, libc::SIGSTOP);
+    signal(holder, libc::SIGTERM);
+    std::thread::sleep(Duration::from_secs(1));
+    signal(serving, libc::SIGKILL);
+    system::wait_for(
+        "the successor to act on the SIGTERM",
+        Duration::from_secs(120),
+        || !registry_alive(holder),
+    );
+    let log = std::fs::read_to_string(host.log_path("term")).unwrap_or_default();
+    assert!(
+        log.contains("taking over") && log.contains("SIGTERM: unmounting"),
+        "{log}"
+    );
+    assert!(host.recovery_files().is_empty(), "a clean unmount: {log}");
+    let dir = host.mount(drive, "check", &[]);
+    assert_eq!(
+        std::fs::read(host.view(&dir).join("kept")).unwrap(),
+        b"written before the stop"
+    );
     host.unmount(&dir);
 }
