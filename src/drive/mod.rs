@@ -267,9 +267,6 @@ pub(crate) struct Inner {
     /// The blob's metadata as the open read it (under the lease, for a
     /// writer): what the caller's choices made before the open must match.
     metadata_at_open: std::collections::BTreeMap<String, String>,
-    /// The blob's ETag read at open (under the lease, before the open's own
-    /// fence raised the sequence number).
-    etag_at_open: Option<String>,
 }
 
 impl Inner {
@@ -623,18 +620,6 @@ impl Drive {
         };
         self.inner.lease.check()?;
         Ok(self.inner.store.state_under_lease(id).await?)
-    }
-
-    /// The blob's ETag when this open read it (under its lease for a
-    /// read-write open, before the open's fence).
-    pub fn etag_at_open(&self) -> Option<&str> {
-        self.inner.etag_at_open.as_deref()
-    }
-
-    /// The blob's ETag as the service reports it now (`None` when it gives
-    /// none), so a recovery file can tell later whether the blob changed.
-    pub async fn blob_etag(&self) -> Result<Option<String>> {
-        Ok(self.inner.store.etag().await?)
     }
 
     /// The unflushed data as `(offset_bytes, bytes)` runs of whole pages, in

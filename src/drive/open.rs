@@ -158,7 +158,6 @@ pub(super) async fn open_inner(store: Arc<dyn PageStore>, opts: DriveOptions) ->
         disk_skipped: Mutex::new(Default::default()),
         changed: AtomicBool::new(false),
         metadata_at_open: metadata,
-        etag_at_open: etag,
     })
 }
 
@@ -185,8 +184,8 @@ const PINNED_OPEN_TRIES: u32 = 3;
 /// the map (see
 /// [`PageStore::fence_earlier_writes`]); the ETag it keeps is the one from
 /// before that fence, whose raise of the sequence number changes no page,
-/// so that what the drive's ETag is compared with (its disk tier, a
-/// recovery file) is not told apart by the open's own raise.
+/// so that the disk tier (recorded at the state of the last close) is not
+/// told apart by the open's own raise.
 async fn read_drive(
     store: &dyn PageStore,
     mode: Mode,
