@@ -512,10 +512,10 @@ impl BlobClient {
                     if let FenceStep::Raise(floor) = fence.step() {
                         // A change of the blob like a page write: the
                         // lineage's ETag follows it (`fence.rs`).
-                        fence.change_began();
+                        let change = fence.change();
                         let raised =
                             Box::pin(self.raise_sequence_number_etag(path, floor, lease_id)).await;
-                        fence.change_ended(match &raised {
+                        change.ended(match &raised {
                             Ok((_, etag)) => ChangeEnd::Landed(etag.clone()),
                             Err(_) => ChangeEnd::Unknown,
                         });

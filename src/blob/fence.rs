@@ -160,6 +160,17 @@ impl WriteFence {
         self.state().mark()
     }
 
+    /// A change of the blob is being sent; ended by the guard's
+    /// [`Change::ended`], or as [`ChangeEnd::Unknown`] when the guard is
+    /// dropped first (a caller abandoned at a deadline).
+    pub(crate) fn change(&self) -> Change<'_> {
+        self.change_began();
+        Change {
+            fence: self,
+            open: true,
+        }
+    }
+
     /// A change of the blob is being sent.
     pub(crate) fn change_began(&self) {
         let mut s = self.state();
@@ -284,6 +295,28 @@ impl FenceState {
         Mark {
             epoch: self.current,
             etag: self.own_etag.clone(),
+        }
+    }
+}
+
+/// A change of the blob in flight, counted by its fence until it ends.
+pub(crate) struct Change<'a> {
+    fence: &'a WriteFence,
+    open: bool,
+}
+
+impl Change<'_> {
+    /// The change ended so.
+    pub(crate) fn ended(mut self, end: ChangeEnd) {
+        self.open = false;
+        self.fence.change_ended(end);
+    }
+}
+
+impl Drop for Change<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.fence.change_ended(ChangeEnd::Unknown);
         }
     }
 }

@@ -188,7 +188,7 @@ impl Mark {
 fn lease_not_ours(e: &Error) -> Option<bool> {
     match e.code() {
         // Free: released or broken.
-        Some("LeaseNotPresentWithBlobOperation") => Some(false),
+        Some("LeaseNotPresentWithBlobOperation") | Some("LeaseLost") => Some(false),
         // Held, under another id.
         Some("LeaseIdMismatchWithBlobOperation") => Some(true),
         _ => None,
@@ -241,9 +241,11 @@ impl BlobClient {
         match self.state_under_lease(path, lineage_id).await {
             Ok(now) => match taker {
                 Taker::Successor => {
-                    // Held all along: taking it again changes nothing, and
-                    // makes sure it is the infinite one.
-                    self.acquire_lease(path, lease_id, None).await?;
+                    // Held all along, and the lineage's infinite lease: not
+                    // taken again, since an acquire would also succeed on a
+                    // lease someone broke since this read. If that happened,
+                    // the successor's first write fails on the lease, and
+                    // its next takeover finds the lease free and compares.
                     return Ok(Standing::StillHeld);
                 }
                 Taker::Recovery { .. } if !break_held => {
@@ -264,8 +266,17 @@ impl BlobClient {
         if props.lease_state == Some(LeaseState::Leased) {
             return Err(elsewhere().into());
         }
-        // A lease the lineage held until the break above proves no one
-        // else wrote: the state read under it is what the lineage left.
+        // A lease the lineage held until the break above proves no one else
+        // wrote: the state read under it is what the lineage left, unless
+        // the lineage itself wrote after the file was saved (a successor
+        // raises the epoch, and any change of the ETag the file knows).
+        if let Some(held) = &held_at {
+            let since_save = Mark {
+                epoch: mark.epoch,
+                etag: mark.etag.clone().or_else(|| held.etag.clone()),
+            };
+            since_save.compare(&target, held.epoch, held.etag.as_deref())?;
+        }
         let expected = held_at.as_ref().unwrap_or(mark);
         expected.compare(&target, props.sequence_number, props.etag.as_deref())?;
         let etag = expected.etag.clone().unwrap_or_default();

@@ -58,6 +58,13 @@ pub fn run(ctx: &Context, args: &RecoverArgs) -> CmdResult {
     let break_lease = args.break_lease;
     let force = args.force;
     drives::block_on(async move {
+        // Whether the file fits the drive, before anything changes it (the
+        // lease and the open's fence would make a retry see another epoch).
+        let props = client
+            .get_properties(&path)
+            .await
+            .map_err(|e| anyhow!("cannot read {path}: {e}"))?;
+        check_fits(&rec, &path, &file, &props)?;
         let store = Arc::new(BlobPageStore::new(client.clone(), path.clone()));
         // Without --force, the file goes in only as its writer lineage: under
         // its lease id, taken again only while the blob is as that lineage
@@ -137,27 +144,32 @@ pub fn run(ctx: &Context, args: &RecoverArgs) -> CmdResult {
             ..DriveOptions::default()
         };
         let drive = Drive::open(store, opts).await.map_err(|e| anyhow!("{e}"))?;
-        let blob_size = drive.size_bytes() + crate::units::VHD_FOOTER_BYTES;
-        if blob_size != rec.header.blob_size_bytes {
+        let applied = async {
+            for (offset, data) in &rec.runs {
+                drive
+                    .write_at(*offset, data)
+                    .await
+                    .map_err(|e| anyhow!("writing {path} at {offset}: {e}"))?;
+            }
+            for (offset, len) in &rec.zeros {
+                drive
+                    .discard(*offset, *len)
+                    .await
+                    .map_err(|e| anyhow!("zeroing {path} at {offset}+{len}: {e}"))?;
+            }
+            Ok::<(), anyhow::Error>(())
+        }
+        .await;
+        if let Err(e) = applied {
+            // What went in is flushed and the lease released, as at an
+            // unmount; the file is kept whole for another try.
             let _ = drive.close().await;
             return Err(anyhow!(
-                "{path} is {blob_size} bytes but {} was saved from a {}-byte blob: \
-                 refusing to apply it (the drive was resized or replaced)",
+                "{e:#}; {} is kept: run 'blobdrive recover {} --force' again once the drive \
+                 is reachable (this try may have written part of it)",
                 file.display(),
-                rec.header.blob_size_bytes
+                file.display()
             ));
-        }
-        for (offset, data) in &rec.runs {
-            drive
-                .write_at(*offset, data)
-                .await
-                .map_err(|e| anyhow!("writing {path} at {offset}: {e}"))?;
-        }
-        for (offset, len) in &rec.zeros {
-            drive
-                .discard(*offset, *len)
-                .await
-                .map_err(|e| anyhow!("zeroing {path} at {offset}+{len}: {e}"))?;
         }
         drive.close().await.map_err(|e| {
             anyhow!(
@@ -176,4 +188,52 @@ pub fn run(ctx: &Context, args: &RecoverArgs) -> CmdResult {
         ));
         Ok(())
     })
+}
+
+/// Refuses a file that does not fit the drive as it is now: a blob smaller
+/// than the one it was saved from (shrunk or replaced), a record past the
+/// data area, or, on an encrypted drive, a record that is not whole 512-byte
+/// sectors (its ciphertext cannot be written in part). A grown drive takes
+/// the file: its pages are where they were.
+fn check_fits(
+    rec: &recovery::Recovery,
+    path: &crate::blob::BlobPath,
+    file: &std::path::Path,
+    props: &crate::blob::BlobProperties,
+) -> anyhow::Result<()> {
+    let blob_size = props.content_length;
+    let saved = rec.header.blob_size_bytes;
+    if blob_size < saved {
+        return Err(anyhow!(
+            "{path} is {blob_size} bytes but {} was saved from a {saved}-byte blob: refusing to \
+             apply it (the drive was resized or replaced)",
+            file.display()
+        ));
+    }
+    let data_end = blob_size.saturating_sub(crate::units::VHD_FOOTER_BYTES);
+    let encrypted = crate::crypt::KeySlots::is_encrypted(&props.metadata);
+    let records = rec
+        .runs
+        .iter()
+        .map(|(offset, data)| (*offset, data.len() as u64))
+        .chain(rec.zeros.iter().copied());
+    for (offset, len) in records {
+        let end = offset.saturating_add(len);
+        if end > data_end {
+            return Err(anyhow!(
+                "{} holds bytes {offset}..{end}, past the end of {path}'s data area \
+                 ({data_end} bytes): refusing to apply it",
+                file.display()
+            ));
+        }
+        let page = crate::units::PAGE_SIZE;
+        if encrypted && (offset % page != 0 || len % page != 0) {
+            return Err(anyhow!(
+                "{} holds bytes {offset}..{end}, not whole 512-byte sectors, and {path} is \
+                 encrypted: refusing to apply it",
+                file.display()
+            ));
+        }
+    }
+    Ok(())
 }

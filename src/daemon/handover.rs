@@ -244,7 +244,9 @@ impl Handover {
         let gen = self.field(F_MARK_GEN);
         let g = gen.load(Ordering::Acquire);
         let odd = if g % 2 == 1 { g } else { g + 1 };
-        gen.store(odd, Ordering::Release);
+        gen.store(odd, Ordering::Relaxed);
+        // The odd generation is seen before any byte of the new record.
+        std::sync::atomic::fence(Ordering::Release);
         let etag = mark
             .etag
             .as_deref()
@@ -282,7 +284,9 @@ impl Handover {
         // SAFETY: inside the mapping.
         let bytes =
             unsafe { std::slice::from_raw_parts(self.mem.as_ptr().add(F_MARK_ETAG), len) }.to_vec();
-        if gen.load(Ordering::Acquire) != g {
+        // The record's bytes are read before the generation is checked again.
+        std::sync::atomic::fence(Ordering::Acquire);
+        if gen.load(Ordering::Relaxed) != g {
             return None;
         }
         Some(crate::blob::Mark {

@@ -142,7 +142,7 @@ where
                     Ok(()) => 0,
                     Err(err) => {
                         tracing::error!("{err:#}");
-                        holder::TAKEOVER_FAILED
+                        exit_status_of_takeover(&err)
                     }
                 }
             }
@@ -269,12 +269,9 @@ where
                     tracing::error!("{err:#}");
                     // A takeover that could not finish counts as a crash
                     // (the holder tries again, up to its crash limit); the
-                    // first start's failure ends the attach. One refused by
-                    // the drive's lineage is salvaged at once.
-                    if err.downcast_ref::<FencedTakeover>().is_some() {
-                        holder::FENCED
-                    } else if takeover {
-                        holder::TAKEOVER_FAILED
+                    // first start's failure ends the attach.
+                    if takeover {
+                        exit_status_of_takeover(&err)
                     } else {
                         1
                     }
@@ -613,7 +610,8 @@ where
         // From the write log alone: no storage, no lease, no catalog.
         let gen = generation.as_ref().expect("a salvage has its generation");
         let spec = opts.attach.as_ref().expect("only attaches are salvaged");
-        return salvage_log(spec, gen);
+        let ended = salvage_log(spec, &gen.state, gen.log.as_deref(), &gen.why)?;
+        return Err(anyhow::Error::new(AttachEnded(ended)));
     }
     let catalog = runtime.block_on(make_catalog())?;
     let socket_path = control::socket_path_of_canonical(mountpoint);
@@ -674,6 +672,15 @@ where
         );
         if let Err(err) = runtime.block_on(take_over(&core, att, state, log.as_deref())) {
             cleanup(&mut attachment);
+            if let Some(fenced) = err.downcast_ref::<FencedTakeover>() {
+                // Saved here, at once: the log must never be replayed over
+                // the other writer's data, whichever holder runs this.
+                let spec = opts.attach.as_ref().expect("only attaches are taken over");
+                return match salvage_log(spec, state, log.as_deref(), &fenced.to_string()) {
+                    Ok(ended) => Err(anyhow::Error::new(AttachEnded(ended))),
+                    Err(failed) => Err(err.context(format!("{failed:#}"))),
+                };
+            }
             return Err(err.context(format!(
                 "cannot take over the attach of {}",
                 mountpoint.display()
@@ -903,33 +910,63 @@ async fn take_over(
 #[error("{0}; the write log's writes are not replayed over it")]
 struct FencedTakeover(String);
 
-/// The salvage role: saves what the write log holds in a recovery file
-/// (`salvage.rs`) and ends the attach. A failure to write the file keeps
-/// the log (the holder tries again).
-fn salvage_log(spec: &AttachOptions, gen: &holder::Generation) -> anyhow::Result<()> {
-    let why = if gen.why.is_empty() {
-        "the attach's serving processes could not go on".to_string()
+/// The attach ended on purpose (its log saved after a refused takeover):
+/// whatever holder runs it, the attach must not be taken over again.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct AttachEnded(String);
+
+/// The exit status of a serving process whose takeover failed with `err`:
+/// 1 when the attach ended on purpose (every release's holder then ends
+/// it; a holder of an older release would take a refused attach over again
+/// without asking the drive's lineage), [`holder::FENCED`] when the
+/// refusal's log could not be saved here (a holder of this release
+/// salvages at once), else a crash, tried again.
+fn exit_status_of_takeover(err: &anyhow::Error) -> i32 {
+    if err.downcast_ref::<AttachEnded>().is_some() {
+        1
+    } else if err.downcast_ref::<FencedTakeover>().is_some() {
+        holder::FENCED
     } else {
-        gen.why.clone()
+        holder::TAKEOVER_FAILED
+    }
+}
+
+/// Saves what the write log holds in a recovery file (`salvage.rs`), for
+/// an attach that ends: returns the line that says so and names the file.
+/// A failure to write the file keeps the log (the holder tries again).
+fn salvage_log(
+    spec: &AttachOptions,
+    state: &handover::Handover,
+    log: Option<&crate::fs::write_log::WriteLog>,
+    why: &str,
+) -> anyhow::Result<String> {
+    let why = if why.is_empty() {
+        "the attach's serving processes could not go on"
+    } else {
+        why
     };
-    let Some(log) = gen.log.as_deref() else {
-        bail!("{why}; the attach ends (its write log was off: writes acknowledged and not flushed are lost)");
+    let Some(log) = log else {
+        return Ok(format!(
+            "{why}; the attach ends (its write log was off: writes acknowledged and not \
+             flushed are lost)"
+        ));
     };
-    let saved = salvage::save_log(spec, &gen.state, log, &why)
+    let saved = salvage::save_log(spec, state, log, why)
         .with_context(|| format!("{why}; saving what the write log holds failed"))?;
     // In the recovery file now (fsynced): the log's records are no longer
     // the only copy, and an empty log lets the holder end.
     log.trim_before(log.flush_mark());
-    match saved {
-        Some(path) => bail!(
+    Ok(match saved {
+        Some(path) => format!(
             "{why}; the attach ends. Acknowledged writes not yet in the blob are saved in {}: \
              'blobdrive recover {} --break-lease' applies them once this attach has ended, if \
              no one else wrote to the drive since",
             path.display(),
             path.display()
         ),
-        None => bail!("{why}; the attach ends. No acknowledged write was waiting"),
-    }
+        None => format!("{why}; the attach ends. No acknowledged write was waiting"),
+    })
 }
 
 /// Why a successor ends the attach instead of serving.

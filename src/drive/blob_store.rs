@@ -211,6 +211,8 @@ impl PageStore for BlobPageStore {
             None => metadata.remove(name),
         };
         let pairs: Vec<(String, String)> = metadata.into_iter().collect();
+        // A change of the blob: the lineage's ETag is read again later.
+        let _change = self.fence.change();
         self.client.set_metadata(&self.path, &pairs, lease_id).await
     }
 
@@ -317,6 +319,8 @@ impl PageStore for BlobPageStore {
 
     async fn resize(&self, blob_size_bytes: u64, lease_id: Option<&str>) -> Result<()> {
         self.writable("resize")?;
+        // A change of the blob: the lineage's ETag is read again later.
+        let _change = self.fence.change();
         self.client
             .resize(&self.path, blob_size_bytes, lease_id)
             .await
