@@ -146,16 +146,38 @@ pub fn textfile_path(dir: &Path, mount_key: &str) -> PathBuf {
 
 /// Write `text` to `path` atomically: a temporary file in the same directory
 /// (a name the collector ignores), then a rename over the old one.
+///
+/// The temporary name is predictable and the daemon runs as root, so
+/// whatever is found at it (a leftover of ours after a crash, or a link
+/// someone planted to have root overwrite another file) is removed first,
+/// and the file is then made new, never opened through a link: a link
+/// planted again in between makes the write fail, not follow it.
 pub fn write_textfile(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+    // `remove_file` removes a symbolic link itself, not its target.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut file| file.write_all(text.as_bytes()));
+    // The rename replaces whatever is at `path`, a link included, without
+    // following it.
+    written
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
 }
 
 /// Rewrite the textfile every [`TEXTFILE_INTERVAL`] until the task is
@@ -214,5 +236,29 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("blobdrive_abc.prom")]);
+    }
+
+    #[test]
+    fn a_link_planted_at_the_temporary_name_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let victim = elsewhere.path().join("shadow");
+        std::fs::write(&victim, "precious\n").unwrap();
+        let path = textfile_path(dir.path(), "abc");
+        // The temporary name is predictable: the pid is no secret.
+        let tmp = dir
+            .path()
+            .join(format!(".blobdrive_abc.prom.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        write_textfile(&path, "a 1\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a 1\n");
+        assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
+        assert!(std::fs::symlink_metadata(&tmp).is_err(), "the link is gone");
+        // A stale temporary file of ours (a crash before the rename) is
+        // replaced too.
+        std::fs::write(&tmp, "stale and longer\n").unwrap();
+        write_textfile(&path, "a 2\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a 2\n");
     }
 }
