@@ -169,6 +169,7 @@ pub(super) async fn run_login_tool(tool: &LoginTool<'_>) -> Result<Vec<u8>, Toke
         return Err(failed(why));
     }
     let mut cmd = tokio::process::Command::new(tool.program);
+    crate::open_files::give_tool_the_original(&mut cmd);
     cmd.args(tool.args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
