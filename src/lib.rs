@@ -8,8 +8,9 @@
 //! `provision` (the one create and delete of a drive, and the checks they
 //! share with the other commands),
 //! `metrics` (latency histograms and event counts for Prometheus, fed by every
-//! layer), `private_dir` (directories and files only their owner may open)
-//! and `units` (page arithmetic) beside them. ARCHITECTURE.md at the top of the
+//! layer), `private_dir` (directories and files only their owner may open),
+//! `open_files` (a daemon's open-file limit and its tools') and `units`
+//! (page arithmetic) beside them. ARCHITECTURE.md at the top of the
 //! repository describes them and the life of a request; docs/ holds the facts
 //! the code relies on, with their sources.
 
@@ -24,6 +25,7 @@ pub mod fs;
 pub mod lifecycle;
 pub mod metrics;
 pub mod nbd;
+pub mod open_files;
 pub mod partition;
 pub mod private_dir;
 pub mod provision;

@@ -27,6 +27,7 @@ const FLOORS: &[&[&str]] = &[
         "private_dir",
         "shared_memory",
         "version",
+        "open_files",
     ],
     &["partition", "crypt"],
     &["attach", "vhd", "blob"],

@@ -1233,6 +1233,77 @@ async fn a_flood_of_refused_connections_is_logged_once_then_counted_at_exit() {
     );
 }
 
+/// `Max open files` of process `pid`: (soft, hard).
+fn open_file_limits(pid: i32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    let mut words = line["Max open files".len()..].split_whitespace();
+    (
+        words.next().unwrap().to_string(),
+        words.next().unwrap().to_string(),
+    )
+}
+
+fn open_descriptors(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_raises_its_open_file_limit_and_idle_metrics_connections_hold_few_descriptors() {
+    let g = ContainerGuard::new("nbd-fds").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    // Started as from a shell with the usual soft limit of 1024 (inherited
+    // from this process; only lowered, never raised, here).
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct given.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        limit.rlim_cur = limit.rlim_cur.min(1024);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+    }
+    let served = Served::start(&sb, "m", &[&drive], &["--metrics-listen", "0"]);
+    let (soft, hard) = open_file_limits(served.pid());
+    assert_eq!(soft, hard, "the server's soft limit is its hard limit");
+    let metrics = served.ready["metrics"]
+        .as_str()
+        .expect("the metrics address")
+        .to_string();
+    let before = open_descriptors(served.pid());
+    // Idle connections (no request): at most 16 are taken at once, the
+    // rest wait in the listen backlog without a descriptor of the server's.
+    let idle: Vec<_> = (0..100)
+        .map(|_| std::net::TcpStream::connect(&metrics).expect("connects"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let during = open_descriptors(served.pid());
+    assert!(
+        during <= before + 16 + 8,
+        "{before} descriptors before 100 idle connections, {during} with them"
+    );
+    // A scrape behind them is answered once they close.
+    let scrape = std::thread::spawn(move || {
+        let mut http = std::net::TcpStream::connect(&metrics).expect("metrics listener");
+        std::io::Write::write_all(&mut http, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut http, &mut text).unwrap();
+        text
+    });
+    drop(idle);
+    let text = scrape.join().unwrap();
+    assert!(text.contains(&format!("drive=\"{drive}\"")), "{text}");
+    assert!(served.stop().0.success());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn unmount_never_takes_a_live_server_whose_control_socket_refuses_for_dead() {
     let g = ContainerGuard::new("nbd-live").await;

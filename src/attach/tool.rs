@@ -46,7 +46,7 @@ where
 {
     let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
     tracing::debug!(program, ?args, "running");
-    let out = Command::new(resolve(program))
+    let out = crate::open_files::give_tools_the_original(&mut Command::new(resolve(program)))
         .args(&args)
         .output()
         .map_err(|e| ToolError {
@@ -98,7 +98,7 @@ where
         code: None,
     };
     use std::os::unix::process::CommandExt as _;
-    let mut child = Command::new(resolve(program))
+    let mut child = crate::open_files::give_tools_the_original(&mut Command::new(resolve(program)))
         .args(&args)
         .process_group(0)
         .stdin(Stdio::piped())
@@ -138,4 +138,35 @@ where
 /// True when `program` is installed (in `$PATH` or a system directory).
 pub fn tool_exists(program: &str) -> bool {
     resolve(program).is_absolute()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_gets_the_open_file_limit_the_daemon_started_with() {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit and setrlimit read and write the struct given.
+        unsafe { assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0) };
+        // The soft limit of `open_files`' own test, so either may run first
+        // in one process.
+        let soft: libc::rlim_t = 256;
+        if limit.rlim_max <= soft {
+            eprintln!("SKIPPED: the hard open-file limit is {}", limit.rlim_max);
+            return;
+        }
+        limit.rlim_cur = soft;
+        // SAFETY: as above.
+        unsafe { assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0) };
+        crate::open_files::raise_soft_limit().unwrap();
+        assert_eq!(run("sh", ["-c", "ulimit -Sn"]).unwrap(), soft.to_string());
+        assert_eq!(
+            run_with_input("sh", ["-c", "ulimit -Sn"], "").unwrap(),
+            soft.to_string()
+        );
+    }
 }

@@ -1,12 +1,13 @@
 //! Account- and container-level operations: list, create and delete
-//! containers; list blobs (one page, or every page following markers).
+//! containers; list blobs (one page, every page following markers, or the
+//! first blob).
 
 use reqwest::Method;
 
 use super::client::{BlobClient, Request, Resource};
 use super::error::{Error, ErrorKind, Result};
 use super::path::validate_container_name;
-use super::types::{BlobListPage, BlobListing, ContainerItem, ListBlobsOptions};
+use super::types::{BlobItem, BlobListPage, BlobListing, ContainerItem, ListBlobsOptions};
 use super::xml;
 
 /// Upper bound on pages followed by the `list_all_*` calls (5000 entries
@@ -109,6 +110,34 @@ impl BlobClient {
         }
         let resp = self.execute(req).await.0?;
         xml::parse_blobs(&resp.body).map_err(|m| protocol(OP, container, m))
+    }
+
+    /// The first blob (or snapshot) of the listing of `container` with
+    /// `opts`, `None` when it has none. The service may answer a page with
+    /// fewer entries than `max_results` asked for, even none, and a marker:
+    /// only a page without a marker ends the listing, so markers are
+    /// followed until an entry comes.
+    pub async fn first_blob(
+        &self,
+        container: &str,
+        opts: &ListBlobsOptions,
+    ) -> Result<Option<BlobItem>> {
+        let mut opts = opts.clone();
+        for _ in 0..MAX_LIST_PAGES {
+            let page = self.list_blobs(container, &opts).await?;
+            if let Some(first) = page.blobs.into_iter().next() {
+                return Ok(Some(first));
+            }
+            match page.next_marker {
+                Some(m) => opts.marker = Some(m),
+                None => return Ok(None),
+            }
+        }
+        Err(protocol(
+            "list blobs",
+            container,
+            "too many listing pages".into(),
+        ))
     }
 
     /// The whole blob listing of `container` (follows markers from

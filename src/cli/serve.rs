@@ -206,6 +206,11 @@ fn serve_here(
     log_file: Option<PathBuf>,
     announce: &mut dyn FnMut(&str),
 ) -> CmdResult {
+    // A descriptor per client and connection: the soft limit goes up to
+    // the hard one; the tools run get the original back.
+    if let Err(err) = crate::open_files::raise_soft_limit() {
+        tracing::warn!(%err, "cannot raise the open-file limit");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

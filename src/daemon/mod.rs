@@ -579,6 +579,11 @@ where
 {
     set_io_flusher();
     tune_allocator();
+    // A descriptor per client, slab file and connection: the soft limit
+    // goes up to the hard one; the tools run get the original back.
+    if let Err(err) = crate::open_files::raise_soft_limit() {
+        tracing::warn!(%err, "cannot raise the open-file limit");
+    }
     let oom_score_adj = generation
         .as_ref()
         .and_then(|_| holder::set_oom_score_adj(holder::SERVER_OOM_SCORE_ADJ));

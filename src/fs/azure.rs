@@ -396,12 +396,15 @@ impl Catalog for AzureCatalog {
             max_results: Some(1),
             ..Default::default()
         };
-        let page = self
+        // Past every page the service answers empty with a marker: one
+        // page of `max_results 1` may hold nothing while the container
+        // holds blobs.
+        let first = self
             .client
-            .list_blobs(name, &opts)
+            .first_blob(name, &opts)
             .await
             .map_err(|e| blob_error(&e))?;
-        if !page.blobs.is_empty() {
+        if first.is_some() {
             return Err(FsError::new(
                 libc::ENOTEMPTY,
                 format!("rmdir {name} refused: the container holds blobs"),
@@ -711,5 +714,107 @@ impl Device for BlobReadDevice {
 
     fn stats(&self) -> serde_json::Value {
         serde_json::json!({ "target": self.path.to_string(), "retries": self.client.retries() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// One listing page: `blobs` names, then the marker if any.
+    fn listing(blobs: &[&str], marker: Option<&str>) -> String {
+        let blobs: String = blobs
+            .iter()
+            .map(|n| {
+                format!(
+                    "<Blob><Name>{n}</Name><Properties><Content-Length>512</Content-Length>\
+                     <BlobType>PageBlob</BlobType></Properties></Blob>"
+                )
+            })
+            .collect();
+        let marker = marker.map_or(String::new(), |m| format!("<NextMarker>{m}</NextMarker>"));
+        format!(
+            "<?xml version=\"1.0\" encoding=\"utf-8\"?><EnumerationResults \
+             ContainerName=\"box\"><MaxResults>1</MaxResults><Blobs>{blobs}</Blobs>{marker}\
+             </EnumerationResults>"
+        )
+    }
+
+    /// A stand-in for the service whose listing of container `box` is
+    /// `pages` (the first without a marker, each next one at the marker
+    /// `p<index>`), as the service may answer: pages with fewer entries
+    /// than asked for, even none, and a marker. Counts Delete Container
+    /// requests.
+    async fn service(pages: Vec<String>) -> (BlobClient, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let deletes = Arc::new(AtomicUsize::new(0));
+        let counted = deletes.clone();
+        let pages = Arc::new(pages);
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let (pages, deletes) = (pages.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head);
+                    let line = head.lines().next().unwrap_or("");
+                    let (status, body) = if line.starts_with("DELETE ") {
+                        deletes.fetch_add(1, Ordering::SeqCst);
+                        ("202 Accepted", String::new())
+                    } else {
+                        let page = line
+                            .split(['?', '&', ' '])
+                            .find_map(|q| q.strip_prefix("marker=p"))
+                            .map_or(0, |i| i.parse::<usize>().unwrap());
+                        ("200 OK", pages[page].clone())
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nx-ms-request-id: 1\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = conn.write_all(answer.as_bytes()).await;
+                    let _ = conn.shutdown().await;
+                });
+            }
+        });
+        let mut account = blob::Account::development();
+        account.endpoint = format!("http://127.0.0.1:{port}/devstoreaccount1")
+            .parse()
+            .unwrap();
+        (BlobClient::new(account).unwrap(), deletes)
+    }
+
+    #[tokio::test]
+    async fn rmdir_follows_the_listing_marker_past_empty_pages() {
+        // Two empty pages with markers, then the container's one blob.
+        let (client, deletes) = service(vec![
+            listing(&[], Some("p1")),
+            listing(&[], Some("p2")),
+            listing(&["d.vhd"], None),
+        ])
+        .await;
+        let catalog = AzureCatalog::new(client, DriveOptions::default());
+        let e = catalog.delete_container("box").await.unwrap_err();
+        assert_eq!(e.errno, libc::ENOTEMPTY, "{}", e.message);
+        assert_eq!(
+            deletes.load(Ordering::SeqCst),
+            0,
+            "a container with a blob was deleted"
+        );
+
+        // Empty pages to the end: the container is empty and is deleted.
+        let (client, deletes) = service(vec![listing(&[], Some("p1")), listing(&[], None)]).await;
+        let catalog = AzureCatalog::new(client, DriveOptions::default());
+        catalog.delete_container("box").await.unwrap();
+        assert_eq!(deletes.load(Ordering::SeqCst), 1);
     }
 }

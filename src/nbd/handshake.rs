@@ -15,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::export::{Export, Exports, MAX_PAYLOAD_BYTES, MIN_BLOCK_BYTES, PREFERRED_BLOCK_BYTES};
 use super::proto::*;
+use super::refusals;
 
 /// Option data read whole; a longer option is skipped and refused with
 /// `NBD_REP_ERR_TOO_BIG`.
@@ -92,11 +93,15 @@ where
                 )));
             }
             skip(stream, u64::from(len)).await?;
-            tracing::warn!(
-                option = option_name(option),
-                len,
-                "NBD option too long: refused"
-            );
+            if let Some(left_out) = admit(option, NBD_REP_ERR_TOO_BIG) {
+                tracing::warn!(
+                    option = option_name(option),
+                    len,
+                    left_out,
+                    "NBD option too long: refused{}",
+                    refusals::note(left_out)
+                );
+            }
             let reply = option_error(option, NBD_REP_ERR_TOO_BIG, "option data too long");
             stream.write_all(&reply).await?;
             stream.flush().await?;
@@ -156,14 +161,26 @@ pub struct State {
     selected: Option<(String, bool)>,
 }
 
+/// Whether a refusal of `option` with `reply` is logged now, and how many
+/// like it were not (`refusals.rs`): a peer may send bad options without
+/// end on one connection, or on many, and each gets its error reply, not
+/// a log line.
+fn admit(option: u32, reply: u32) -> Option<u64> {
+    // The replies (`NBD_REP_ERR_*`, bit 31 set) never equal a
+    // transmission error, so these kinds stay apart from the requests'.
+    refusals::global().admit((option_name(option), reply), std::time::Instant::now())
+}
+
 fn refuse(option: u32, reply: u32, message: &str) -> Step {
     if reply == NBD_REP_ERR_UNSUP && option == NBD_OPT_EXTENDED_HEADERS {
         tracing::debug!(option = option_name(option), "NBD option not offered");
-    } else {
+    } else if let Some(left_out) = admit(option, reply) {
         tracing::warn!(
             option = option_name(option),
             option_number = option,
-            "NBD option refused: {message}"
+            left_out,
+            "NBD option refused: {message}{}",
+            refusals::note(left_out)
         );
     }
     Step::Reply(option_error(option, reply, message).to_vec())
@@ -324,4 +341,74 @@ impl State {
 /// the default export, which `Exports::find` resolved already).
 fn exports_same(name: &str, export: &Export) -> bool {
     name.is_empty() || name == export.name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nbd::refusals::logged;
+
+    /// Sends `option` with `data` as a client does.
+    async fn send<W: AsyncWrite + Unpin>(w: &mut W, option: u32, data: &[u8]) {
+        w.write_all(&IHAVEOPT.to_be_bytes()).await.unwrap();
+        w.write_all(&option.to_be_bytes()).await.unwrap();
+        w.write_all(&(data.len() as u32).to_be_bytes())
+            .await
+            .unwrap();
+        w.write_all(data).await.unwrap();
+    }
+
+    #[test]
+    fn a_peer_sending_many_bad_options_gets_each_answer_but_few_log_lines() {
+        const ROUNDS: usize = 200;
+        let (answered, log) = logged(async {
+            let exports = Exports::new(Vec::new());
+            let (mut server, client) = tokio::io::duplex(64 * 1024);
+            let (mut from_server, mut to_server) = tokio::io::split(client);
+            let peer = tokio::spawn(async move {
+                to_server
+                    .write_all(&(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES).to_be_bytes())
+                    .await
+                    .unwrap();
+                let too_long = vec![0u8; MAX_OPTION_BYTES as usize + 1];
+                for _ in 0..ROUNDS {
+                    send(&mut to_server, 0x7777, &[]).await;
+                    send(&mut to_server, NBD_OPT_STARTTLS, &[]).await;
+                    send(&mut to_server, NBD_OPT_LIST, b"x").await;
+                    send(&mut to_server, NBD_OPT_GO, b"short").await;
+                    send(&mut to_server, NBD_OPT_LIST_META_CONTEXT, &[]).await;
+                    send(&mut to_server, NBD_OPT_STRUCTURED_REPLY, &[]).await;
+                    send(&mut to_server, NBD_OPT_SET_META_CONTEXT, b"junk").await;
+                    send(&mut to_server, NBD_OPT_INFO, &[0, 0, 0, 1, b'n', 0, 0]).await;
+                    send(&mut to_server, 0x7778, &too_long).await;
+                }
+                send(&mut to_server, NBD_OPT_ABORT, &[]).await;
+            });
+            let drain = tokio::spawn(async move {
+                let mut answers = Vec::new();
+                from_server.read_to_end(&mut answers).await.unwrap();
+                answers
+            });
+            let outcome = negotiate(&mut server, &exports).await;
+            assert!(matches!(outcome, Ok(None)), "the client aborted");
+            drop(server);
+            peer.await.unwrap();
+            drain.await.unwrap()
+        });
+        // Every bad option was answered (an error reply each, an ACK for
+        // STRUCTURED_REPLY and ABORT)...
+        let replies = answered
+            .windows(8)
+            .filter(|w| *w == NBD_REP_MAGIC.to_be_bytes())
+            .count();
+        assert!(replies > 9 * ROUNDS, "{replies} replies");
+        // ...but each kind of refusal was logged once in the interval, not
+        // once per option.
+        let lines = log.lines().filter(|l| l.contains("NBD option")).count();
+        assert!(
+            (1..=8).contains(&lines),
+            "{lines} lines for {} refusals:\n{log}",
+            8 * ROUNDS
+        );
+    }
 }

@@ -465,17 +465,31 @@ async fn connection(
             tracing::debug!(connection = id, "NBD client ended the handshake");
             return;
         }
+        // One line per kind and interval (`refusals.rs`): anyone who may
+        // connect can fail handshakes as fast as they connect.
         Ok(Err(e)) => {
-            tracing::warn!(connection = id, peer, "NBD handshake failed: {e}");
+            if let Some(left_out) = admit_refusal("handshake failed") {
+                tracing::warn!(
+                    connection = id,
+                    peer,
+                    left_out,
+                    "NBD handshake failed: {e}{}",
+                    refusals::note(left_out)
+                );
+            }
             return;
         }
         Err(_) => {
-            tracing::warn!(
-                connection = id,
-                peer,
-                "NBD handshake not finished in {} s: closed",
-                limits.handshake_timeout.as_secs()
-            );
+            if let Some(left_out) = admit_refusal("handshake not finished in time") {
+                tracing::warn!(
+                    connection = id,
+                    peer,
+                    left_out,
+                    "NBD handshake not finished in {} s: closed{}",
+                    limits.handshake_timeout.as_secs(),
+                    refusals::note(left_out)
+                );
+            }
             return;
         }
     };
@@ -504,6 +518,64 @@ async fn connection(
         }
         other => {
             tracing::info!(connection = id, peer, export = %export, "NBD connection ended: {other}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nbd::refusals::logged;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    #[test]
+    fn many_failed_handshakes_log_few_lines() {
+        const PEERS: usize = 40;
+        let ((), log) = logged(async {
+            let endpoint = Endpoint::Tcp("127.0.0.1:0".parse().unwrap());
+            let listener = Listener::bind(&endpoint).unwrap();
+            let Listener::Tcp(tcp) = &listener else {
+                unreachable!()
+            };
+            let addr = tcp.local_addr().unwrap();
+            let limits = Limits {
+                handshake_timeout: Duration::from_millis(100),
+                ..Limits::default()
+            };
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let peers = async move {
+                for i in 0..PEERS {
+                    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+                    let mut greeting = [0u8; 18];
+                    c.read_exact(&mut greeting).await.unwrap();
+                    if i % 2 == 0 {
+                        // Unknown client flags: a framing error.
+                        c.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+                        let _ = c.read_to_end(&mut Vec::new()).await;
+                    } else {
+                        // Silence until the handshake's time is up.
+                        let _ = c.read_to_end(&mut Vec::new()).await;
+                    }
+                }
+                let _ = stop.send(());
+            };
+            let server = serve(
+                &listener,
+                Arc::new(Exports::new(Vec::new())),
+                limits,
+                async {
+                    let _ = stopped.await;
+                },
+            );
+            tokio::join!(server, peers);
+        });
+        for what in ["NBD handshake failed", "NBD handshake not finished"] {
+            let lines = log.lines().filter(|l| l.contains(what)).count();
+            assert!(
+                (1..=2).contains(&lines),
+                "{lines} lines '{what}' for {} peers:\n{log}",
+                PEERS / 2
+            );
         }
     }
 }

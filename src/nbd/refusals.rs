@@ -5,8 +5,9 @@
 //! that kind after the interval says how many were left out. When no later
 //! refusal comes, the server's reporter (`listen.rs`, every interval and at
 //! exit) logs the count left out ([`Refusals::expired`]), so none is lost.
-//! Connections refused at accept (over the maximum, another user) go
-//! through the same limit.
+//! Connections refused at accept (over the maximum, another user), options
+//! refused in the handshake (by option and reply) and failed or timed-out
+//! handshakes go through the same limit.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -102,6 +103,38 @@ pub fn log_left_out(kind: Kind, left_out: u64) {
 pub fn global() -> &'static Refusals {
     static REFUSALS: std::sync::OnceLock<Refusals> = std::sync::OnceLock::new();
     REFUSALS.get_or_init(Refusals::default)
+}
+
+/// Runs `f` on a current-thread runtime, returning its result and every
+/// line logged meanwhile (from any task on that runtime).
+#[cfg(test)]
+pub(crate) fn logged<T>(f: impl std::future::Future<Output = T>) -> (T, String) {
+    use std::sync::Arc;
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let out = tracing::subscriber::with_default(subscriber, || runtime.block_on(f));
+    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    (out, text)
 }
 
 #[cfg(test)]

@@ -169,6 +169,7 @@ pub(super) async fn run_login_tool(tool: &LoginTool<'_>) -> Result<Vec<u8>, Toke
         return Err(failed(why));
     }
     let mut cmd = tokio::process::Command::new(tool.program);
+    crate::open_files::give_tool_the_original(&mut cmd);
     cmd.args(tool.args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -347,7 +348,11 @@ fn parse_cli_token(stdout: &[u8]) -> Result<AccessToken, TokenError> {
         _ => None,
     };
     let expires_at = match epoch {
-        Some(e) => UNIX_EPOCH + Duration::from_secs(e),
+        // Checked: a huge number would overflow `SystemTime` and panic the
+        // task that asked for the token.
+        Some(e) => UNIX_EPOCH
+            .checked_add(Duration::from_secs(e))
+            .ok_or_else(|| bad("expires_on is out of range"))?,
         None => {
             // Older CLIs give local time only; assume a short life so the
             // cache asks again soon rather than use an expired token.
@@ -372,6 +377,20 @@ mod tests {
             UNIX_EPOCH + Duration::from_secs(1_893_456_000)
         );
         assert!(parse_cli_token(b"{}").is_err());
+    }
+
+    #[test]
+    fn an_expiry_past_the_end_of_time_is_refused_not_a_panic() {
+        for epoch in [
+            format!("{}", u64::MAX),
+            format!(r#""{}""#, i64::MAX as u64 + 1),
+        ] {
+            let out = format!(r#"{{"accessToken":"s3cr3t-tok","expires_on":{epoch}}}"#);
+            let e = parse_cli_token(out.as_bytes()).unwrap_err();
+            assert_eq!(e.kind, TokenErrorKind::Failed, "{e}");
+            assert!(e.message.contains("out of range"), "{e}");
+            assert!(!e.to_string().contains("s3cr3t"), "{e}");
+        }
     }
 
     #[tokio::test]

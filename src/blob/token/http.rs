@@ -256,10 +256,15 @@ pub(crate) fn parse_token(source: &str, body: &[u8]) -> Result<AccessToken, Toke
         .filter(|t| !t.is_empty())
         .ok_or_else(|| bad("no access_token"))?;
     let now = SystemTime::now();
+    // Checked: a huge number (by mistake or from a hostile endpoint) would
+    // overflow `SystemTime` and panic the task that asked for the token.
     let expires_at = if let Some(secs) = number(v.get("expires_in")) {
-        now + Duration::from_secs(secs)
+        now.checked_add(Duration::from_secs(secs))
+            .ok_or_else(|| bad("expires_in is out of range"))?
     } else if let Some(epoch) = number(v.get("expires_on")) {
-        UNIX_EPOCH + Duration::from_secs(epoch)
+        UNIX_EPOCH
+            .checked_add(Duration::from_secs(epoch))
+            .ok_or_else(|| bad("expires_on is out of range"))?
     } else {
         return Err(bad("no expires_in or expires_on"));
     };
@@ -286,6 +291,34 @@ mod tests {
         let e = parse_token("x", br#"{"access_token":"abc"}"#).unwrap_err();
         assert!(e.message.contains("expires"), "{e}");
         assert!(!format!("{t:?}").contains("abc"));
+    }
+
+    #[test]
+    fn an_expiry_past_the_end_of_time_is_refused_not_a_panic() {
+        for body in [
+            format!(
+                r#"{{"access_token":"s3cr3t-abc","expires_in":{}}}"#,
+                u64::MAX
+            ),
+            format!(
+                r#"{{"access_token":"s3cr3t-abc","expires_in":"{}"}}"#,
+                u64::MAX - 1
+            ),
+            format!(
+                r#"{{"access_token":"s3cr3t-abc","expires_on":{}}}"#,
+                u64::MAX
+            ),
+            // One second past the largest time `SystemTime` holds on Linux.
+            format!(
+                r#"{{"access_token":"s3cr3t-abc","expires_on":"{}"}}"#,
+                i64::MAX as u64 + 1
+            ),
+        ] {
+            let e = parse_token("x", body.as_bytes()).unwrap_err();
+            assert_eq!(e.kind, TokenErrorKind::Failed, "{e}");
+            assert!(e.message.contains("out of range"), "{e}");
+            assert!(!e.to_string().contains("s3cr3t"), "{e}");
+        }
     }
 
     #[test]
