@@ -1282,3 +1282,64 @@ async fn a_flood_of_pipelined_no_hole_write_zeroes_stays_within_the_memory_bound
     let last = sdk_read(&g.name, "disk.vhd", (FLOOD - 1) * MIB, 4096);
     assert!(last.iter().all(|b| *b == 0), "the blob holds the zeros");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_timeout_frees_the_slot_of_an_idle_client_and_says_so() {
+    let g = ContainerGuard::new("nbd-idle").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let served = Served::start(
+        &sb,
+        "i",
+        &[&drive],
+        &[
+            "--read-only",
+            "--max-connections",
+            "1",
+            "--idle-timeout",
+            "1s",
+        ],
+    );
+    let mut idle = nbd_support::Client::connect(&served.socket);
+    idle.go_structured(&drive);
+    assert_eq!(idle.call(NBD_CMD_READ, 0, 0, 4096, &[]).error, 0);
+    assert!(idle.closed_by_server(), "the idle client is disconnected");
+    let mut next = nbd_support::Client::connect(&served.socket);
+    next.go_structured(&drive);
+    assert_eq!(next.call(NBD_CMD_READ, 0, 0, 4096, &[]).error, 0);
+    drop(next);
+    let log = served.stderr.clone();
+    assert!(served.stop().0.success());
+    let text = std::fs::read_to_string(log).unwrap();
+    assert!(
+        text.contains("idle for 1 s (--idle-timeout)"),
+        "the log says why:\n{text}"
+    );
+}
+
+#[test]
+fn a_bad_idle_timeout_is_a_usage_error_in_one_line() {
+    let sb = sandbox();
+    for bad in ["0", "soon", "8d", "169h"] {
+        let out = sb.blobdrive(&[
+            "serve",
+            "c/d.vhd",
+            "--nbd",
+            "unix:/nonexistent/x.sock",
+            "--idle-timeout",
+            bad,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.starts_with("blobdrive: ")
+                && stderr.contains(&format!(
+                    "invalid value '{bad}' for '--idle-timeout <DURATION>'"
+                ))
+                && stderr.contains("at most a week"),
+            "{stderr}"
+        );
+    }
+}
