@@ -1335,3 +1335,158 @@ async fn unmount_never_takes_a_live_server_whose_control_socket_refuses_for_dead
     assert!(served.stop().0.success());
     assert_eq!(sdk_read(&g.name, "disk.vhd", 0, 4096), vec![0x44; 4096]);
 }
+
+/// A field of `/proc/PID/status` in bytes (`VmHWM`, `VmRSS`: given in kB).
+fn proc_status_bytes(pid: i32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("process status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}: not a number of kB"));
+    kib * 1024
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_pipelined_no_hole_write_zeroes_stays_within_the_memory_bound() {
+    // Each WRITE_ZEROES of 1 MiB with NO_HOLE is charged one budget unit, so
+    // one connection may have hundreds waiting for the dirty budget at once:
+    // what each of them holds while it waits must not grow the server past
+    // --cache-size plus 64 MiB. The client keeps WINDOW requests in flight,
+    // as qemu does, so requests keep arriving while others complete.
+    const FLOOD: u64 = 480;
+    const WINDOW: u64 = 200;
+    const CACHE: u64 = 64 * MIB;
+    let g = ContainerGuard::new("nbd-zeroes").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "1G"]);
+    let served = Served::start(&sb, "z", &[&drive], &["--cache-size", "64M"]);
+    let mut c = nbd_support::Client::connect(&served.socket);
+    c.go_structured(&drive);
+    // A page of data in every MiB the flood zeroes, in the blob, so zeros
+    // read back are the flood's, not a new drive's.
+    let page = vec![0xA5u8; 4096];
+    for i in 0..FLOOD {
+        assert_eq!(c.call(NBD_CMD_WRITE, 0, i * MIB, 4096, &page).error, 0);
+    }
+    assert_eq!(c.call(NBD_CMD_FLUSH, 0, 0, 0, &[]).error, 0);
+    let baseline = proc_status_bytes(served.pid(), "VmHWM");
+    let mut sent = std::collections::HashSet::new();
+    let mut next = 0;
+    let zero = |c: &mut nbd_support::Client, i: u64| {
+        c.request(
+            NBD_CMD_WRITE_ZEROES,
+            NBD_CMD_FLAG_NO_HOLE,
+            i * MIB,
+            MIB as u32,
+            &[],
+        )
+    };
+    while next < WINDOW {
+        sent.insert(zero(&mut c, next));
+        next += 1;
+    }
+    for _ in 0..FLOOD {
+        let (cookie, answer) = c.answer_any();
+        assert_eq!(answer.error, 0, "WRITE_ZEROES {cookie} answered");
+        assert!(sent.remove(&cookie), "one answer per request ({cookie})");
+        if next < FLOOD {
+            sent.insert(zero(&mut c, next));
+            next += 1;
+        }
+    }
+    let peak = proc_status_bytes(served.pid(), "VmHWM");
+    assert!(
+        peak <= baseline + CACHE + 64 * MIB,
+        "the server's peak RSS {} MiB is over its baseline {} MiB + --cache-size 64 MiB + 64 MiB",
+        peak / MIB,
+        baseline / MIB
+    );
+    for i in 0..FLOOD {
+        let read = c.call(NBD_CMD_READ, 0, i * MIB, 4096, &[]);
+        assert_eq!(read.error, 0);
+        assert!(read.data.iter().all(|b| *b == 0), "MiB {i} reads as zeros");
+    }
+    let whole = c.call(NBD_CMD_READ, 0, 0, (32 * MIB) as u32, &[]);
+    assert!(
+        whole.data.iter().all(|b| *b == 0),
+        "the first 32 MiB read as zeros"
+    );
+    drop(c);
+    let log = served.stderr.clone();
+    let (status, _) = served.stop();
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    // And the blob has the zeros, once the server stopped.
+    let last = sdk_read(&g.name, "disk.vhd", (FLOOD - 1) * MIB, 4096);
+    assert!(last.iter().all(|b| *b == 0), "the blob holds the zeros");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_timeout_frees_the_slot_of_an_idle_client_and_says_so() {
+    let g = ContainerGuard::new("nbd-idle").await;
+    let drive = format!("{}/disk.vhd", g.name);
+    let sb = sandbox();
+    sb.blobdrive_ok(&["create", &drive, "--size", "16M"]);
+    let served = Served::start(
+        &sb,
+        "i",
+        &[&drive],
+        &[
+            "--read-only",
+            "--max-connections",
+            "1",
+            "--idle-timeout",
+            "1s",
+        ],
+    );
+    let mut idle = nbd_support::Client::connect(&served.socket);
+    idle.go_structured(&drive);
+    assert_eq!(idle.call(NBD_CMD_READ, 0, 0, 4096, &[]).error, 0);
+    assert!(idle.closed_by_server(), "the idle client is disconnected");
+    let mut next = nbd_support::Client::connect(&served.socket);
+    next.go_structured(&drive);
+    assert_eq!(next.call(NBD_CMD_READ, 0, 0, 4096, &[]).error, 0);
+    drop(next);
+    let log = served.stderr.clone();
+    assert!(served.stop().0.success());
+    let text = std::fs::read_to_string(log).unwrap();
+    assert!(
+        text.contains("idle for 1 s (--idle-timeout)"),
+        "the log says why:\n{text}"
+    );
+}
+
+#[test]
+fn a_bad_idle_timeout_is_a_usage_error_in_one_line() {
+    let sb = sandbox();
+    for bad in ["0", "soon", "8d", "169h"] {
+        let out = sb.blobdrive(&[
+            "serve",
+            "c/d.vhd",
+            "--nbd",
+            "unix:/nonexistent/x.sock",
+            "--idle-timeout",
+            bad,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.starts_with("blobdrive: ")
+                && stderr.contains(&format!(
+                    "invalid value '{bad}' for '--idle-timeout <DURATION>'"
+                ))
+                && stderr.contains("at most a week"),
+            "{stderr}"
+        );
+    }
+}

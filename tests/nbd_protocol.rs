@@ -328,6 +328,203 @@ fn a_client_that_takes_no_replies_is_dropped_and_frees_the_budget_for_others() {
     );
 }
 
+/// Reads one structured reply off `stream` in pieces of at most `piece`
+/// bytes, calling `between` after each; `None` once the server closed the
+/// connection.
+fn take_reply(
+    stream: &mut std::os::unix::net::UnixStream,
+    piece: usize,
+    mut between: impl FnMut(),
+) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut data = Vec::new();
+    loop {
+        let mut head = [0u8; 20];
+        stream.read_exact(&mut head).ok()?;
+        assert_eq!(&head[..4], &NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
+        let flags = u16::from_be_bytes(head[4..6].try_into().unwrap());
+        let len = u32::from_be_bytes(head[16..20].try_into().unwrap()) as usize;
+        let mut payload = vec![0u8; len];
+        let mut at = 0;
+        while at < len {
+            let n = piece.min(len - at);
+            stream.read_exact(&mut payload[at..at + n]).ok()?;
+            at += n;
+            between();
+        }
+        let kind = u16::from_be_bytes(head[6..8].try_into().unwrap());
+        if kind == NBD_REPLY_TYPE_OFFSET_DATA {
+            data.extend_from_slice(&payload[8..]);
+        }
+        if flags & NBD_REPLY_FLAG_DONE != 0 {
+            return Some(data);
+        }
+    }
+}
+
+#[test]
+fn a_slow_reader_that_keeps_taking_its_reply_is_served_past_the_io_timeout() {
+    let io_timeout = Duration::from_secs(4);
+    let server = Server::start(Limits {
+        io_timeout,
+        ..Limits::default()
+    });
+    let mut c = server.client();
+    c.go_structured("c/rw");
+    let pattern: Vec<u8> = (0..4 * MIB).map(|i| (i % 251) as u8).collect();
+    assert_eq!(
+        c.call(NBD_CMD_WRITE, 0, 0, (4 * MIB) as u32, &pattern)
+            .error,
+        0
+    );
+    c.request(NBD_CMD_READ, 0, 0, (4 * MIB) as u32, &[]);
+    // 64 KiB every 100 ms: about 640 KiB/s, well over the least progress
+    // the server asks for (1 MiB per io timeout), but the whole reply takes
+    // longer than the io timeout.
+    let started = std::time::Instant::now();
+    let data = take_reply(&mut c.stream, 64 * 1024, || {
+        std::thread::sleep(Duration::from_millis(100))
+    })
+    .expect("the slow reader gets its whole reply");
+    assert!(
+        started.elapsed() > io_timeout,
+        "the reply took longer than the io timeout ({:?})",
+        started.elapsed()
+    );
+    assert!(data == pattern, "the reply is the data written");
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 512, &[1u8; 512]).error, 0);
+}
+
+#[test]
+fn a_client_that_stalls_mid_reply_is_dropped_and_frees_the_budget_for_others() {
+    let max = u64::from(blobdrive::nbd::export::MAX_PAYLOAD_BYTES);
+    let server = Server::start(Limits {
+        max_in_flight_bytes: max,
+        io_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    });
+    let mut stalled = server.client();
+    stalled.go_structured("c/rw");
+    // Reads of the whole drive that together hold the server's budget.
+    for _ in 0..(max / (4 * MIB)) {
+        stalled.request(NBD_CMD_READ, 0, 0, (4 * MIB) as u32, &[]);
+    }
+    // Half of the first reply, then nothing.
+    let mut head = [0u8; 28];
+    std::io::Read::read_exact(&mut stalled.stream, &mut head).expect("reply header");
+    let mut half = vec![0u8; (2 * MIB) as usize];
+    std::io::Read::read_exact(&mut stalled.stream, &mut half).expect("half the data");
+    let mut other = server.client();
+    other.go_structured("c/rw");
+    let started = std::time::Instant::now();
+    assert_eq!(other.call(NBD_CMD_WRITE, 0, 0, 512, &[7u8; 512]).error, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "served once the stalled client was dropped"
+    );
+    // What the socket still holds of the first reply, then the end.
+    let mut rest = vec![0u8; MIB as usize];
+    let closed = loop {
+        match std::io::Read::read(&mut stalled.stream, &mut rest) {
+            Ok(0) => break true,
+            Ok(_) => {}
+            Err(e) => {
+                break !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            }
+        }
+    };
+    assert!(closed, "the stalled client is disconnected");
+}
+
+#[test]
+fn a_client_that_takes_each_reply_in_time_but_too_slowly_overall_is_dropped() {
+    // Small replies, each taken within the io timeout, so slowly that the
+    // client holds the server's whole budget for minutes: a slow loris.
+    // Progress is measured over the connection, not per reply.
+    let max = u64::from(blobdrive::nbd::export::MAX_PAYLOAD_BYTES);
+    let io_timeout = Duration::from_secs(2);
+    let server = Server::start(Limits {
+        max_in_flight_bytes: max,
+        io_timeout,
+        ..Limits::default()
+    });
+    let mut loris = server.client();
+    loris.go_structured("c/rw");
+    let reply = 256 * 1024;
+    for _ in 0..(max / reply) {
+        loris.request(NBD_CMD_READ, 0, 0, reply as u32, &[]);
+    }
+    let mut stream = loris.stream.try_clone().expect("clones the socket");
+    let reader = std::thread::spawn(move || {
+        let mut taken = 0;
+        // One reply every three quarters of the io timeout.
+        while take_reply(&mut stream, reply as usize, || {}).is_some() {
+            taken += 1;
+            std::thread::sleep(io_timeout * 3 / 4);
+        }
+        taken
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let mut other = server.client();
+    other.go_structured("c/rw");
+    let started = std::time::Instant::now();
+    assert_eq!(other.call(NBD_CMD_WRITE, 0, 0, 512, &[7u8; 512]).error, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "served once the slow loris was dropped"
+    );
+    let taken = reader.join().expect("the reader ends");
+    assert!(
+        (taken as u64) < max / reply,
+        "the slow loris was dropped before taking all its replies ({taken})"
+    );
+}
+
+#[test]
+fn an_idle_connection_is_closed_only_with_an_idle_timeout() {
+    let idle = Duration::from_secs(1);
+    let server = Server::start(Limits {
+        max_connections: 1,
+        idle_timeout: Some(idle),
+        ..Limits::default()
+    });
+    let mut c = server.client();
+    c.go_structured("c/rw");
+    // Requests a little closer together than the limit keep it open.
+    for _ in 0..4 {
+        assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 512, &[5u8; 512]).error, 0);
+        std::thread::sleep(idle / 2);
+    }
+    let started = std::time::Instant::now();
+    assert!(c.closed_by_server(), "an idle client is disconnected");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "soon after the idle timeout"
+    );
+    // Its slot is free again.
+    let mut next = server.client();
+    next.go_structured("c/rw");
+    assert_eq!(next.call(NBD_CMD_READ, 0, 0, 512, &[]).data, vec![5u8; 512]);
+
+    // Without one (the default), an idle client keeps its connection.
+    let server = Server::start(Limits::default());
+    let mut c = server.client();
+    c.go_structured("c/rw");
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    let idle_read = std::io::Read::read(&mut c.stream, &mut b);
+    assert!(
+        matches!(&idle_read, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "nothing but silence from the server: {idle_read:?}"
+    );
+    assert_eq!(c.call(NBD_CMD_WRITE, 0, 0, 512, &[6u8; 512]).error, 0);
+}
+
 // ---------------------------------------------------------------- fuzzing
 
 /// Cases: `BLOBDRIVE_FUZZ_CASES`, else a CI-sized default.

@@ -73,10 +73,22 @@ pub struct ServeArgs {
     /// `mount`).
     #[command(flatten)]
     pub cache: super::attach_flags::CacheFlags,
-    /// Connections served at once; more are closed at accept.
+    /// Connections served at once; more are closed at accept. A connection
+    /// takes its slot when accepted (before its handshake) and keeps it
+    /// until it closes, idle or not: a kernel nbd-client holds one for as
+    /// long as its device is connected. Slots come back when a client
+    /// disconnects, fails its handshake (30 s) or falls behind in its I/O
+    /// (30 s), when a TCP peer stops answering keepalive probes, and with
+    /// --idle-timeout.
     #[arg(long, value_name = "N", default_value_t = crate::nbd::listen::DEFAULT_MAX_CONNECTIONS as u32,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_connections: u32,
+    /// Close a connection that has had no request in flight for DURATION
+    /// (seconds, `30s`, `5m`, `2h`, at most a week), freeing its slot.
+    /// Default: never, since a kernel nbd-client is legitimately idle for
+    /// hours and loses its device when its connection is closed.
+    #[arg(long, value_name = "DURATION", value_parser = idle_timeout)]
+    pub idle_timeout: Option<std::time::Duration>,
     /// One JSON object per line: when serving, and (in the foreground) at
     /// the end with the counters of each export.
     #[arg(long)]
@@ -363,6 +375,7 @@ async fn serve(
     tracing::info!(endpoint = %listener.address(), exports = exports.len(), "NBD server ready");
     let limits = Limits {
         max_connections: args.max_connections as usize,
+        idle_timeout: args.idle_timeout,
         ..Limits::default()
     };
     let mut stop_request = None;
@@ -496,4 +509,47 @@ fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
 fn flush_stdout() {
     use std::io::Write;
     let _ = std::io::stdout().flush();
+}
+
+/// Parses `--idle-timeout`: seconds (`90`, `90s`), minutes (`30m`) or hours
+/// (`2h`), more than zero and at most a week.
+fn idle_timeout(text: &str) -> Result<std::time::Duration, String> {
+    const MAX_SECS: f64 = 7.0 * 24.0 * 3600.0;
+    let t = text.trim();
+    let (number, scale) = if let Some(n) = t.strip_suffix('h') {
+        (n, 3600.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        (t, 1.0)
+    };
+    let secs = number.trim().parse::<f64>().map(|n| n * scale);
+    match secs {
+        Ok(secs) if secs.is_finite() && secs > 0.0 && secs <= MAX_SECS => {
+            Ok(std::time::Duration::from_secs_f64(secs))
+        }
+        _ => Err(format!(
+            "invalid duration '{text}'; give more than 0 and at most a week: seconds (90, 90s), minutes (30m) or hours (2h)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::idle_timeout;
+    use std::time::Duration;
+
+    #[test]
+    fn idle_timeout_takes_seconds_minutes_and_hours_up_to_a_week() {
+        assert_eq!(idle_timeout("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(idle_timeout("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(idle_timeout("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(idle_timeout("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(idle_timeout("168h"), Ok(Duration::from_secs(168 * 3600)));
+        for bad in ["0", "0s", "-5m", "169h", "soon", "500ms", ""] {
+            assert!(idle_timeout(bad).is_err(), "{bad}");
+        }
+    }
 }

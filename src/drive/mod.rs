@@ -476,13 +476,19 @@ impl Drive {
     /// the blob (NBD's WRITE_ZEROES with NO_HOLE): the flush sends the
     /// whole pages as data (Put Page of zeros) rather than clearing them, so
     /// the sparse map keeps them. [`Drive::discard`] is the one that frees.
+    ///
+    /// The zeros come from one buffer shared by every call: a client may
+    /// pipeline thousands of these (NBD charges each to its in-flight budget
+    /// as a request without payload), and a buffer of its own per call,
+    /// held while the call waits for the dirty budget, would grow the
+    /// process by a megabyte per waiting request, outside `--cache-size`.
     pub async fn write_zeroes_allocated(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
-        const STEP: u64 = 1024 * 1024;
-        let zeros = vec![0u8; STEP.min(len_bytes) as usize];
+        let zeros = shared_zeros();
+        let step = zeros.len() as u64;
         let mut at = offset_bytes;
         let end = offset_bytes.saturating_add(len_bytes);
         while at < end {
-            let n = STEP.min(end - at);
+            let n = step.min(end - at);
             self.inner
                 .write_at_as(at, &zeros[..n as usize], true)
                 .await?;
@@ -650,4 +656,13 @@ impl Drop for Drive {
             tracing::error!(target = %self.inner.target, dirty_bytes = dirty, "drive dropped with unflushed data");
         }
     }
+}
+
+/// 1 MiB of zeros, allocated once for the whole process, for
+/// [`Drive::write_zeroes_allocated`] to write from (the largest step it
+/// writes in; the cache copies from it, so it is only ever read).
+fn shared_zeros() -> &'static [u8] {
+    const ZERO_STEP_BYTES: usize = 1024 * 1024;
+    static ZEROS: std::sync::OnceLock<Box<[u8]>> = std::sync::OnceLock::new();
+    ZEROS.get_or_init(|| vec![0u8; ZERO_STEP_BYTES].into_boxed_slice())
 }

@@ -4,6 +4,16 @@
 //! `max_connections` connections at once (more are closed at accept, with a
 //! log line); a handshake that does not finish in time is dropped.
 //!
+//! A connection takes its slot at accept, before the handshake, and holds
+//! it until it closes, busy or idle: a kernel `nbd-client` holds one for as
+//! long as its device is connected, so idle connections are not cut by
+//! default. What frees a slot: the client closing, a handshake not finished
+//! in [`HANDSHAKE_TIMEOUT`], a framing error, a client that stops in a
+//! WRITE's payload or falls behind in taking its replies, a TCP peer that
+//! stops answering keepalive probes, and, only when asked for
+//! (`--idle-timeout`), a connection with no request in flight for that
+//! long.
+//!
 //! TCP has no peer check: on loopback every local user can connect, which
 //! the README says.
 
@@ -221,8 +231,13 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     /// Payload bytes all connections together may have in flight.
     pub max_in_flight_bytes: u64,
-    /// Time a client has to send a WRITE's payload or take a reply.
+    /// Time a client has to send a WRITE's payload, and the window in
+    /// which it must take a share of its replies
+    /// (`transmission::MIN_PROGRESS_BYTES`).
     pub io_timeout: Duration,
+    /// How long a connection may have no request in flight before it is
+    /// closed; `None` (the default): for as long as the client keeps it.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -232,6 +247,7 @@ impl Default for Limits {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             max_in_flight_bytes: transmission::MAX_SERVER_IN_FLIGHT_BYTES,
             io_timeout: transmission::IO_TIMEOUT,
+            idle_timeout: None,
         }
     }
 }
@@ -508,7 +524,10 @@ async fn connection(
         writer,
         negotiated,
         payload_budget,
-        limits.io_timeout,
+        transmission::Timeouts {
+            io: limits.io_timeout,
+            idle: limits.idle_timeout,
+        },
         stop,
     )
     .await;

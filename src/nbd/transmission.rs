@@ -17,12 +17,28 @@
 //! a truncated request closes it. Memory is bounded: the payloads of the
 //! requests in flight on a connection stay under [`MAX_IN_FLIGHT_BYTES`],
 //! those of all connections under the server's budget. A client that stops
-//! in the middle of a WRITE's payload, or takes no replies, for
-//! [`IO_TIMEOUT`] (a suspended `nbdcopy`) is disconnected, which frees the
-//! budget it held for every other client.
+//! in the middle of a WRITE's payload for [`IO_TIMEOUT`] (a suspended
+//! `nbdcopy`) is disconnected, which frees the budget it held for every
+//! other client.
+//!
+//! Replies are paced by progress, over the connection rather than per
+//! reply: while any reply waits for the client, it must take at least
+//! [`MIN_PROGRESS_BYTES`] of them in each [`IO_TIMEOUT`] (or all that
+//! waited). One deadline per reply would let a slow loris keep its budget
+//! for ever (a small reply taken just before each deadline), and cut off a
+//! slow but steady reader whose large reply takes longer than the timeout;
+//! with a progress window, a client that stalls anywhere in a reply, or
+//! takes its replies slower than that rate, loses its connection within
+//! one window, and any reader at least that fast is served.
+//!
+//! A connection that has no request in flight is idle; it keeps its
+//! connection slot for as long as it stays open (a kernel `nbd-client` is
+//! idle for hours between bursts) unless the server was given an idle
+//! limit (`--idle-timeout`), after which it is closed.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -57,9 +73,17 @@ const MAX_DESCRIPTORS: usize = 1 << 20;
 /// reply cover less than was asked): bounds the work and the reply, at
 /// most one descriptor per 512-byte page, 1 MiB.
 const BLOCK_STATUS_SCAN_BYTES: u64 = 64 << 20;
-/// How long a client may take to send a WRITE's payload, or to take one
-/// reply, while the payload budget is held for it.
+/// How long a client may take to send a WRITE's payload, and the window in
+/// which it must take [`MIN_PROGRESS_BYTES`] of the replies waiting for it,
+/// while the payload budget is held for it.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// The least a client must take of the replies waiting for it in each
+/// [`IO_TIMEOUT`] (about 35 KB/s by default): slower, and its connection and
+/// budget go to others.
+pub const MIN_PROGRESS_BYTES: u64 = 1024 * 1024;
+/// Replies go out in pieces of at most this, so the progress window is
+/// checked within a large reply, not only at its end.
+const REPLY_PIECE_BYTES: usize = 256 * 1024;
 /// How long a stopping server waits for a client to take its replies.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// The read buffer of a connection.
@@ -85,39 +109,58 @@ pub enum ConnectionEnd {
     /// The server is stopping.
     #[error("server stopping")]
     Stopping,
+    /// No request was in flight for the server's idle limit.
+    #[error("idle for {} s (--idle-timeout): closed", .0.as_secs_f64())]
+    Idle(Duration),
     /// A framing error or a failed connection.
     #[error("{0}")]
     Broken(String),
 }
 
+/// The time limits of a connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// How long a client may take to send a WRITE's payload, and the window
+    /// in which it must take [`MIN_PROGRESS_BYTES`] of its waiting replies.
+    pub io: Duration,
+    /// How long a connection may have no request in flight; `None`: for
+    /// ever.
+    pub idle: Option<Duration>,
+}
+
 /// Serves requests on `stream` until the client disconnects, the framing
-/// breaks, or `stop` turns true; returns after every request read has been
-/// answered.
+/// breaks, the connection is idle past `timeouts.idle`, or `stop` turns
+/// true; returns after every request read has been answered.
 pub async fn serve<R, W>(
     reader: R,
     writer: W,
     session: Negotiated,
     server_budget: Arc<Semaphore>,
-    io_timeout: Duration,
+    timeouts: Timeouts,
     mut stop: watch::Receiver<bool>,
 ) -> ConnectionEnd
 where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    let io_timeout = timeouts.io;
     // Buffered: a request header is 28 bytes, and reading each with its own
     // system call would cost more than serving it from the cache.
     let mut reader = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, reader);
-    let writer = Arc::new(Mutex::new(writer));
+    let output = Arc::new(Mutex::new(Output::new(writer)));
+    // Replies encoded and not yet written: while there are any, the client
+    // is expected to be taking them.
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let activity = Arc::new(Activity::new());
     let session = Arc::new(session);
     let budget = Arc::new(Semaphore::new((MAX_IN_FLIGHT_BYTES / BUDGET_UNIT) as usize));
     let mut tasks = JoinSet::new();
     // Set by a reply that could not be written in time: the stream is out
     // of frame, so the connection ends and no later reply is tried.
-    let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stalled = Arc::new(AtomicBool::new(false));
     let stalled_wake = Arc::new(tokio::sync::Notify::new());
     let end = loop {
-        if stalled.load(std::sync::atomic::Ordering::Acquire) {
+        if stalled.load(Ordering::Acquire) {
             break stalled_end(io_timeout);
         }
         while tasks.try_join_next().is_some() {}
@@ -126,7 +169,9 @@ where
             r = reader.read_exact(&mut header) => r,
             _ = stop.wait_for(|s| *s) => break ConnectionEnd::Stopping,
             _ = stalled_wake.notified() => break stalled_end(io_timeout),
+            limit = activity.idle_for(timeouts.idle) => break ConnectionEnd::Idle(limit),
         };
+        activity.touch();
         match read {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -208,31 +253,38 @@ where
             }
         }
         let session = session.clone();
-        let writer = writer.clone();
+        let output = output.clone();
+        let waiting = waiting.clone();
         let stalled = stalled.clone();
         let stalled_wake = stalled_wake.clone();
+        let active = activity.start();
         tasks.spawn(async move {
+            let _active = active;
             let reply = answer(&session, &request, payload).await;
             let bytes = encode(&session, &request, reply);
             let bytes = coalesce(bytes);
-            let mut w = writer.lock().await;
-            if stalled.load(std::sync::atomic::Ordering::Acquire) {
-                return;
+            waiting.fetch_add(1, Ordering::AcqRel);
+            let mut out = output.lock().await;
+            let sent = if stalled.load(Ordering::Acquire) {
+                Sent::Skipped
+            } else {
+                out.send(&bytes, io_timeout).await
+            };
+            // The last reply waiting is out: whatever comes next starts a
+            // new progress window (the client could take nothing meanwhile).
+            if waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
+                out.idle = true;
             }
-            let sent = tokio::time::timeout(io_timeout, async {
-                for part in bytes {
-                    w.write_all(&part).await?;
-                }
-                w.flush().await
-            })
-            .await;
+            drop(out);
             drop(permit);
             drop(server_permit);
             match sent {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!(error = %e, "NBD reply not sent: the client is gone"),
-                Err(_) => {
-                    stalled.store(true, std::sync::atomic::Ordering::Release);
+                Sent::Done | Sent::Skipped => {}
+                Sent::Gone(e) => {
+                    tracing::debug!(error = %e, "NBD reply not sent: the client is gone")
+                }
+                Sent::TooSlow => {
+                    stalled.store(true, Ordering::Release);
                     stalled_wake.notify_one();
                 }
             }
@@ -256,18 +308,142 @@ where
         while tasks.join_next().await.is_some() {}
     }
     let _ = tokio::time::timeout(STOP_GRACE, async {
-        let _ = writer.lock().await.shutdown().await;
+        let _ = output.lock().await.writer.shutdown().await;
     })
     .await;
     end
 }
 
-/// How a connection whose client took no reply in time ends.
+/// How a connection whose client did not take its replies in time ends.
 fn stalled_end(io_timeout: Duration) -> ConnectionEnd {
     ConnectionEnd::Broken(format!(
-        "the client took no reply for {} s: disconnected (its payload budget freed)",
-        io_timeout.as_secs()
+        "the client took less than {} MiB of its replies in {} s: disconnected (its payload budget freed)",
+        MIN_PROGRESS_BYTES >> 20,
+        io_timeout.as_secs_f64()
     ))
+}
+
+/// What became of one reply.
+enum Sent {
+    Done,
+    /// An earlier reply was too slow: the stream is out of frame.
+    Skipped,
+    /// The connection failed.
+    Gone(std::io::Error),
+    /// The client fell below the least progress.
+    TooSlow,
+}
+
+/// The write half of a connection and the progress window of its client.
+struct Output<W> {
+    writer: W,
+    /// When the current window began.
+    window_start: Instant,
+    /// Bytes taken in it.
+    window_taken: u64,
+    /// No reply waited after the last one written: the next opens a new
+    /// window.
+    idle: bool,
+}
+
+impl<W: AsyncWrite + Unpin> Output<W> {
+    fn new(writer: W) -> Self {
+        Output {
+            writer,
+            window_start: Instant::now(),
+            window_taken: 0,
+            idle: true,
+        }
+    }
+
+    /// Writes one reply in pieces, each within the current window; a window
+    /// in which the client took [`MIN_PROGRESS_BYTES`] gives way to the next.
+    async fn send(&mut self, parts: &[Bytes], io_timeout: Duration) -> Sent {
+        if self.idle {
+            self.idle = false;
+            self.window_start = Instant::now();
+            self.window_taken = 0;
+        }
+        for part in parts {
+            for piece in part.chunks(REPLY_PIECE_BYTES) {
+                let deadline = tokio::time::Instant::from_std(self.window_start + io_timeout);
+                match tokio::time::timeout_at(deadline, self.writer.write_all(piece)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Sent::Gone(e),
+                    Err(_) => return Sent::TooSlow,
+                }
+                self.window_taken += piece.len() as u64;
+                if self.window_taken >= MIN_PROGRESS_BYTES {
+                    self.window_start = Instant::now();
+                    self.window_taken = 0;
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::from_std(self.window_start + io_timeout);
+        match tokio::time::timeout_at(deadline, self.writer.flush()).await {
+            Ok(Ok(())) => Sent::Done,
+            Ok(Err(e)) => Sent::Gone(e),
+            Err(_) => Sent::TooSlow,
+        }
+    }
+}
+
+/// What the idle limit watches: the requests in flight and when the last
+/// one came or went.
+struct Activity {
+    in_flight: AtomicUsize,
+    last: std::sync::Mutex<Instant>,
+}
+
+/// One request in flight; it is over when this is dropped (answered, or
+/// its task aborted).
+struct Active(Arc<Activity>);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            in_flight: AtomicUsize::new(0),
+            last: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Notes activity now.
+    fn touch(&self) {
+        *self.last.lock().expect("activity mutex poisoned") = Instant::now();
+    }
+
+    /// A request starts.
+    fn start(self: &Arc<Self>) -> Active {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Active(self.clone())
+    }
+
+    /// Returns `limit` once no request has been in flight for `limit`;
+    /// never without one.
+    async fn idle_for(&self, limit: Option<Duration>) -> Duration {
+        let Some(limit) = limit else {
+            return std::future::pending().await;
+        };
+        loop {
+            let due = *self.last.lock().expect("activity mutex poisoned") + limit;
+            if self.in_flight.load(Ordering::Acquire) > 0 {
+                // Busy: looked at again a limit later (a request that ends
+                // meanwhile moves `last` on).
+                tokio::time::sleep(limit).await;
+            } else if Instant::now() >= due {
+                return limit;
+            } else {
+                tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+            }
+        }
+    }
 }
 
 /// Joins the parts of a small reply into one buffer, so it leaves in one

@@ -204,6 +204,40 @@ impl Client {
         }
     }
 
+    /// Reads the whole next reply, whichever request it answers (replies
+    /// to pipelined requests come in the order they complete); structured
+    /// replies only. Returns its cookie and the answer.
+    pub fn answer_any(&mut self) -> (u64, Answer) {
+        assert!(self.structured, "answer_any reads structured replies");
+        let mut cookie = None;
+        let mut error = 0;
+        let mut data = Vec::new();
+        loop {
+            let mut head = [0u8; 20];
+            self.stream
+                .read_exact(&mut head)
+                .expect("structured reply chunk");
+            assert_eq!(&head[..4], &NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
+            let flags = u16::from_be_bytes(head[4..6].try_into().unwrap());
+            let kind = u16::from_be_bytes(head[6..8].try_into().unwrap());
+            let this = u64::from_be_bytes(head[8..16].try_into().unwrap());
+            assert_eq!(*cookie.get_or_insert(this), this, "chunks of one reply");
+            let len = u32::from_be_bytes(head[16..20].try_into().unwrap());
+            let mut payload = vec![0u8; len as usize];
+            self.stream.read_exact(&mut payload).expect("chunk payload");
+            match kind {
+                NBD_REPLY_TYPE_OFFSET_DATA => data.extend_from_slice(&payload[8..]),
+                NBD_REPLY_TYPE_ERROR => {
+                    error = u32::from_be_bytes(payload[..4].try_into().unwrap())
+                }
+                _ => {}
+            }
+            if flags & NBD_REPLY_FLAG_DONE != 0 {
+                return (this, Answer { error, data });
+            }
+        }
+    }
+
     /// A request and its answer.
     pub fn call(
         &mut self,
