@@ -37,7 +37,7 @@
 //! coming back (its holder's takeover, its unmount, `recover`).
 //!
 //! `BLOBDRIVE_SPLIT_BRAIN_SCHEDULES` sets how many schedules run (default
-//! 6, about four to five minutes on a 2-core machine);
+//! 10, about four to five minutes on a 2-core machine);
 //! `BLOBDRIVE_SPLIT_BRAIN_SEED` replays a run: schedule *i* uses the seed plus
 //! *i* times a fixed odd constant, and prints it, so one failing schedule
 //! replays alone with its own seed and `..._SCHEDULES=1`. With
@@ -84,7 +84,7 @@ fn schedules() -> u32 {
     std::env::var("BLOBDRIVE_SPLIT_BRAIN_SCHEDULES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(6)
+        .unwrap_or(10)
 }
 
 fn keep_going() -> bool {
@@ -385,8 +385,10 @@ fn random_op(rng: &mut Rng, path: Via, s: &Predicted) -> Op {
             choices.push((6, Op::Unmount { host }));
         }
     } else {
+        // An attach with the link down fails after a retry budget: tried
+        // now and then, not again and again.
         choices.push((
-            25,
+            if s.link_down[host] { 2 } else { 25 },
             Op::Attach {
                 host,
                 long_delay: rng.chance(60),
@@ -394,7 +396,8 @@ fn random_op(rng: &mut Rng, path: Via, s: &Predicted) -> Op {
         ));
     }
     if s.link_down[host] {
-        choices.push((12, Op::LinkUp { host }));
+        let weight = if s.attached[host] { 12 } else { 25 };
+        choices.push((weight, Op::LinkUp { host }));
     } else {
         choices.push((5, Op::LinkDown { host }));
         choices.push((3, Op::BreakLease { host }));
@@ -969,7 +972,7 @@ impl Run<'_> {
         let Some(a) = self.hosts[host].attach.as_mut() else {
             return Ok("skipped: not attached".into());
         };
-        match a.device.request(0, None, Duration::from_secs(30)) {
+        match a.device.request(0, None, Duration::from_secs(20)) {
             Outcome::Ok => {
                 let covered = self.mark_durable(host);
                 self.check(&format!("fsync of {}", HOSTS[host]), &covered)?;
@@ -1021,7 +1024,7 @@ impl Run<'_> {
         let result = blobdrive_on(
             &self.hosts[host].host,
             &["unmount", &target],
-            Duration::from_secs(120),
+            Duration::from_secs(45),
         );
         match result {
             Some((true, _)) => {
@@ -1076,7 +1079,7 @@ impl Run<'_> {
         if break_lease {
             args.push("--break-lease");
         }
-        match blobdrive_on(&h.host, &args, Duration::from_secs(90)) {
+        match blobdrive_on(&h.host, &args, Duration::from_secs(60)) {
             Some((true, _)) => {
                 self.epoch += 1;
                 let name = file.file_name().unwrap_or_default().to_string_lossy();
@@ -1101,7 +1104,7 @@ impl Run<'_> {
         match blobdrive_on(
             &self.hosts[host].host,
             &["upgrade", &dir],
-            Duration::from_secs(120),
+            Duration::from_secs(60),
         ) {
             Some((true, _)) => {
                 self.check(&format!("upgrade of {}", HOSTS[host]), &[])?;
@@ -1239,9 +1242,11 @@ sys.stdout.buffer.write(c.download_blob(offset=int(sys.argv[3]), length=int(sys.
         Err(format!("after {why}: {}", problems.join("; ")))
     }
 
-    /// Brings both hosts back (links up, daemons continued), lets a holder
-    /// that waits to take over do it, unmounts what is attached, and checks
-    /// the blob a last time.
+    /// Brings both hosts back (links up, daemons continued), unmounts what
+    /// is attached, serving attaches first, and checks the blob a last time.
+    /// An attach whose holder waits to take over (for storage, or for the
+    /// lease the other host holds) is unmounted once it serves again: that
+    /// is when a stale takeover would write.
     fn finish(&mut self) -> Result<(), String> {
         for h in &mut self.hosts {
             if !h.link_up {
@@ -1252,31 +1257,40 @@ sys.stdout.buffer.write(c.download_blob(offset=int(sys.argv[3]), length=int(sys.
                 signal(pid, libc::SIGCONT);
             }
         }
-        for (h, name) in HOSTS.iter().enumerate() {
-            let Some(a) = &self.hosts[h].attach else {
-                continue;
-            };
-            if self.path == Via::Attach && a.holder_alive {
-                // A holder whose takeover failed tries again after a pause
-                // of up to 30 s; its successor answers `stats` once serving.
-                let dir = a.target.to_string_lossy().to_string();
-                let start = Instant::now();
-                while start.elapsed() < Duration::from_secs(45) {
-                    if let Some((true, _)) = blobdrive_on(
-                        &self.hosts[h].host,
-                        &["stats", &dir],
-                        Duration::from_secs(10),
-                    ) {
-                        break;
-                    }
-                    if self.attach_pids(h).is_none() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(500));
+        // The holder's pause between takeovers grows to 30 s.
+        let deadline = Instant::now() + Duration::from_secs(50);
+        loop {
+            let mut waiting = false;
+            for (h, name) in HOSTS.iter().enumerate() {
+                let Some(a) = &self.hosts[h].attach else {
+                    continue;
+                };
+                let target = a.target.to_string_lossy().to_string();
+                let serving = self.path == Via::Nbd
+                    || !a.holder_alive
+                    || matches!(
+                        blobdrive_on(
+                            &self.hosts[h].host,
+                            &["stats", &target],
+                            Duration::from_secs(10),
+                        ),
+                        Some((true, _))
+                    )
+                    || self.attach_pids(h).is_none();
+                if serving || Instant::now() > deadline {
+                    let said = self.unmount(h)?;
+                    self.note(format!("end: unmount {name}: {said}"));
+                    // Whatever that did, the schedule is over for it (the
+                    // host's cleanup kills what is left).
+                    self.hosts[h].attach = None;
+                } else {
+                    waiting = true;
                 }
             }
-            let said = self.unmount(h)?;
-            self.note(format!("end: unmount {name}: {said}"));
+            if !waiting {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(1));
         }
         self.check("the end of the schedule", &[])
     }
@@ -1317,6 +1331,7 @@ fn run_schedule(
         plan.path,
         plan.ops.len()
     );
+    let setup = Instant::now();
     // The checker keeps the default retry time: a busy Azurite may take
     // longer than the hosts' short budget.
     let image_s = image.to_string_lossy().to_string();
@@ -1353,12 +1368,15 @@ fn run_schedule(
         log: Vec::new(),
         faults: 0,
     };
+    let setup_secs = setup.elapsed().as_secs_f64();
     let mut violation = None;
+    let started = Instant::now();
     for (i, op) in plan.ops.iter().enumerate() {
+        let at = started.elapsed().as_secs_f64();
         match run.execute(op) {
-            Ok(said) => run.note(format!("{i:2}. {op}: {said}")),
+            Ok(said) => run.note(format!("{i:2}. [{at:5.1}s] {op}: {said}")),
             Err(e) => {
-                run.note(format!("{i:2}. {op}: VIOLATION"));
+                run.note(format!("{i:2}. [{at:5.1}s] {op}: VIOLATION"));
                 violation = Some(e);
                 break;
             }
@@ -1369,6 +1387,11 @@ fn run_schedule(
             violation = Some(e);
         }
     }
+    eprintln!(
+        "schedule {index}: {} faults, {:.1} s",
+        run.faults,
+        started.elapsed().as_secs_f64()
+    );
     let violation = violation.map(|v| {
         let logs: Vec<String> = run.hosts.iter().map(|h| log_tails(&h.host)).collect();
         format!(
@@ -1380,11 +1403,16 @@ fn run_schedule(
             logs.join("\n")
         )
     });
+    let faults = run.faults;
     // The hosts go here (their Drop unmounts and kills what is left).
-    ScheduleResult {
-        faults: run.faults,
-        violation,
-    }
+    let teardown = Instant::now();
+    drop(run);
+    eprintln!(
+        "schedule {index}: set up in {:.1} s, cleaned up in {:.1} s",
+        setup_secs,
+        teardown.elapsed().as_secs_f64()
+    );
+    ScheduleResult { faults, violation }
 }
 
 /// The last lines of each daemon log of `host`, for a failure's message.
