@@ -511,7 +511,8 @@ fn parse_sector(sector: &[u8], block: u32, index: usize) -> Found {
 // Devices: the loop device of an attach, or an NBD connection
 
 enum Device {
-    Loop(String),
+    /// The loop device, and the host's temp dir its drive file must be in.
+    Loop(String, PathBuf),
     Nbd {
         socket: PathBuf,
         export: String,
@@ -566,24 +567,40 @@ fn aligned_copy(data: &[u8]) -> (Vec<u8>, usize) {
     (buf, at)
 }
 
-fn loop_write(device: &str, offset: u64, data: &[u8]) -> std::io::Result<()> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(device)?;
+/// Opens the attach's loop device, if it is still the attach's: a loop
+/// device is freed when its attach ends and may then serve another drive
+/// (another host's, or another test's), which must never get these writes.
+/// While the descriptor is open the kernel does not rebind the device.
+fn open_loop(device: &str, owner: &Path, direct: bool) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true);
+    if direct {
+        options.custom_flags(libc::O_DIRECT);
+    }
+    let file = options.open(device)?;
+    let name = Path::new(device).file_name().unwrap_or_default();
+    let backing =
+        std::fs::read_to_string(Path::new("/sys/block").join(name).join("loop/backing_file"))
+            .unwrap_or_default();
+    if !Path::new(backing.trim()).starts_with(owner) {
+        return Err(std::io::Error::other(format!(
+            "{device} no longer serves this attach (its file: {:?})",
+            backing.trim()
+        )));
+    }
+    Ok(file)
+}
+
+fn loop_write(device: &str, owner: &Path, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    let file = open_loop(device, owner, true)?;
     let (buf, at) = aligned_copy(data);
     file.write_all_at(&buf[at..at + data.len()], offset)
 }
 
-fn loop_fsync(device: &str) -> std::io::Result<()> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(device)?;
+fn loop_fsync(device: &str, owner: &Path) -> std::io::Result<()> {
     // A block device's fsync sends the device a flush, which the loop
     // device passes to the drive file as FUSE fsync.
-    file.sync_all()
+    open_loop(device, owner, false)?.sync_all()
 }
 
 fn nbd_connect(socket: &Path, export: &str) -> nbd_support::Client {
@@ -596,11 +613,11 @@ impl Device {
     /// WRITE (`data` at `offset`) or, with `None`, FLUSH.
     fn request(&mut self, offset: u64, data: Option<Vec<u8>>, limit: Duration) -> Outcome {
         match self {
-            Device::Loop(dev) => {
-                let dev = dev.clone();
+            Device::Loop(dev, owner) => {
+                let (dev, owner) = (dev.clone(), owner.clone());
                 let answer = with_deadline(limit, move || match data {
-                    Some(d) => loop_write(&dev, offset, &d),
-                    None => loop_fsync(&dev),
+                    Some(d) => loop_write(&dev, &owner, offset, &d),
+                    None => loop_fsync(&dev, &owner),
                 });
                 match answer {
                     None => Outcome::NoAnswer,
@@ -867,7 +884,8 @@ impl Run<'_> {
                         .as_str()
                         .ok_or("the registry names no loop device")?
                         .to_string();
-                    Ok((dir, Device::Loop(dev), None))
+                    let owner = h.host.root.path().to_path_buf();
+                    Ok((dir, Device::Loop(dev, owner), None))
                 }),
             Via::Nbd => h
                 .host
@@ -1428,13 +1446,15 @@ fn log_tails(host: &Host) -> String {
         .collect();
     logs.sort();
     for log in logs {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
+        let bytes = std::fs::read(&log).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
         let tail = &lines[lines.len().saturating_sub(12)..];
         out.push_str(&format!(
-            "--- {} {} (last lines)\n{}\n",
+            "--- {} {} ({} bytes; its last lines)\n{}\n",
             host.name,
             log.file_name().unwrap_or_default().to_string_lossy(),
+            bytes.len(),
             tail.join("\n")
         ));
     }
