@@ -17,8 +17,8 @@
 //! lease takeovers: each attach that succeeds, and each `recover` that
 //! applies a file, starts a new one) and a CRC-32C. The checker reads the
 //! blob through the Python SDK (an independent client), after each fsync,
-//! unmount, `recover` and `upgrade` that succeeded and at the end, and holds
-//! every sector to:
+//! unmount, `recover` and `upgrade` that succeeded, after each wait, and at
+//! the end, and holds every sector to:
 //!
 //! - (a) the last write to it that a successful fsync or unmount covered is
 //!   there, or a write that had not completed when that one was issued;
