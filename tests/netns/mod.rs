@@ -421,6 +421,14 @@ impl Host {
     /// at the new directory `name` with `extra` options and a log file;
     /// returns the mount point (as the host sees it).
     pub fn mount(&self, source: &str, name: &str, extra: &[&str]) -> PathBuf {
+        self.try_mount(source, name, extra)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Host::mount`] for tests where a mount may fail (the host's link is
+    /// down, another host holds the lease): the failure with the daemon's
+    /// log instead of a panic. A mount that succeeds is cleaned up on drop.
+    pub fn try_mount(&self, source: &str, name: &str, extra: &[&str]) -> Result<PathBuf, String> {
         let dir = self.dir(name);
         let dir_s = dir.to_string_lossy().to_string();
         let log = self.log_path(name);
@@ -428,21 +436,25 @@ impl Host {
         let mut args = vec!["mount", source, dir_s.as_str(), "--log-file", &log_s, "-v"];
         args.extend(extra);
         let out = self.blobdrive(&args);
-        assert!(
-            out.status.success(),
-            "{}: blobdrive {args:?} failed: {}\nlog: {}",
-            self.name,
-            String::from_utf8_lossy(&out.stderr),
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        if !out.status.success() {
+            return Err(format!(
+                "{}: blobdrive {args:?} failed: {}\nlog: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ));
+        }
         let out = self.blobdrive(&["stats", &dir_s, "--json"]);
-        assert!(
-            out.status.success(),
-            "{}: stats of the new mount failed: {}\nlog: {}",
-            self.name,
-            String::from_utf8_lossy(&out.stderr),
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        if !out.status.success() {
+            // Mounted, but not known to the cleanup yet: its registry entry
+            // is, and the cleanup unmounts everything under the host's root.
+            return Err(format!(
+                "{}: stats of the new mount failed: {}\nlog: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ));
+        }
         let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats is JSON");
         let pid = stats["pid"].as_i64().expect("stats names the daemon's pid") as i32;
         self.mounts.lock().unwrap().push((dir.clone(), pid));
@@ -452,7 +464,78 @@ impl Host {
                 .unwrap()
                 .push((dir.clone(), holder as i32));
         }
-        dir
+        Ok(dir)
+    }
+
+    /// `blobdrive serve DRIVE --nbd unix:SOCKET` in the background with
+    /// `extra` options and the log `name.log`, the socket `name.sock` in the
+    /// host's temp dir (reachable by path from the test's namespaces): the
+    /// socket and the server's pid, or the failure. A server that started is
+    /// stopped on drop (`blobdrive unmount SOCKET`, then SIGKILL).
+    pub fn try_serve(
+        &self,
+        drive: &str,
+        name: &str,
+        extra: &[&str],
+    ) -> Result<(PathBuf, i32), String> {
+        let socket = self.root.path().join(format!("{name}.sock"));
+        let _ = std::fs::remove_file(&socket);
+        let endpoint = format!("unix:{}", socket.display());
+        let log = self.log_path(name);
+        let log_s = log.to_string_lossy().to_string();
+        let mut args = vec![
+            "serve",
+            drive,
+            "--nbd",
+            &endpoint,
+            "--log-file",
+            &log_s,
+            "-v",
+        ];
+        args.extend(extra);
+        let out = self.blobdrive(&args);
+        if !out.status.success() {
+            return Err(format!(
+                "{}: blobdrive {args:?} failed: {}\nlog: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ));
+        }
+        let list = self.ok(&["list", "--mounted", "--json"]);
+        let rows: serde_json::Value = serde_json::from_str(&list).expect("list --mounted is JSON");
+        let pid = rows
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| {
+                r["kind"] == "nbd"
+                    && r["nbd"]
+                        .as_str()
+                        .is_some_and(|e| e.contains(&*socket.to_string_lossy()))
+            })
+            .and_then(|r| r["pid"].as_i64())
+            .ok_or_else(|| {
+                format!(
+                    "{}: list --mounted does not name the server of {endpoint}: {list}",
+                    self.name
+                )
+            })? as i32;
+        // The cleanup stops a server as it unmounts an attach: `unmount`
+        // takes the socket path too.
+        self.mounts.lock().unwrap().push((socket.clone(), pid));
+        Ok((socket, pid))
+    }
+
+    /// Takes the host's link to storage down or up (`ip link set eth0`): a
+    /// network partition of this host alone.
+    pub fn set_link(&self, up: bool) {
+        let state = if up { "up" } else { "down" };
+        let status = self
+            .command("ip", &["link", "set", "eth0", state])
+            .status()
+            .expect("run ip");
+        assert!(status.success(), "{}: ip link set eth0 {state}", self.name);
     }
 
     /// The holder process of the attach at `dir` (see `daemon/holder.rs`).
