@@ -40,7 +40,20 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::lineage::Mark;
+use serde::{Deserialize, Serialize};
+
+/// What a writer lineage left its blob as (`lineage.rs` decides what it
+/// proves).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mark {
+    /// The blob's sequence number as the lineage last raised or read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    /// The ETag the lineage's own last change returned (or the blob had
+    /// when read under its lease), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+}
 
 /// Where a fence reports its lineage's mark each time it changes (the
 /// attach's shared state, so that a successor knows it).

@@ -33,24 +33,12 @@
 //! a state read under the lease, which proves the lineage still held it.
 
 use reqwest::Method;
-use serde::{Deserialize, Serialize};
 
 use super::client::{BlobClient, Request, Resource};
 use super::error::{Error, Result};
+pub use super::fence::Mark;
 use super::path::BlobPath;
 use super::types::LeaseState;
-
-/// What a writer lineage left its blob as.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mark {
-    /// The blob's sequence number as the lineage last raised or read it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub epoch: Option<u64>,
-    /// The ETag the lineage's own last change returned (or the blob had
-    /// when read under its lease), when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub etag: Option<String>,
-}
 
 /// How a lineage found its blob when it resumed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
