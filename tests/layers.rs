@@ -35,6 +35,7 @@ const FLOORS: &[&[&str]] = &[
     &["fs"],
     &["daemon", "nbd"],
     &["lifecycle"],
+    &["csi"],
     &["cli"],
 ];
 
