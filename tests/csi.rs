@@ -40,20 +40,31 @@ const MIB: i64 = 1024 * 1024;
 struct Plugin {
     child: Child,
     socket: PathBuf,
-    run_dir: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Plugin {
     /// Starts the plugin with `extra` arguments and waits for its socket.
     fn start(extra: &[&str]) -> Plugin {
+        Plugin::start_in(None, extra)
+    }
+
+    /// Starts the plugin with the run directory `run_dir` (the attach
+    /// registry; a fresh one when `None`).
+    fn start_in(run_dir: Option<&Path>, extra: &[&str]) -> Plugin {
         let dir = tempfile::Builder::new()
             .prefix("blobdrive-csi-")
             .tempdir()
             .expect("temp dir");
         let socket = dir.path().join("csi.sock");
-        let run_dir = dir.path().join("run");
-        std::fs::create_dir(&run_dir).expect("run dir");
+        let run_dir = match run_dir {
+            Some(r) => r.to_path_buf(),
+            None => {
+                let r = dir.path().join("run");
+                std::fs::create_dir(&r).expect("run dir");
+                r
+            }
+        };
         let child = command(&run_dir)
             .args(["csi", "--endpoint"])
             .arg(format!("unix://{}", socket.display()))
@@ -65,7 +76,6 @@ impl Plugin {
         let plugin = Plugin {
             child,
             socket,
-            run_dir,
             _dir: dir,
         };
         let start = Instant::now();
@@ -95,8 +105,20 @@ impl Plugin {
     }
 }
 
-impl Drop for Plugin {
-    fn drop(&mut self) {
+impl Plugin {
+    /// Stops the plugin as Kubernetes does (SIGTERM); true when it exited
+    /// cleanly and removed its socket.
+    fn stop(mut self) -> bool {
+        self.terminate();
+        let clean = matches!(self.child.try_wait(), Ok(Some(status)) if status.success());
+        clean && !self.socket.exists()
+    }
+
+    fn terminate(&mut self) {
+        // Reaped already: its pid may be another process's by now.
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
         let pid = self.child.id() as i32;
         // SAFETY: plain syscall on our own child.
         unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -109,6 +131,12 @@ impl Drop for Plugin {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        self.terminate();
     }
 }
 
@@ -213,7 +241,11 @@ fn identity_and_capabilities_answer_by_role() {
             .into_inner();
         assert_eq!(caps.capabilities.len(), 1, "CREATE_DELETE_VOLUME: {caps:?}");
     });
-    drop(plugin);
+    // kubelet keeps its connection open: the plugin stops on SIGTERM anyway
+    // (after the grace its calls get), and removes its socket.
+    let held = runtime();
+    let _open = held.block_on(plugin.channel());
+    assert!(plugin.stop(), "the plugin stops with a connection open");
 
     // The node DaemonSet's plugin serves no Controller, and says so.
     let plugin = Plugin::start(&["--node-only"]);
@@ -476,18 +508,22 @@ fn a_volume_lives_through_stage_publish_unpublish_unstage_and_delete() {
     if !system::can_run(test, true) {
         return;
     }
-    let plugin = Plugin::start(&[]);
+    // Declared first, dropped last: the container goes after the cleanup.
+    let rt = runtime();
+    let guard = rt.block_on(ContainerGuard::new("csi-node"));
     let work = tempfile::tempdir().expect("temp dir");
+    let run_dir = work.path().join("run");
+    std::fs::create_dir(&run_dir).expect("run dir");
+    let plugin = Plugin::start_in(Some(&run_dir), &[]);
     let staging = work.path().join("globalmount");
     let target = work.path().join("pod-a/volume");
     let target_ro = work.path().join("pod-b/volume");
     let _cleanup = Cleanup {
         targets: vec![target.clone(), target_ro.clone()],
         staging: staging.clone(),
-        run_dir: plugin.run_dir.clone(),
+        run_dir: run_dir.clone(),
     };
-    runtime().block_on(async {
-        let guard = ContainerGuard::new("csi-node").await;
+    let id = runtime().block_on(async {
         let channel = plugin.channel().await;
         let mut ctl = ControllerClient::new(channel.clone());
         let mut node = NodeClient::new(channel);
@@ -555,6 +591,31 @@ fn a_volume_lives_through_stage_publish_unpublish_unstage_and_delete() {
         );
         let refused = std::fs::write(target_ro.join("no.txt"), b"x").unwrap_err();
         assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+        id
+    });
+
+    // The plugin stops (an upgrade of the DaemonSet, a crash): the attach
+    // lives on, and a new plugin, which remembers nothing, undoes it.
+    assert!(plugin.stop(), "the plugin stops cleanly on SIGTERM");
+    assert!(system::is_mounted(&staging) && system::is_mounted(&target));
+    assert_eq!(
+        std::fs::read(target.join("hello.txt")).expect("still served"),
+        b"from pod a"
+    );
+    let plugin = Plugin::start_in(Some(&run_dir), &[]);
+    runtime().block_on(async {
+        let channel = plugin.channel().await;
+        let mut ctl = ControllerClient::new(channel.clone());
+        let mut node = NodeClient::new(channel);
+        let stage = NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.to_string_lossy().into(),
+            volume_capability: Some(writer()),
+            ..Default::default()
+        };
+        node.node_stage_volume(stage.clone())
+            .await
+            .expect("NodeStageVolume after a restart");
 
         for t in [&target, &target_ro] {
             let unpublish = NodeUnpublishVolumeRequest {

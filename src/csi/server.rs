@@ -6,7 +6,8 @@
 //! removed; a socket that answers (another plugin is serving) and anything
 //! that is not a socket (a file, a directory, a link) are refused, never
 //! removed. The socket is made with mode 0600 (the sidecars run as root)
-//! and removed again when the plugin stops.
+//! and removed again when the plugin stops (calls under way get
+//! [`SHUTDOWN_GRACE`] to finish; open idle connections do not hold it up).
 //!
 //! Roles: Identity is always served; Controller unless `node_only`; Node
 //! unless `controller_only` (the usual layout is a controller Deployment and
@@ -28,6 +29,9 @@ use super::services::{
     controller::controller_server::ControllerServer, identity::identity_server::IdentityServer,
     node::node_server::NodeServer,
 };
+
+/// How long calls under way may run on after the plugin is told to stop.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Which services one plugin process serves besides Identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,12 +133,30 @@ pub async fn serve(
         node = plugin.roles.node,
         "serving CSI"
     );
-    let served = tonic::transport::Server::builder()
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
         .add_service(identity)
         .add_optional_service(controller)
         .add_optional_service(node)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-        .await;
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+            let _ = stopped.await;
+        });
+    tokio::pin!(server);
+    let served = tokio::select! {
+        served = &mut server => served,
+        () = shutdown => {
+            // Calls under way may finish; a client that keeps its
+            // connection open (kubelet does) must not hold the stop up.
+            let _ = stop.send(());
+            match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+                Ok(served) => served,
+                Err(_) => {
+                    tracing::warn!("calls still open after {SHUTDOWN_GRACE:?}; stopping anyway");
+                    Ok(())
+                }
+            }
+        }
+    };
     let _ = std::fs::remove_file(path);
     served.context("the CSI server failed")
 }
