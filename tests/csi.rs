@@ -314,7 +314,9 @@ fn a_stale_socket_is_replaced_and_anything_else_is_refused() {
     }
     // And one that answers is another plugin's: refused.
     let out = serve(&stale);
-    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("another process already serves on"), "{err}");
     // SAFETY: plain syscall on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().expect("exits").success());
