@@ -1,6 +1,7 @@
 //! blobdrive: Azure page blobs as Linux disks.
 //!
-//! Layers, each knowing only those below: `cli` → `lifecycle` (resize, copy,
+//! Layers, each knowing only those below: `cli` → `csi` (the Kubernetes
+//! CSI plugin) → `lifecycle` (resize, copy,
 //! restore, diff) → `daemon` → `fs` → `drive` → `blob`, and `nbd` (an NBD
 //! server over `fs`'s devices) beside `daemon`, with `vhd` (the VHD formats), `partition` (partition tables and
 //! superblocks, read before an attach), `attach` (loop devices and
@@ -19,6 +20,7 @@ pub mod blob;
 pub mod buffers;
 pub mod cli;
 pub mod crypt;
+pub mod csi;
 pub mod daemon;
 pub mod drive;
 pub mod fs;

@@ -209,10 +209,35 @@ pub fn check_drive_size(bytes: u64) -> Result<(), SizeError> {
     Ok(())
 }
 
+/// The smallest size a new drive can have that holds at least `bytes`: up
+/// to a whole number of MiB, and at least [`MIN_DRIVE_BYTES`], by the rules
+/// of [`check_drive_size`] (for callers that round instead of refusing, like
+/// a CSI `CreateVolume`'s capacity range). Fails when no drive is that large.
+pub fn drive_size_at_least(bytes: u64) -> Result<u64, SizeError> {
+    let rounded = bytes
+        .max(MIN_DRIVE_BYTES)
+        .div_ceil(MIB)
+        .checked_mul(MIB)
+        .ok_or(SizeError::TooLarge { bytes })?;
+    check_drive_size(rounded).map(|()| rounded)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn drive_size_at_least_rounds_up_to_a_valid_drive() {
+        assert_eq!(drive_size_at_least(0), Ok(MIN_DRIVE_BYTES));
+        assert_eq!(drive_size_at_least(MIB + 1), Ok(MIN_DRIVE_BYTES));
+        assert_eq!(drive_size_at_least(GIB), Ok(GIB));
+        assert_eq!(drive_size_at_least(GIB + 1), Ok(GIB + MIB));
+        let largest = MAX_DRIVE_BYTES / MIB * MIB;
+        assert_eq!(drive_size_at_least(largest - 1), Ok(largest));
+        assert!(drive_size_at_least(largest + 1).is_err());
+        assert!(drive_size_at_least(u64::MAX).is_err());
+    }
 
     #[test]
     fn sizes_with_binary_units_parse() {

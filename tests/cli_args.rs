@@ -240,6 +240,25 @@ fn a_bad_nbd_endpoint_is_a_usage_error_before_anything_is_opened() {
 }
 
 #[test]
+fn a_csi_endpoint_that_is_not_a_free_unix_socket_is_refused() {
+    let err = assert_one_line_failure(
+        &["csi", "--node-id", "n", "--endpoint", "tcp://127.0.0.1:1"],
+        2,
+    );
+    assert!(err.contains("give unix:///PATH"), "{err}");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, b"keep").expect("write");
+    let endpoint = format!("unix://{}", file.display());
+    let err = assert_one_line_failure(&["csi", "--node-id", "n", "--endpoint", &endpoint], 1);
+    assert!(
+        err.contains("is not a socket, so it was left alone"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&file).expect("kept"), b"keep");
+}
+
+#[test]
 fn mount_and_serve_share_one_definition_of_the_cache_and_metrics_flags() {
     let help = |cmd: &str| {
         let out = blobdrive([cmd, "--help"]);

@@ -36,6 +36,7 @@ const FLOORS: &[&[&str]] = &[
     &["fs"],
     &["daemon", "nbd"],
     &["lifecycle"],
+    &["csi"],
     &["cli"],
 ];
 

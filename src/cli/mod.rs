@@ -20,6 +20,7 @@ pub mod cache;
 pub mod completions;
 pub mod copy;
 pub mod create;
+pub mod csi;
 pub mod delete;
 pub mod diff;
 pub mod doctor;
@@ -155,6 +156,8 @@ pub enum Command {
     Man(man::ManArgs),
     /// Key slots of an encrypted drive: add, change, remove, dump.
     Key(key::KeyArgs),
+    /// Serve the Kubernetes CSI plugin on a Unix socket.
+    Csi(csi::CsiArgs),
 }
 
 impl Command {
@@ -184,6 +187,7 @@ impl Command {
             Command::Completions(_) => "completions",
             Command::Man(_) => "man",
             Command::Key(_) => "key",
+            Command::Csi(_) => "csi",
         }
     }
 }
@@ -354,6 +358,7 @@ where
         Command::Completions(a) => completions::run(&ctx, a),
         Command::Man(a) => man::run(&ctx, a),
         Command::Key(a) => key::run(&ctx, a),
+        Command::Csi(a) => csi::run(&ctx, a),
     };
     match result {
         Ok(()) => EXIT_OK,
