@@ -507,7 +507,20 @@ impl BlobClient {
                     fence.observed(props.sequence_number.unwrap_or(0));
                 }
                 FenceStep::Raise(_) => {
+                    let failed_before = fence.raise_failures();
                     let _one_at_a_time = fence.raising().await;
+                    // A raise that failed while this writer waited (storage
+                    // silent for a whole retry budget) is this writer's
+                    // answer too: sent again one after the other, the
+                    // writers of one pass would each wait a budget.
+                    if fence.raise_failures() != failed_before {
+                        return Err(Error::other(
+                            ErrorKind::Transport,
+                            "raise sequence number",
+                            path.to_string(),
+                            "storage did not answer the raise of the sequence number",
+                        ));
+                    }
                     // Another writer may have raised it while we waited.
                     if let FenceStep::Raise(floor) = fence.step() {
                         // A change of the blob like a page write: the
@@ -519,6 +532,9 @@ impl BlobClient {
                             Ok((_, etag)) => ChangeEnd::Landed(etag.clone()),
                             Err(_) => ChangeEnd::Unknown,
                         });
+                        if raised.is_err() {
+                            fence.raise_failed();
+                        }
                         let seq = raised?.0;
                         debug!(target = %path, seq, "sequence number raised: writes of unknown outcome are fenced");
                         fence.observed(seq.max(floor));

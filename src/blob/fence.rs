@@ -69,6 +69,8 @@ pub struct WriteFence {
     /// Told every change of the mark, under the state's lock (so marks are
     /// recorded in the order they were made).
     recorder: Mutex<Option<MarkRecorder>>,
+    /// Raises that failed so far.
+    raise_failures: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for WriteFence {
@@ -286,6 +288,19 @@ impl WriteFence {
     pub(crate) fn outcome_unknown(&self, sent: u64) {
         let mut s = self.state();
         s.floor = s.floor.max(sent + 1);
+    }
+
+    /// Raises that failed so far (a writer that waited for another's raise
+    /// takes its failure as its own answer).
+    pub(crate) fn raise_failures(&self) -> u64 {
+        self.raise_failures
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A raise failed.
+    pub(crate) fn raise_failed(&self) {
+        self.raise_failures
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Held while a raise is sent.

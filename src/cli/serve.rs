@@ -87,7 +87,7 @@ pub struct ServeArgs {
     /// (seconds, `30s`, `5m`, `2h`, at most a week), freeing its slot.
     /// Default: never, since a kernel nbd-client is legitimately idle for
     /// hours and loses its device when its connection is closed.
-    #[arg(long, value_name = "DURATION", value_parser = idle_timeout)]
+    #[arg(long, value_name = "DURATION", value_parser = super::values::idle_timeout)]
     pub idle_timeout: Option<std::time::Duration>,
     /// One JSON object per line: when serving, and (in the foreground) at
     /// the end with the counters of each export.
@@ -511,34 +511,9 @@ fn flush_stdout() {
     let _ = std::io::stdout().flush();
 }
 
-/// Parses `--idle-timeout`: seconds (`90`, `90s`), minutes (`30m`) or hours
-/// (`2h`), more than zero and at most a week.
-fn idle_timeout(text: &str) -> Result<std::time::Duration, String> {
-    const MAX_SECS: f64 = 7.0 * 24.0 * 3600.0;
-    let t = text.trim();
-    let (number, scale) = if let Some(n) = t.strip_suffix('h') {
-        (n, 3600.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else {
-        (t, 1.0)
-    };
-    let secs = number.trim().parse::<f64>().map(|n| n * scale);
-    match secs {
-        Ok(secs) if secs.is_finite() && secs > 0.0 && secs <= MAX_SECS => {
-            Ok(std::time::Duration::from_secs_f64(secs))
-        }
-        _ => Err(format!(
-            "invalid duration '{text}'; give more than 0 and at most a week: seconds (90, 90s), minutes (30m) or hours (2h)"
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::idle_timeout;
+    use super::super::values::idle_timeout;
     use std::time::Duration;
 
     #[test]
@@ -548,7 +523,9 @@ mod tests {
         assert_eq!(idle_timeout("30m"), Ok(Duration::from_secs(1800)));
         assert_eq!(idle_timeout("2h"), Ok(Duration::from_secs(7200)));
         assert_eq!(idle_timeout("168h"), Ok(Duration::from_secs(168 * 3600)));
-        for bad in ["0", "0s", "-5m", "169h", "soon", "500ms", ""] {
+        for bad in [
+            "0", "0s", "-5m", "169h", "soon", "500ms", "1e-10", "0.5", "",
+        ] {
             assert!(idle_timeout(bad).is_err(), "{bad}");
         }
     }

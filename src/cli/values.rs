@@ -1,4 +1,4 @@
-//! Parsers for argument values shared by several commands (sizes), so that a
+//! Parsers for argument values shared by several commands (sizes, durations), so that a
 //! bad value is refused while parsing, before anything touches the network.
 
 use crate::units::{check_drive_size, parse_size};
@@ -22,6 +22,34 @@ const MAX_FLUSH_DELAY_SECS: f64 = 3600.0;
 /// A duration such as `--flush-delay`: seconds (`30`, `0.5`, `30s`), `500ms`,
 /// minutes (`5m`) or `1h`, from 0 up to an hour.
 pub fn duration(s: &str) -> Result<std::time::Duration, String> {
+    let secs = duration_secs(s)?;
+    if secs > MAX_FLUSH_DELAY_SECS {
+        return Err(format!("duration '{s}' is longer than the limit of 1 hour"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+/// Longest `--idle-timeout`: a week.
+const MAX_IDLE_SECS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// `--idle-timeout` of `serve`: a duration as [`duration`] reads it, of at
+/// least a second (less would close a connection before its first request)
+/// and at most a week.
+pub fn idle_timeout(s: &str) -> Result<std::time::Duration, String> {
+    match duration_secs(s) {
+        Ok(secs) if (1.0..=MAX_IDLE_SECS).contains(&secs) => {
+            Ok(std::time::Duration::from_secs_f64(secs))
+        }
+        _ => Err(format!(
+            "invalid duration '{s}'; give at least 1 second and at most a week: seconds (90, \
+             90s), minutes (30m) or hours (2h)"
+        )),
+    }
+}
+
+/// The seconds a duration text gives: a number with `ms`, `s`, `m` or `h`
+/// (seconds without one); never negative or infinite.
+fn duration_secs(s: &str) -> Result<f64, String> {
     let t = s.trim();
     let (number, scale) = if let Some(n) = t.strip_suffix("ms") {
         (n, 0.001)
@@ -39,11 +67,7 @@ pub fn duration(s: &str) -> Result<std::time::Duration, String> {
     if !value.is_finite() || value < 0.0 {
         return Err(bad());
     }
-    let secs = value * scale;
-    if secs > MAX_FLUSH_DELAY_SECS {
-        return Err(format!("duration '{s}' is longer than the limit of 1 hour"));
-    }
-    Ok(std::time::Duration::from_secs_f64(secs))
+    Ok(value * scale)
 }
 
 #[cfg(test)]

@@ -420,6 +420,16 @@ impl Inner {
     /// byte stays dirty longer than two background passes. Returns whether
     /// pages were held back, so the flusher comes again.
     async fn background_pass(&self) -> Result<bool> {
+        let held = self.background_pass_locked().await?;
+        // Outside the lock (the next pass need not wait for it): the
+        // lineage's mark made known again if this pass's parallel writes
+        // left it unknown, so a lease broken later with nothing written
+        // since is told apart from one someone wrote under.
+        self.settle_lineage().await;
+        Ok(held)
+    }
+
+    async fn background_pass_locked(&self) -> Result<bool> {
         let _g = self.flush_lock.lock().await;
         let last = *self.last_write.lock().expect("last-write mutex poisoned");
         let hold = {

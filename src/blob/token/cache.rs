@@ -15,6 +15,8 @@ use std::time::{Duration, SystemTime};
 
 use super::{AccessToken, Secret, TokenError, TokenProvider};
 
+/// The longest a fetched token is used before it is fetched again.
+const MAX_TOKEN_LIFE: Duration = Duration::from_secs(24 * 3600);
 /// Refresh this long before a token expires (what the Azure SDKs do).
 pub const DEFAULT_REFRESH_MARGIN: Duration = Duration::from_secs(5 * 60);
 
@@ -106,8 +108,13 @@ impl TokenCache {
             }
         }
         match self.provider.fetch(http).await {
-            Ok(t) => {
+            Ok(mut t) => {
                 self.fetches.fetch_add(1, Ordering::Relaxed);
+                // Kept at most a day, whatever the answer said: a token a
+                // service claims lives for years (by mistake or not) is
+                // still asked for again, as a revoked sign-in must show.
+                let latest = SystemTime::now() + MAX_TOKEN_LIFE;
+                t.expires_at = t.expires_at.min(latest);
                 let left = t
                     .expires_at
                     .duration_since(SystemTime::now())
@@ -224,6 +231,16 @@ mod tests {
         c.invalidate(&t);
         assert_eq!(c.token(&http).await.unwrap().expose(), "token-2");
         assert_eq!(p.n.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_token_said_to_live_for_years_is_kept_a_day_at_most() {
+        let (_, c) = cache(50 * 365 * 24 * 3600, 0, 300);
+        let http = reqwest::Client::new();
+        c.token(&http).await.unwrap();
+        let kept = c.snapshot().expect("cached").access.expires_at;
+        let left = kept.duration_since(SystemTime::now()).unwrap();
+        assert!(left <= MAX_TOKEN_LIFE, "{left:?}");
     }
 
     #[tokio::test]
