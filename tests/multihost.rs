@@ -377,37 +377,16 @@ fn a_paused_host_that_lost_its_drive_writes_nothing_after_the_takeover_and_keeps
     lap("A unmounted");
 
     // What the blob holds: B's files intact, none of A's marker.
-    let image = b.root.path().join("image.raw");
-    b.ok(&["download", drive, &image.to_string_lossy(), "--raw"]);
-    let bytes = std::fs::read(&image).expect("read the image");
-    assert!(
-        !contains(&bytes, &token),
-        "A's marker reached the blob after B took the drive over"
+    assert_b_left_the_blob(
+        &b,
+        drive,
+        &token,
+        &[
+            ("base.bin", &base),
+            ("b.bin", &b_data),
+            ("b-after.bin", &b_more),
+        ],
     );
-    drop(bytes);
-    let fsck =
-        system::run_quietly("e2fsck", &["-fn", &image.to_string_lossy()]).expect("run e2fsck");
-    assert!(
-        fsck.status.success(),
-        "the filesystem B left is not clean: {}",
-        String::from_utf8_lossy(&fsck.stdout)
-    );
-    let device = system::LoopDevice::attach_read_only(&image);
-    let check: PathBuf = b.root.path().join("check");
-    let mounted = system::BlockMount::mount_with(&device.device, &check, "ro,noload");
-    for (name, data) in [
-        ("base.bin", &base),
-        ("b.bin", &b_data),
-        ("b-after.bin", &b_more),
-    ] {
-        assert_eq!(
-            workload::sha_file(&mounted.path(name)).unwrap_or_default(),
-            sha(data),
-            "{name} is not intact in the blob"
-        );
-    }
-    mounted.unmount();
-    device.detach();
 }
 
 /// The takeover of an attach whose lease another host broke and wrote
@@ -481,12 +460,23 @@ fn a_takeover_after_another_host_broke_the_lease_and_wrote_saves_the_log_instead
     );
 
     // The blob holds B's filesystem, intact, and none of A's marker.
+    assert_b_left_the_blob(
+        &b,
+        drive,
+        &token,
+        &[("base.bin", &base), ("b.bin", &b_data)],
+    );
+}
+
+/// The drive as host `b` left it: downloaded, none of host A's `token`
+/// anywhere in it, its ext4 clean, and each of `files` intact.
+fn assert_b_left_the_blob(b: &Host, drive: &str, token: &[u8], files: &[(&str, &Vec<u8>)]) {
     let image = b.root.path().join("image.raw");
     b.ok(&["download", drive, &image.to_string_lossy(), "--raw"]);
     let bytes = std::fs::read(&image).expect("read the image");
     assert!(
-        !contains(&bytes, &token),
-        "A's logged marker reached the blob after B wrote"
+        !contains(&bytes, token),
+        "A's marker reached the blob after B took the drive over"
     );
     drop(bytes);
     let fsck =
@@ -499,7 +489,7 @@ fn a_takeover_after_another_host_broke_the_lease_and_wrote_saves_the_log_instead
     let device = system::LoopDevice::attach_read_only(&image);
     let check: PathBuf = b.root.path().join("check");
     let mounted = system::BlockMount::mount_with(&device.device, &check, "ro,noload");
-    for (name, data) in [("base.bin", &base), ("b.bin", &b_data)] {
+    for (name, data) in files {
         assert_eq!(
             workload::sha_file(&mounted.path(name)).unwrap_or_default(),
             sha(data),
